@@ -1,0 +1,133 @@
+"""Every use of Lightning's protected internals, in one place.
+
+``tests/test_lightning_compat.py`` is the contract test: it fails loudly when a Lightning
+release changes one of the names or behaviours relied on here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.loops.fetchers import _DataFetcher
+from lightning.pytorch.loops.fit_loop import _FitLoop
+from lightning.pytorch.loops.loop import _Loop
+from lightning.pytorch.loops.progress import _Progress
+from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
+from lightning.pytorch.trainer import call
+from lightning.pytorch.utilities.combined_loader import CombinedLoader
+from typing_extensions import override
+
+__all__ = [
+    "ClientEpochLoop",
+    "FitLoopBase",
+    "call_epoch_start_hooks",
+    "clear_restarting",
+    "log_metrics",
+    "run_client_epoch",
+    "run_server_validation",
+    "set_completed_epochs",
+]
+
+#: Lightning only accepts fit loops of this class (its logger connector checks the type).
+FitLoopBase = _FitLoop
+
+
+class ClientEpochLoop(_TrainingEpochLoop):
+    """Lightning's training-epoch loop, run once per client inside a round.
+
+    It differs from Lightning's in three ways only:
+
+    * no validation inside a client: the server evaluates the global model at round end;
+    * ``interval="epoch"`` LR schedulers step once per round, not once per client;
+    * the logging step is the round index, so every logger's x-axis counts rounds.
+    """
+
+    in_client: bool = False
+
+    @override
+    def _should_check_val_fx(self, data_fetcher: _DataFetcher) -> bool:
+        return False
+
+    @override
+    def update_lr_schedulers(self, interval: str, update_plateau_schedulers: bool) -> None:
+        if interval == "epoch" and self.in_client:
+            return
+        super().update_lr_schedulers(interval, update_plateau_schedulers)
+
+    @override
+    def _num_ready_batches_reached(self) -> bool:
+        # Outside a client (at round end) the round's "epoch" is always complete.
+        return super()._num_ready_batches_reached() if self.in_client else True
+
+    @property  # type: ignore[override]
+    def _batches_that_stepped(self) -> int:
+        return self.trainer.current_epoch
+
+    @_batches_that_stepped.setter
+    def _batches_that_stepped(self, value: int) -> None:
+        """Ignored: the logging step is derived from the round."""
+
+
+def run_client_epoch(fit_loop: _FitLoop, batches: Iterable[Any]) -> None:
+    """Runs Lightning's epoch loop over one client's batch stream.
+
+    Replaces ``setup_data()``, whose barrier and dataloader-length reduce must not run per
+    client; the batches go through the usual precision conversion, ``batch_to_device`` and hooks.
+    """
+    combined = CombinedLoader(batches, "max_size_cycle")
+    fetcher = _DataFetcher()
+    fetcher.setup(combined)
+    iter(fetcher)
+    fit_loop._combined_loader = combined
+    fit_loop._data_fetcher = fetcher
+    fit_loop.max_batches = len(batches)  # type: ignore[arg-type]
+    epoch_loop = fit_loop.epoch_loop
+    assert isinstance(epoch_loop, ClientEpochLoop)
+    epoch_loop.in_client = True
+    try:
+        epoch_loop.run(fetcher)
+    finally:
+        epoch_loop.in_client = False
+
+
+def set_completed_epochs(progress: _Progress, count: int) -> None:
+    """Marks ``count`` epochs (rounds) as fully done, with none in flight."""
+    for tracker in (progress.total, progress.current):
+        tracker.ready = tracker.started = tracker.processed = tracker.completed = count
+
+
+def clear_restarting(loop: _Loop) -> None:
+    """Clears the ``restarting`` flag of ``loop`` and its child loops."""
+    _Loop.restarting.fset(loop, False)  # type: ignore[attr-defined]
+
+
+def log_metrics(trainer: pl.Trainer, metrics: Mapping[str, float], step: int) -> None:
+    """Logs loop-level metrics to every logger, also exposing them to callbacks (``callback_metrics``)."""
+    trainer._logger_connector.log_metrics(dict(metrics), step=step)
+    trainer._logger_connector._callback_metrics.update({k: torch.tensor(float(v)) for k, v in metrics.items()})
+
+
+def call_epoch_start_hooks(trainer: pl.Trainer) -> None:
+    """Calls ``on_train_epoch_start`` on callbacks, then on the LightningModule, as Lightning does."""
+    call._call_callback_hooks(trainer, "on_train_epoch_start")
+    call._call_lightning_module_hook(trainer, "on_train_epoch_start")
+
+
+def run_server_validation(fit_loop: _FitLoop) -> bool:
+    """Runs the validation loop on the current (global) model if it is due this epoch.
+
+    Returns:
+        Whether validation ran.
+    """
+    trainer, epoch_loop = fit_loop.trainer, fit_loop.epoch_loop
+    if not epoch_loop._should_check_val_epoch():
+        return False
+    trainer.validating = True
+    try:
+        epoch_loop.val_loop.run()
+    finally:
+        trainer.training = True
+    return True

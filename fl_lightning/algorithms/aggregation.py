@@ -1,0 +1,59 @@
+"""Pure aggregation functions over model deltas (``delta = local - global``).
+
+Rule for integer tensors (BatchNorm's ``num_batches_tracked``): they are combined with the
+same weights as floating-point tensors and the result is rounded to the nearest integer, so a
+counter advances by the weighted-mean number of batches the clients tracked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+State = dict[str, Tensor]
+
+
+def weighted_sum(deltas: Sequence[Mapping[str, Tensor]], weights: Sequence[float]) -> State:
+    r"""Accumulates :math:`\sum_k w_k \Delta_k` in float32 (integer tensors included, unrounded).
+
+    Clients are summed in the order given, so the result is reproducible bit for bit.
+
+    >>> d = [{"w": torch.tensor([1.0, 2.0])}, {"w": torch.tensor([3.0, 4.0])}]
+    >>> weighted_sum(d, [0.5, 2.0])["w"]
+    tensor([6.5000, 9.0000])
+    """
+    if len(deltas) != len(weights):
+        raise ValueError(f"Got {len(deltas)} deltas but {len(weights)} weights.")
+    if not deltas:
+        raise ValueError("Cannot aggregate an empty list of deltas.")
+    total = {name: torch.zeros_like(t, dtype=torch.float32) for name, t in deltas[0].items()}
+    for delta, weight in zip(deltas, weights):
+        for name, acc in total.items():
+            acc.add_(delta[name].float(), alpha=float(weight))
+    return total
+
+
+def weighted_average(deltas: Sequence[Mapping[str, Tensor]], weights: Sequence[float]) -> State:
+    r"""FedAvg's :math:`\sum_k w_k \Delta_k / \sum_k w_k` (McMahan et al. 2017, Algorithm 1).
+
+    >>> d = [{"w": torch.tensor([1.0])}, {"w": torch.tensor([4.0])}]
+    >>> weighted_average(d, [3, 1])["w"]
+    tensor([1.7500])
+    """
+    norm = float(sum(weights))
+    if norm <= 0:
+        raise ValueError(f"Aggregation weights must sum to a positive number, got {list(weights)}.")
+    return {name: t.div_(norm) for name, t in weighted_sum(deltas, weights).items()}
+
+
+@torch.no_grad()
+def apply_delta(state: Mapping[str, Tensor], delta: Mapping[str, Tensor], *, scale: float = 1.0) -> None:
+    """``state += scale * delta`` in place; integer tensors get the rounded increment."""
+    for name, target in state.items():
+        step = delta[name].float() * scale
+        if target.is_floating_point():
+            target.add_(step)
+        else:
+            target.add_(torch.round(step).to(target.dtype))

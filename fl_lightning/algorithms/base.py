@@ -1,0 +1,111 @@
+"""The contract between the federated loop and an FL algorithm."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import lightning.pytorch as pl
+import torch
+from torch import Tensor
+
+from fl_lightning.federation import Federation
+from fl_lightning.model_state import State, tensor_bytes
+
+
+@dataclass
+class ClientContext:
+    """One client's assignment in one round.
+
+    ``configure_client`` may change the local work (``num_epochs`` / ``num_steps``, exactly
+    one of them set); the loop fills ``completed_steps`` and ``metrics`` after local training.
+    """
+
+    round_idx: int
+    client_id: int
+    num_samples: int
+    num_epochs: int | None
+    num_steps: int | None
+    seed: int
+    completed_steps: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class ClientUpdate:
+    """What a client sends back to the server.
+
+    Attributes:
+        client_id: the client.
+        num_samples: its number of training samples (FedAvg's weight).
+        num_steps: optimizer steps it completed.
+        payload: the tensors sent, by default the delta ``local - global`` of every tensor.
+        upload_bytes: exact size of the payload on the wire.
+        metrics: client-side metrics (e.g. mean training loss).
+    """
+
+    client_id: int
+    num_samples: int
+    num_steps: int
+    payload: dict[str, Tensor]
+    upload_bytes: int
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class Algorithm(ABC):
+    """Server-side logic of a synchronous federated algorithm.
+
+    The loop calls, every round: :meth:`select_clients`; per client :meth:`configure_client`
+    (after loading the global weights), local training, :meth:`client_update`; then
+    :meth:`aggregate`, which updates the global state in place. Subclass and override only
+    what differs; see ``examples/custom_algorithm.py``.
+    """
+
+    #: Asynchronous algorithms run on the virtual-clock loop instead of synchronous rounds.
+    asynchronous: ClassVar[bool] = False
+
+    federation: Federation
+
+    def setup(self, federation: Federation) -> None:
+        """Binds the algorithm to its federation once, before the first round."""
+        self.federation = federation
+
+    def select_clients(self, round_idx: int) -> list[int]:
+        """Clients for this round: ``clients_per_round`` drawn uniformly without replacement."""
+        fed = self.federation
+        order = torch.randperm(fed.num_clients, generator=fed.generator("select", round_idx))
+        return sorted(order[: fed.clients_per_round].tolist())
+
+    def configure_client(self, client: ClientContext, module: pl.LightningModule, global_state: State) -> None:
+        """Prepares the module for the client's local training (the global weights are already loaded)."""
+
+    def client_update(self, client: ClientContext, module: pl.LightningModule, delta: State) -> ClientUpdate:
+        """Packs what the client uploads; by default the uncompressed delta."""
+        return ClientUpdate(
+            client_id=client.client_id,
+            num_samples=client.num_samples,
+            num_steps=client.completed_steps,
+            payload=delta,
+            upload_bytes=tensor_bytes(delta),
+            metrics=dict(client.metrics),
+        )
+
+    def download_bytes(self, global_state: State) -> int:
+        """Bytes the server sends one client to start its round (the float32 global model)."""
+        return tensor_bytes(global_state)
+
+    @abstractmethod
+    def aggregate(self, round_idx: int, global_state: State, updates: list[ClientUpdate]) -> dict[str, float]:
+        """Updates ``global_state`` in place from the round's (finite) updates.
+
+        Returns:
+            Extra round-level metrics to log (may be empty).
+        """
+
+    def state_dict(self) -> dict[str, Any]:
+        """Server state to checkpoint (besides the global weights)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restores :meth:`state_dict`."""

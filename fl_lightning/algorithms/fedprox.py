@@ -1,0 +1,47 @@
+"""FedProx (Li et al. 2020): FedAvg with a proximal term in the local objective."""
+
+from __future__ import annotations
+
+import lightning.pytorch as pl
+
+from fl_lightning.algorithms.base import ClientContext
+from fl_lightning.algorithms.fedavg import FedAvg
+from fl_lightning.algorithms.server_optimizers import ServerOptimizer
+from fl_lightning.federation import Federation
+from fl_lightning.mixins.proximal import ProximalMixin
+from fl_lightning.model_state import State
+
+
+class FedProx(FedAvg):
+    r"""FedAvg whose clients minimise :math:`F_k(w) + \frac{\mu}{2}\lVert w - w^t\rVert^2` (Li et al. 2020, eq. 2).
+
+    Differs from :class:`FedAvg` only in :meth:`configure_client`, which sets the proximal
+    centre on the module; the module must inherit :class:`~fl_lightning.ProximalMixin`.
+    Aggregation is FedAvg's (sample-weighted), as in the paper's experiments.
+
+    Args:
+        mu: proximal coefficient :math:`\mu \ge 0`; ``mu=0`` is FedAvg.
+    """
+
+    def __init__(
+        self,
+        *,
+        mu: float = 0.01,
+        server_optimizer: ServerOptimizer | None = None,
+        weighting: str = "samples",
+    ) -> None:
+        if mu < 0:
+            raise ValueError(f"FedProx `mu` must be >= 0, got {mu}.")
+        super().__init__(server_optimizer=server_optimizer, weighting=weighting)  # type: ignore[arg-type]
+        self.mu = mu
+
+    def setup(self, federation: Federation) -> None:
+        if not isinstance(federation.module, ProximalMixin):
+            raise TypeError(
+                f"FedProx needs a LightningModule that inherits `fl_lightning.ProximalMixin`; "
+                f"got {type(federation.module).__name__}. Declare `class MyModel(ProximalMixin, {type(federation.module).__name__})`."
+            )
+        super().setup(federation)
+
+    def configure_client(self, client: ClientContext, module: pl.LightningModule, global_state: State) -> None:
+        module.set_proximal_center(global_state, self.mu)  # type: ignore[attr-defined]

@@ -1,0 +1,66 @@
+"""What the server knows about the federation, as seen by an :class:`~fl_lightning.Algorithm`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+
+from fl_lightning.utils.seeding import make_generator
+
+
+@runtime_checkable
+class FederatedDataSource(Protocol):
+    """The data a federated fit needs: a number of clients and a batch stream per client.
+
+    :class:`~fl_lightning.data.FederatedDataModule` implements it.
+    """
+
+    @property
+    def num_clients(self) -> int: ...
+
+    def client_num_samples(self, cid: int) -> int: ...
+
+    def client_batches(
+        self,
+        cid: int,
+        *,
+        num_epochs: int | None = None,
+        num_batches: int | None = None,
+        generator: torch.Generator,
+    ) -> Iterable[Any]: ...
+
+
+@dataclass
+class Federation:
+    """The federation an algorithm runs on.
+
+    Attributes:
+        data: the clients' data.
+        module: the LightningModule being trained (it holds the global weights between rounds).
+        clients_per_round: clients sampled per round, resolved to a count.
+        seed: root seed of every random choice of the federated loop.
+        param_names: ``state_dict`` names that are parameters (the rest are buffers).
+    """
+
+    data: FederatedDataSource
+    module: pl.LightningModule
+    clients_per_round: int
+    seed: int
+    param_names: frozenset[str]
+    num_samples: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.num_samples = np.array([self.data.client_num_samples(c) for c in range(self.num_clients)])
+
+    @property
+    def num_clients(self) -> int:
+        return self.data.num_clients
+
+    def generator(self, *keys: int | str) -> torch.Generator:
+        """A generator seeded from ``(seed, *keys)``, e.g. ``generator("select", round_idx)``."""
+        return make_generator(self.seed, *keys)

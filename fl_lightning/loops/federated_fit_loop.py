@@ -1,0 +1,282 @@
+"""Synchronous federated rounds inside one Lightning ``fit``."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+from typing_extensions import override
+
+import lightning.pytorch as pl
+from fl_lightning import _lightning_compat as compat
+from fl_lightning.algorithms.base import Algorithm, ClientContext, ClientUpdate
+from fl_lightning.callbacks.client_loss import ClientLossRecorder
+from fl_lightning.callbacks.federated_callback import call_federated_hook
+from fl_lightning.federation import FederatedDataSource, Federation
+from fl_lightning.model_state import State, all_finite, compute_delta, live_tensors, load_into, snapshot
+from fl_lightning.utils.seeding import derive_seed
+
+
+def resolve_clients_per_round(value: int | float, num_clients: int) -> int:
+    """A count in ``1..num_clients`` from a count (int) or a fraction of the clients (float in (0, 1])."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"`clients_per_round` must be an int or a float, got {value!r}.")
+    if isinstance(value, float):
+        if not 0.0 < value <= 1.0:
+            raise ValueError(f"`clients_per_round` as a fraction must be in (0, 1], got {value}.")
+        return max(1, round(value * num_clients))
+    if not 1 <= value <= num_clients:
+        raise ValueError(
+            f"`clients_per_round={value}` is not allowed with num_clients={num_clients}: "
+            f"use a count in 1..{num_clients} or a fraction in (0, 1]."
+        )
+    return value
+
+
+class FederatedFitLoop(compat.FitLoopBase):
+    """One Lightning epoch is one federated round; one ``fit`` runs them all.
+
+    Example::
+
+        for round in range(max_epochs):                          # on_train_epoch_start
+            clients = algorithm.select_clients(round)
+            for client in clients:
+                module <- global weights (in place)               # param.copy_
+                algorithm.configure_client(client, module, global)
+                reset optimizer state
+                ClientEpochLoop over the client's batches         # training_step, hooks, callbacks
+                update = algorithm.client_update(client, module, local - global)
+            algorithm.aggregate(round, global, finite updates)   # float32 master copy
+            module <- global weights; validation loop             # server evaluation
+            log round metrics (step = round)                      # on_train_epoch_end, checkpoints
+
+    A round is atomic for checkpointing: resuming continues at the first round whose
+    aggregation is not in the saved weights, and gives the same weights as an uninterrupted run.
+
+    Args:
+        trainer: the trainer this loop belongs to.
+        algorithm: the federated algorithm.
+        clients_per_round: a count, or a float fraction of the clients.
+        local_epochs: local epochs per client (exclusive with ``local_steps``).
+        local_steps: local optimizer steps per client.
+        seed: root seed of client selection and of every client's data order.
+        reset_optimizer: clear the optimizer state (momentum, Adam moments) before each client.
+    """
+
+    def __init__(
+        self,
+        trainer: pl.Trainer,
+        *,
+        min_epochs: int | None,
+        max_epochs: int | None,
+        algorithm: Algorithm,
+        clients_per_round: int | float,
+        local_epochs: int | None,
+        local_steps: int | None,
+        seed: int,
+        reset_optimizer: bool,
+    ) -> None:
+        super().__init__(trainer, min_epochs=min_epochs, max_epochs=max_epochs)
+        self.algorithm = algorithm
+        self.clients_per_round = clients_per_round
+        self.local_epochs = local_epochs
+        self.local_steps = local_steps
+        self.seed = seed
+        self.reset_optimizer = reset_optimizer
+        self.global_state: State = {}
+        #: Client ids selected in each round so far.
+        self.history: list[list[int]] = []
+        self.total_upload_bytes = 0
+        self.total_download_bytes = 0
+        self._live: State = {}
+        self._rounds_done = 0
+        self._in_round = False
+        self._loaded: dict[str, Any] | None = None
+
+    @property
+    def federation(self) -> Federation:
+        return self.algorithm.federation
+
+    @override
+    def setup_data(self) -> None:
+        """Nothing to set up: each client's batches are prepared when it trains."""
+
+    @override
+    def reset(self) -> None:
+        torch.set_grad_enabled(True)
+        compat.set_completed_epochs(self.epoch_progress, self._rounds_done)
+        compat.clear_restarting(self)
+
+    @override
+    def on_run_start(self) -> None:
+        self._setup_federation()
+        super().on_run_start()
+
+    def _setup_federation(self) -> None:
+        trainer, module = self.trainer, self.trainer.lightning_module
+        if trainer.world_size > 1:
+            raise ValueError(f"FederatedTrainer runs in a single process for now; got world_size={trainer.world_size}.")
+        data = trainer.datamodule
+        if not isinstance(data, FederatedDataSource):
+            raise TypeError(
+                "FederatedTrainer needs federated data: pass `datamodule=FederatedDataModule(...)` "
+                f"(or any object with num_clients/client_num_samples/client_batches); got {type(data).__name__}."
+            )
+        self._live = live_tensors(module)
+        self.algorithm.setup(
+            Federation(
+                data=data,
+                module=module,
+                clients_per_round=resolve_clients_per_round(self.clients_per_round, data.num_clients),
+                seed=self.seed,
+                param_names=frozenset(name for name, _ in module.named_parameters()),
+            )
+        )
+        self.global_state = snapshot(self._live)
+        if self._loaded is not None:
+            self._restore(self._loaded)
+            self._loaded = None
+
+    @override
+    def on_advance_start(self) -> None:
+        self.epoch_progress.increment_ready()
+        compat.call_epoch_start_hooks(self.trainer)
+        self.epoch_progress.increment_started()
+
+    @override
+    def advance(self) -> None:
+        round_idx = self.epoch_progress.current.processed
+        started = time.perf_counter()
+        clients = self._select(round_idx)
+        call_federated_hook(self.trainer, "on_clients_selected", round_idx, clients)
+
+        self._in_round = True
+        updates, upload_bytes, losses = [], 0, []
+        for cid in clients:
+            update = self._train_client(round_idx, cid)
+            upload_bytes += update.upload_bytes
+            if "train_loss" in update.metrics:
+                losses.append(update.metrics["train_loss"])
+            if all_finite(update.payload):
+                updates.append(update)
+            else:
+                rank_zero_warn(f"Round {round_idx}: client {cid} sent a non-finite update (NaN/Inf); it is dropped.")
+        download_bytes = len(clients) * self.algorithm.download_bytes(self.global_state)
+
+        metrics: dict[str, float] = {}
+        if updates:
+            metrics.update(self.algorithm.aggregate(round_idx, self.global_state, updates))
+        else:
+            rank_zero_warn(f"Round {round_idx}: no client update to aggregate; the global model is unchanged.")
+        load_into(self._live, self.global_state)
+        self._rounds_done = round_idx + 1
+        self._in_round = False
+        self.total_upload_bytes += upload_bytes
+        self.total_download_bytes += download_bytes
+
+        compat.run_server_validation(self)
+        metrics = {
+            "round/clients": float(len(clients)),
+            "round/aggregated_clients": float(len(updates)),
+            "round/dropped_clients": float(len(clients) - len(updates)),
+            "round/upload_bytes": float(upload_bytes),
+            "round/download_bytes": float(download_bytes),
+            "round/total_upload_bytes": float(self.total_upload_bytes),
+            "round/total_download_bytes": float(self.total_download_bytes),
+            "round/wall_time_s": time.perf_counter() - started,
+            **({"round/train_loss": sum(losses) / len(losses)} if losses else {}),
+            **{f"round/{k}": v for k, v in metrics.items()},
+        }
+        compat.log_metrics(self.trainer, metrics, step=round_idx)
+        call_federated_hook(self.trainer, "on_round_aggregated", round_idx, metrics)
+
+    def _select(self, round_idx: int) -> list[int]:
+        clients = list(self.algorithm.select_clients(round_idx))
+        num_clients = self.federation.num_clients
+        if len(set(clients)) != len(clients) or any(not 0 <= c < num_clients for c in clients):
+            raise ValueError(
+                f"{type(self.algorithm).__name__}.select_clients returned {clients}: "
+                f"client ids must be distinct and in 0..{num_clients - 1}."
+            )
+        del self.history[round_idx:]  # a re-run round (resumed mid-round) replaces its record
+        self.history.append(clients)
+        return clients
+
+    def _train_client(self, round_idx: int, cid: int) -> ClientUpdate:
+        trainer, module = self.trainer, self.trainer.lightning_module
+        client = ClientContext(
+            round_idx=round_idx,
+            client_id=cid,
+            num_samples=int(self.federation.num_samples[cid]),
+            num_epochs=self.local_epochs,
+            num_steps=self.local_steps,
+            seed=derive_seed(self.seed, "client", round_idx, cid),
+        )
+        load_into(self._live, self.global_state)
+        self.algorithm.configure_client(client, module, self.global_state)
+        if self.reset_optimizer:
+            for optimizer in trainer.optimizers:
+                optimizer.state.clear()
+        call_federated_hook(trainer, "on_client_start", client)
+
+        steps_before = self.epoch_loop.global_step
+        num_batches = None if client.num_steps is None else client.num_steps * trainer.accumulate_grad_batches
+        batches = self.federation.data.client_batches(
+            cid,
+            num_epochs=client.num_epochs,
+            num_batches=num_batches,
+            generator=torch.Generator().manual_seed(client.seed),
+        )
+        if len(batches):  # type: ignore[arg-type]
+            compat.run_client_epoch(self, batches)
+        client.completed_steps = self.epoch_loop.global_step - steps_before
+        loss = self._loss_recorder().pop_mean()
+        if loss is not None:
+            client.metrics["train_loss"] = loss
+
+        update = self.algorithm.client_update(client, module, compute_delta(self._live, self.global_state))
+        call_federated_hook(trainer, "on_client_end", client, update)
+        return update
+
+    def _loss_recorder(self) -> ClientLossRecorder:
+        for callback in self.trainer.callbacks:  # type: ignore[attr-defined]
+            if isinstance(callback, ClientLossRecorder):
+                return callback
+        raise RuntimeError("FederatedFitLoop needs the ClientLossRecorder callback that FederatedTrainer installs.")
+
+    @override
+    def on_save_checkpoint(self) -> dict:
+        state = super().on_save_checkpoint()
+        federated: dict[str, Any] = {
+            "rounds_done": self._rounds_done,
+            "algorithm": self.algorithm.state_dict(),
+            "history": [list(c) for c in self.history],
+            "total_upload_bytes": self.total_upload_bytes,
+            "total_download_bytes": self.total_download_bytes,
+        }
+        # The module's weights are the global model except mid-round (they are a client's) or
+        # when the module is not float32 (the float32 master copy holds the exact global model).
+        if self._in_round or any(t.is_floating_point() and t.dtype != torch.float32 for t in self._live.values()):
+            federated["global_state"] = {k: v.clone() for k, v in self.global_state.items()}
+        state["federated"] = federated
+        return state
+
+    @override
+    def on_load_checkpoint(self, state_dict: dict) -> None:
+        super().on_load_checkpoint(state_dict)
+        federated = state_dict.get("federated")
+        if federated is None:
+            raise ValueError("This checkpoint was not written by FederatedTrainer: it has no federated loop state.")
+        self._rounds_done = int(federated["rounds_done"])
+        self._loaded = federated
+
+    def _restore(self, federated: dict[str, Any]) -> None:
+        if "global_state" in federated:
+            self.global_state = {k: v.to(self.global_state[k].device) for k, v in federated["global_state"].items()}
+            load_into(self._live, self.global_state)
+        self.algorithm.load_state_dict(federated["algorithm"])
+        self.history = [list(c) for c in federated["history"]]
+        self.total_upload_bytes = int(federated["total_upload_bytes"])
+        self.total_download_bytes = int(federated["total_download_bytes"])

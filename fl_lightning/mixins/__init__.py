@@ -1,0 +1,5 @@
+"""Client-side behaviour added to any LightningModule."""
+
+from fl_lightning.mixins.proximal import ProximalMixin
+
+__all__ = ["ProximalMixin"]

@@ -1,0 +1,56 @@
+"""The global model's tensors: snapshots, in-place loading and deltas.
+
+The server keeps a float32 *master copy* of every floating-point tensor in the module's
+``state_dict`` (parameters and buffers such as BatchNorm running statistics), whatever the
+module's own precision, and loads it into the module in place with ``copy_`` so optimizers,
+DDP and ``torch.compile`` keep valid references to the parameters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import Tensor, nn
+
+State = dict[str, Tensor]
+
+
+def live_tensors(module: nn.Module) -> State:
+    """The module's parameters and persistent buffers, by ``state_dict`` name, sharing storage."""
+    return dict(module.state_dict(keep_vars=True))
+
+
+def snapshot(tensors: Mapping[str, Tensor]) -> State:
+    """Detached copies: floating-point tensors in float32, integer tensors (counters) as they are."""
+    return {
+        name: t.detach().to(torch.float32, copy=True) if t.is_floating_point() else t.detach().clone()
+        for name, t in tensors.items()
+    }
+
+
+@torch.no_grad()
+def load_into(live: Mapping[str, Tensor], state: Mapping[str, Tensor]) -> None:
+    """Copies ``state`` into the live tensors in place (casting to each tensor's own dtype)."""
+    for name, target in live.items():
+        target.copy_(state[name])
+
+
+@torch.no_grad()
+def compute_delta(live: Mapping[str, Tensor], reference: Mapping[str, Tensor]) -> State:
+    """``live - reference`` per tensor, in float32 for floating-point tensors."""
+    return {
+        name: (t.float() - reference[name]) if t.is_floating_point() else t - reference[name]
+        for name, t in live.items()
+    }
+
+
+def tensor_bytes(tensors: Mapping[str, Tensor]) -> int:
+    """Bytes needed to send ``tensors`` uncompressed."""
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def all_finite(tensors: Mapping[str, Tensor]) -> bool:
+    """Whether every floating-point tensor is free of NaN and Inf (one device sync)."""
+    checks = [torch.isfinite(t).all() for t in tensors.values() if t.is_floating_point()]
+    return bool(torch.stack(checks).all()) if checks else True

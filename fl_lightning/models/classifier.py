@@ -1,0 +1,75 @@
+"""A reusable classification LightningModule: cross-entropy, torchmetrics accuracy, SGD."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import lightning.pytorch as pl
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torchmetrics.classification import MulticlassAccuracy
+
+
+class ClassificationModule(pl.LightningModule):
+    """Base for classifiers: subclasses build ``self.net``; batches are ``(x, y)``.
+
+    Logs ``train_loss`` (mean over the round's client steps), ``val_loss``/``val_acc`` (server
+    evaluation of the global model each round) and ``test_loss``/``test_acc``.
+
+    Args:
+        num_classes: number of classes.
+        lr: local learning rate.
+        momentum: SGD momentum (0 = plain SGD, as in most FL papers).
+        weight_decay: L2 penalty.
+        optimizer: ``"sgd"`` or ``"adam"``.
+    """
+
+    def __init__(
+        self,
+        *,
+        num_classes: int,
+        lr: float = 0.05,
+        momentum: float = 0.0,
+        weight_decay: float = 0.0,
+        optimizer: Literal["sgd", "adam"] = "sgd",
+    ) -> None:
+        super().__init__()
+        if num_classes < 2:
+            raise ValueError(f"`num_classes` must be >= 2, got {num_classes}.")
+        if lr <= 0:
+            raise ValueError(f"`lr` must be > 0, got {lr}.")
+        if optimizer not in ("sgd", "adam"):
+            raise ValueError(f"`optimizer` must be 'sgd' or 'adam', got {optimizer!r}.")
+        self.num_classes, self.lr, self.momentum = num_classes, lr, momentum
+        self.weight_decay, self.optimizer_name = weight_decay, optimizer
+        self.val_acc = MulticlassAccuracy(num_classes=num_classes, average="micro")
+        self.test_acc = MulticlassAccuracy(num_classes=num_classes, average="micro")
+        self.net: nn.Module = nn.Identity()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        x, y = batch
+        loss = F.cross_entropy(self(x), y)
+        self.log("train_loss", loss, on_step=False, on_epoch=True, batch_size=len(y))
+        return loss
+
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, "val", self.val_acc)
+
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, "test", self.test_acc)
+
+    def _evaluate(self, batch: tuple[Tensor, Tensor], stage: str, accuracy: MulticlassAccuracy) -> None:
+        x, y = batch
+        logits = self(x)
+        accuracy(logits, y)
+        self.log(f"{stage}_loss", F.cross_entropy(logits, y), batch_size=len(y), prog_bar=True)
+        self.log(f"{stage}_acc", accuracy, batch_size=len(y), prog_bar=True)
+
+    def configure_optimizers(self) -> Any:
+        if self.optimizer_name == "adam":
+            return torch.optim.Adam(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)
+        return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)

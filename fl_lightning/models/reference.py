@@ -1,0 +1,71 @@
+"""The papers' reference models: logistic regression, the 2-layer MLP ("2NN"), a small CNN."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from fl_lightning.models.classifier import ClassificationModule
+
+
+class LogisticRegression(ClassificationModule):
+    """Multinomial logistic regression (e.g. FedProx's Synthetic(α, β) experiments: 60 → 10)."""
+
+    def __init__(self, *, in_features: int = 60, num_classes: int = 10, **kwargs: Any) -> None:
+        super().__init__(num_classes=num_classes, **kwargs)
+        self.save_hyperparameters()
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(in_features, num_classes))
+
+
+class MLP(ClassificationModule):
+    """Fully connected ReLU network; the default is McMahan et al.'s "2NN" (784-200-200-10)."""
+
+    def __init__(
+        self, *, in_features: int = 784, hidden: tuple[int, ...] = (200, 200), num_classes: int = 10, **kwargs: Any
+    ) -> None:
+        super().__init__(num_classes=num_classes, **kwargs)
+        self.save_hyperparameters()
+        layers: list[nn.Module] = [nn.Flatten()]
+        for width_in, width_out in zip((in_features, *hidden), hidden):
+            layers += [nn.Linear(width_in, width_out), nn.ReLU()]
+        layers.append(nn.Linear(hidden[-1] if hidden else in_features, num_classes))
+        self.net = nn.Sequential(*layers)
+
+
+class CNN(ClassificationModule):
+    """McMahan et al.'s CNN: two 5×5 conv layers (32, 64 channels, "same" padding) with 2×2 max-pooling,
+    a 512-unit dense layer and a linear output; optional BatchNorm after each convolution.
+
+    Args:
+        in_channels: image channels.
+        image_size: height = width of the input images (must be divisible by 4).
+        batch_norm: add ``BatchNorm2d`` after each convolution.
+    """
+
+    def __init__(
+        self,
+        *,
+        in_channels: int = 1,
+        image_size: int = 28,
+        num_classes: int = 10,
+        batch_norm: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(num_classes=num_classes, **kwargs)
+        if image_size % 4:
+            raise ValueError(f"`image_size` must be divisible by 4 (two 2x2 poolings), got {image_size}.")
+        self.save_hyperparameters()
+
+        def block(c_in: int, c_out: int) -> list[nn.Module]:
+            norm: list[nn.Module] = [nn.BatchNorm2d(c_out)] if batch_norm else []
+            return [nn.Conv2d(c_in, c_out, 5, padding=2), *norm, nn.ReLU(), nn.MaxPool2d(2)]
+
+        self.net = nn.Sequential(
+            *block(in_channels, 32),
+            *block(32, 64),
+            nn.Flatten(),
+            nn.Linear(64 * (image_size // 4) ** 2, 512),
+            nn.ReLU(),
+            nn.Linear(512, num_classes),
+        )

@@ -1,0 +1,96 @@
+"""``FederatedTrainer``: a Lightning ``Trainer`` whose ``fit`` runs federated rounds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks.progress import ProgressBar
+
+from fl_lightning import _lightning_compat as compat
+from fl_lightning.algorithms.base import Algorithm
+from fl_lightning.algorithms.fedavg import FedAvg
+from fl_lightning.callbacks.client_loss import ClientLossRecorder
+from fl_lightning.callbacks.progress import FederatedProgressBar
+from fl_lightning.loops.federated_fit_loop import FederatedFitLoop
+
+
+class FederatedTrainer(pl.Trainer):
+    """A ``Trainer`` for federated learning: ``max_epochs`` is the number of rounds.
+
+    Everything else is Lightning's: accelerator, precision, callbacks (``on_train_epoch_end``,
+    ``EarlyStopping`` and ``ModelCheckpoint(every_n_epochs)`` count rounds), loggers (the
+    logging step is the round). Validation runs on the global model at the end of each round.
+
+    Args:
+        algorithm: the federated algorithm (default :class:`~fl_lightning.FedAvg`).
+        clients_per_round: clients per round, a count or a float fraction of all clients.
+        local_epochs: local epochs per client per round (default 1 unless ``local_steps`` is set).
+        local_steps: local optimizer steps per client per round, instead of epochs.
+        seed: seed of client selection and of the clients' data order.
+        reset_optimizer: clear optimizer state (momentum, Adam moments) before every client.
+        **kwargs: forwarded to :class:`lightning.pytorch.Trainer`.
+
+    Example::
+
+        trainer = FederatedTrainer(algorithm=FedProx(mu=0.01), clients_per_round=10, max_epochs=200)
+        trainer.fit(model, datamodule=FederatedDataModule(Digits(), partitioner=Dirichlet(0.5), num_clients=20))
+    """
+
+    def __init__(
+        self,
+        *,
+        algorithm: Algorithm | None = None,
+        clients_per_round: int | float = 10,
+        local_epochs: int | None = None,
+        local_steps: int | None = None,
+        seed: int = 0,
+        reset_optimizer: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        if local_epochs is not None and local_steps is not None:
+            raise ValueError(
+                f"Set either `local_epochs` or `local_steps`, not both (got local_epochs={local_epochs}, "
+                f"local_steps={local_steps})."
+            )
+        for name, value in (("local_epochs", local_epochs), ("local_steps", local_steps)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
+        if isinstance(clients_per_round, bool) or not isinstance(clients_per_round, (int, float)) or clients_per_round <= 0:
+            raise ValueError(
+                f"`clients_per_round` must be a positive count or a fraction in (0, 1], got {clients_per_round!r}."
+            )
+        if seed < 0:
+            raise ValueError(f"`seed` must be >= 0, got {seed}.")
+        algorithm = algorithm if algorithm is not None else FedAvg()
+        if algorithm.asynchronous:
+            raise ValueError(f"{type(algorithm).__name__} is asynchronous; the synchronous round loop cannot run it.")
+
+        callbacks = kwargs.pop("callbacks", None) or []
+        callbacks = [callbacks] if isinstance(callbacks, Callback) else list(callbacks)
+        if kwargs.get("enable_progress_bar", True) is not False and not any(isinstance(c, ProgressBar) for c in callbacks):
+            callbacks.append(FederatedProgressBar())
+        callbacks.append(ClientLossRecorder())
+        super().__init__(callbacks=callbacks, **kwargs)
+
+        previous = self.fit_loop
+        self.fit_loop = FederatedFitLoop(
+            self,
+            min_epochs=previous.min_epochs,
+            max_epochs=previous.max_epochs,
+            algorithm=algorithm,
+            clients_per_round=clients_per_round,
+            local_epochs=local_epochs if local_steps is not None or local_epochs is not None else 1,
+            local_steps=local_steps,
+            seed=seed,
+            reset_optimizer=reset_optimizer,
+        )
+        self.fit_loop.epoch_loop = compat.ClientEpochLoop(
+            self, min_steps=previous.epoch_loop.min_steps, max_steps=previous.epoch_loop.max_steps
+        )
+
+    @property
+    def algorithm(self) -> Algorithm:
+        """The federated algorithm."""
+        return self.fit_loop.algorithm
