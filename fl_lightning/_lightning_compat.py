@@ -28,6 +28,7 @@ __all__ = [
     "log_metrics",
     "run_client_epoch",
     "run_server_validation",
+    "step_epoch_schedulers",
     "set_completed_epochs",
 ]
 
@@ -114,6 +115,15 @@ def call_epoch_start_hooks(trainer: pl.Trainer) -> None:
     """Calls ``on_train_epoch_start`` on callbacks, then on the LightningModule, as Lightning does."""
     call._call_callback_hooks(trainer, "on_train_epoch_start")
     call._call_lightning_module_hook(trainer, "on_train_epoch_start")
+
+
+def step_epoch_schedulers(fit_loop: _FitLoop) -> None:
+    """Steps ``interval="epoch"`` LR schedulers once for the round.
+
+    Lightning does this at an epoch's last batch, which :class:`ClientEpochLoop` suppresses
+    inside clients; plateau schedulers still step after validation, in ``on_advance_end``.
+    """
+    fit_loop.epoch_loop.update_lr_schedulers("epoch", update_plateau_schedulers=False)
 
 
 def run_server_validation(fit_loop: _FitLoop) -> bool:

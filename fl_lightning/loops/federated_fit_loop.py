@@ -49,7 +49,8 @@ class FederatedFitLoop(compat.FitLoopBase):
                 ClientEpochLoop over the client's batches         # training_step, hooks, callbacks
                 update = algorithm.client_update(client, module, local - global)
             algorithm.aggregate(round, global, finite updates)   # float32 master copy
-            module <- global weights; validation loop             # server evaluation
+            module <- global weights; epoch LR schedulers step
+            validation loop                                       # server evaluation
             log round metrics (step = round)                      # on_train_epoch_end, checkpoints
 
     A round is atomic for checkpointing: resuming continues at the first round whose
@@ -135,9 +136,22 @@ class FederatedFitLoop(compat.FitLoopBase):
             )
         )
         self.global_state = snapshot(self._live)
+        for logger in trainer.loggers:
+            logger.log_hyperparams(self.hparams())
         if self._loaded is not None:
             self._restore(self._loaded)
             self._loaded = None
+
+    def hparams(self) -> dict[str, Any]:
+        """The federated settings, logged as hyper-parameters so runs group by algorithm."""
+        return {
+            "fl/algorithm": type(self.algorithm).__name__,
+            "fl/num_clients": self.federation.num_clients,
+            "fl/clients_per_round": self.federation.clients_per_round,
+            "fl/local_epochs": self.local_epochs,
+            "fl/local_steps": self.local_steps,
+            "fl/seed": self.seed,
+        }
 
     @override
     def on_advance_start(self) -> None:
@@ -176,6 +190,7 @@ class FederatedFitLoop(compat.FitLoopBase):
         self.total_upload_bytes += upload_bytes
         self.total_download_bytes += download_bytes
 
+        compat.step_epoch_schedulers(self)
         compat.run_server_validation(self)
         metrics = {
             "round/clients": float(len(clients)),

@@ -1,4 +1,7 @@
-"""The papers' reference models: logistic regression, the 2-layer MLP ("2NN"), a small CNN."""
+"""The papers' reference models: logistic regression, the 2-layer MLP ("2NN"), a small CNN.
+
+All are FedProx-ready (:class:`~fl_lightning.ProximalMixin` is inert until an algorithm sets mu > 0).
+"""
 
 from __future__ import annotations
 
@@ -6,10 +9,11 @@ from typing import Any
 
 from torch import nn
 
+from fl_lightning.mixins.proximal import ProximalMixin
 from fl_lightning.models.classifier import ClassificationModule
 
 
-class LogisticRegression(ClassificationModule):
+class LogisticRegression(ProximalMixin, ClassificationModule):
     """Multinomial logistic regression (e.g. FedProx's Synthetic(α, β) experiments: 60 → 10)."""
 
     def __init__(self, *, in_features: int = 60, num_classes: int = 10, **kwargs: Any) -> None:
@@ -18,7 +22,7 @@ class LogisticRegression(ClassificationModule):
         self.net = nn.Sequential(nn.Flatten(), nn.Linear(in_features, num_classes))
 
 
-class MLP(ClassificationModule):
+class MLP(ProximalMixin, ClassificationModule):
     """Fully connected ReLU network; the default is McMahan et al.'s "2NN" (784-200-200-10)."""
 
     def __init__(
@@ -33,7 +37,7 @@ class MLP(ClassificationModule):
         self.net = nn.Sequential(*layers)
 
 
-class CNN(ClassificationModule):
+class CNN(ProximalMixin, ClassificationModule):
     """McMahan et al.'s CNN: two 5×5 conv layers (32, 64 channels, "same" padding) with 2×2 max-pooling,
     a 512-unit dense layer and a linear output; optional BatchNorm after each convolution.
 

@@ -1,0 +1,44 @@
+"""Shared set-up for end-to-end runs through FederatedTrainer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from fl_lightning import FederatedTrainer
+from fl_lightning.data import Digits, Dirichlet, FederatedDataModule
+
+QUIET: dict[str, Any] = {
+    "accelerator": "cpu",
+    "logger": False,
+    "enable_checkpointing": False,
+    "enable_progress_bar": False,
+    "enable_model_summary": False,
+    "num_sanity_val_steps": 0,
+}
+
+
+def digits_data(*, num_clients: int = 8, as_image: bool = False, batch_size: int = 16, seed: int = 0) -> FederatedDataModule:
+    return FederatedDataModule(
+        Digits(split="train", as_image=as_image),
+        Digits(split="test", as_image=as_image),
+        partitioner=Dirichlet(alpha=0.5),
+        num_clients=num_clients,
+        batch_size=batch_size,
+        seed=seed,
+    )
+
+
+def quiet_trainer(**kwargs: Any) -> FederatedTrainer:
+    return FederatedTrainer(**{**QUIET, **kwargs})
+
+
+@pytest.fixture
+def make_data():
+    return digits_data
+
+
+@pytest.fixture
+def make_trainer():
+    return quiet_trainer
