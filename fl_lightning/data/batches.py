@@ -1,0 +1,160 @@
+"""The stream of mini-batches a client trains on in one round."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
+
+from fl_lightning.data._checks import check_int
+
+
+class ClientBatches:
+    """A client's local mini-batches for one round; see :func:`client_batches`."""
+
+    def __init__(
+        self,
+        dataset: Dataset[Any],
+        indices: np.ndarray | Sequence[int],
+        *,
+        batch_size: int,
+        generator: torch.Generator,
+        num_epochs: int | None = None,
+        num_batches: int | None = None,
+        num_workers: int = 0,
+    ) -> None:
+        if (num_epochs is None) == (num_batches is None):
+            raise ValueError(
+                f"pass exactly one of num_epochs and num_batches, got num_epochs={num_epochs!r}, "
+                f"num_batches={num_batches!r}."
+            )
+        self.batch_size = check_int("batch_size", batch_size, minimum=1)
+        self.num_epochs = None if num_epochs is None else check_int("num_epochs", num_epochs, minimum=0)
+        self.num_batches = None if num_batches is None else check_int("num_batches", num_batches, minimum=0)
+        self.num_workers = check_int("num_workers", num_workers, minimum=0)
+        # A copy: torch cannot wrap the datamodule's read-only index arrays without warning.
+        self.indices = torch.tensor(np.asarray(indices), dtype=torch.int64).reshape(-1)
+        if self.indices.numel() == 0:
+            raise ValueError("indices is empty; a client needs at least one sample to form batches.")
+        self.dataset = dataset
+        self.generator = generator
+        # Duck-typed so that any TensorDataset-like dataset gets the fast path.
+        tensors = getattr(dataset, "tensors", None)
+        self._tensors: tuple[Tensor, ...] | None = tuple(tensors) if tensors is not None else None
+
+    @property
+    def batches_per_epoch(self) -> int:
+        """Number of batches in one pass over the client's samples, the last one possibly partial."""
+        return math.ceil(len(self.indices) / self.batch_size)
+
+    def __len__(self) -> int:
+        if self.num_batches is not None:
+            return self.num_batches
+        assert self.num_epochs is not None
+        return self.num_epochs * self.batches_per_epoch
+
+    def __iter__(self) -> Iterator[tuple[Tensor, ...]]:
+        if self._tensors is not None:
+            for batch in self.index_batches():
+                yield tuple(tensor[batch] for tensor in self._tensors)
+            return
+        loader = DataLoader(self.dataset, batch_sampler=_IndexBatches(self), num_workers=self.num_workers)
+        for batch in loader:
+            yield tuple(batch)
+
+    def index_batches(self) -> Iterator[Tensor]:
+        """Yields the dataset indices of each batch, drawing each epoch's permutation lazily."""
+        n = len(self.indices)
+        emitted = 0
+        epoch = 0
+        while True:
+            # Checked before drawing, so a stream ending on an epoch boundary draws no extra permutation.
+            if epoch == self.num_epochs or emitted == self.num_batches:
+                return
+            order = torch.randperm(n, generator=self.generator)
+            for start in range(0, n, self.batch_size):
+                yield self.indices[order[start : start + self.batch_size]]
+                emitted += 1
+                if emitted == self.num_batches:
+                    return
+            epoch += 1
+
+
+class _IndexBatches:
+    """Adapts :meth:`ClientBatches.index_batches` to a DataLoader ``batch_sampler``."""
+
+    def __init__(self, batches: ClientBatches) -> None:
+        self._batches = batches
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for batch in self._batches.index_batches():
+            yield batch.tolist()
+
+    def __len__(self) -> int:
+        return len(self._batches)
+
+
+def client_batches(
+    dataset: Dataset[Any],
+    indices: np.ndarray | Sequence[int],
+    *,
+    batch_size: int,
+    generator: torch.Generator,
+    num_epochs: int | None = None,
+    num_batches: int | None = None,
+    num_workers: int = 0,
+) -> ClientBatches:
+    """The mini-batches a client trains on: ``num_epochs`` epochs or the first ``num_batches`` batches.
+
+    The client's samples ``dataset[indices[i]]`` form an endless stream of epochs. Each epoch
+    draws a fresh permutation ``torch.randperm(len(indices), generator=generator)`` and cuts it,
+    in order, into batches of ``batch_size``, keeping the last partial batch. With
+    ``num_epochs=E`` the stream is ``E`` epochs; with ``num_batches=S`` it is the first ``S``
+    batches, crossing epoch boundaries as needed and drawing exactly
+    ``ceil(S / batches_per_epoch)`` permutations. Batch ``j`` of an epoch with permutation ``p``
+    holds the samples ``indices[p[j*batch_size : (j+1)*batch_size]]``.
+
+    The permutations are drawn while iterating, from ``generator``'s current state: iterating
+    twice gives two different streams, and the generator's state afterwards depends only on the
+    number of permutations drawn.
+
+    Datasets with a ``tensors`` attribute (such as :class:`~fl_lightning.data.InMemoryDataset`)
+    are batched by indexing each tensor once per batch. Other datasets go through a
+    :class:`~torch.utils.data.DataLoader` with ``num_workers`` workers yielding the same
+    batches; that DataLoader draws its worker seed from the global torch RNG, as usual.
+
+    Args:
+        dataset: Map-style dataset whose samples are ``(x, y)`` tuples.
+        indices: The client's dataset indices.
+        batch_size: Samples per batch.
+        generator: Source of the permutations.
+        num_epochs: Number of passes over the client's samples.
+        num_batches: Number of batches.
+        num_workers: DataLoader workers, for datasets without ``tensors``.
+
+    Returns:
+        An iterable of ``(x, y)`` tuples with a ``len``.
+
+    Example:
+        >>> import torch
+        >>> from torch.utils.data import TensorDataset
+        >>> data = TensorDataset(torch.arange(10.0), torch.arange(10))
+        >>> batches = client_batches(data, [2, 3, 5], batch_size=2, num_batches=3,
+        ...                          generator=torch.Generator().manual_seed(0))
+        >>> len(batches), [len(y) for _, y in batches]
+        (3, [2, 1, 2])
+    """
+    return ClientBatches(
+        dataset,
+        indices,
+        batch_size=batch_size,
+        generator=generator,
+        num_epochs=num_epochs,
+        num_batches=num_batches,
+        num_workers=num_workers,
+    )

@@ -1,0 +1,234 @@
+"""The federated datamodule: a centralised dataset, its partition into clients, and their batches."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import torch
+from lightning.pytorch import LightningDataModule
+from torch.utils.data import DataLoader, Dataset, Subset
+from typing_extensions import override
+
+from fl_lightning.data import partition_io
+from fl_lightning.data._checks import check_int
+from fl_lightning.data.batches import ClientBatches, client_batches
+from fl_lightning.data.partitioners import IID, Partitioner
+
+# Entropy appended to the seed for the held-out split, so that it is independent of the
+# partition, which uses ``default_rng(seed)`` itself.
+_HOLDOUT_STREAM = 1
+
+
+class FederatedDataModule(LightningDataModule):
+    """Partitions a training set among clients and serves each client's batches.
+
+    The partition is computed once, with ``partitioner(..., rng=np.random.default_rng(seed))``,
+    or read from ``partition_file`` when that file exists (and written there otherwise). With
+    ``holdout_fraction > 0`` each client then sets aside that fraction of its samples (at least
+    one, never all), chosen from ``seed`` alone, as a local validation split; the partition file
+    stores the partition before this split.
+
+    Args:
+        train: The training set; samples are ``(x, y)`` tuples.
+        test: The server's evaluation set, served by ``val_dataloader`` and ``test_dataloader``.
+        partitioner: How to split ``train``; :class:`~fl_lightning.data.IID` by default.
+        num_clients: Number of clients.
+        batch_size: Clients' local batch size.
+        eval_batch_size: Batch size of the evaluation dataloaders.
+        holdout_fraction: Fraction of each client's samples held out, in ``[0, 1)``.
+        seed: Seed of the partition and the held-out split.
+        partition_file: JSON file to load the partition from, or to save it to.
+        num_workers: DataLoader workers.
+    """
+
+    def __init__(
+        self,
+        train: Dataset,
+        test: Dataset | None = None,
+        *,
+        partitioner: Partitioner | None = None,
+        num_clients: int = 10,
+        batch_size: int = 10,
+        eval_batch_size: int = 512,
+        holdout_fraction: float = 0.0,
+        seed: int = 0,
+        partition_file: str | None = None,
+        num_workers: int = 0,
+    ) -> None:
+        super().__init__()
+        self._num_clients = check_int("num_clients", num_clients, minimum=1)
+        self.batch_size = check_int("batch_size", batch_size, minimum=1)
+        self.eval_batch_size = check_int("eval_batch_size", eval_batch_size, minimum=1)
+        if not 0 <= holdout_fraction < 1:
+            raise ValueError(f"holdout_fraction must be in [0, 1), got {holdout_fraction!r}.")
+        self.num_workers = check_int("num_workers", num_workers, minimum=0)
+        self.train = train
+        if num_clients > self._num_samples():
+            raise ValueError(
+                f"num_clients={num_clients} exceeds the {self._num_samples()} training samples; "
+                "every client needs at least one sample."
+            )
+        self.test = test
+        self.partitioner = partitioner if partitioner is not None else IID()
+        self.holdout_fraction = float(holdout_fraction)
+        # NumPy seed sequences reject negative entropy.
+        self.seed = check_int("seed", seed, minimum=0)
+        self.partition_file = partition_file
+        self._full_parts: list[np.ndarray] = []
+        self._train_parts: list[np.ndarray] | None = None
+        self._holdout_parts: list[np.ndarray] = []
+
+    @property
+    def num_clients(self) -> int:
+        """Number of clients."""
+        return self._num_clients
+
+    @property
+    def num_classes(self) -> int | None:
+        """The training set's ``num_classes``, if it has one."""
+        return getattr(self.train, "num_classes", None)
+
+    @override
+    def setup(self, stage: str | None = None) -> None:
+        """Partitions the training set; later calls do nothing."""
+        if self._train_parts is not None:
+            return
+        path = self.partition_file
+        if path is not None and os.path.exists(path):
+            self.load_partition(path)
+            return
+        rng = np.random.default_rng(self.seed)
+        self._set_partition(self.partitioner(self._partition_input(), self._num_samples(), self.num_clients, rng))
+        if path is not None:
+            self.save_partition(path)
+
+    def client_indices(self, cid: int) -> np.ndarray:
+        """Sorted training-set indices of client ``cid``'s training samples (held-out ones excluded)."""
+        return self._parts()[self._check_cid(cid)]
+
+    def client_num_samples(self, cid: int) -> int:
+        """Number of training samples of client ``cid``."""
+        return len(self.client_indices(cid))
+
+    def client_batches(
+        self,
+        cid: int,
+        *,
+        generator: torch.Generator,
+        num_epochs: int | None = None,
+        num_batches: int | None = None,
+    ) -> ClientBatches:
+        """Client ``cid``'s local batches; see :func:`~fl_lightning.data.client_batches` for the semantics."""
+        return client_batches(
+            self.train,
+            self.client_indices(cid),
+            batch_size=self.batch_size,
+            generator=generator,
+            num_epochs=num_epochs,
+            num_batches=num_batches,
+            num_workers=self.num_workers,
+        )
+
+    def label_counts(self, cid: int) -> np.ndarray:
+        """Number of training samples of each class on client ``cid``."""
+        targets = getattr(self.train, "targets", None)
+        if targets is None:
+            raise ValueError(f"label_counts needs train.targets; {type(self.train).__name__} has none.")
+        labels = np.asarray(targets)[self.client_indices(cid)]
+        num_classes = self.num_classes or int(np.max(targets)) + 1
+        return np.bincount(labels, minlength=num_classes)
+
+    def holdout_dataloader(self, cid: int) -> DataLoader[Any]:
+        """Client ``cid``'s held-out samples, in order, with ``eval_batch_size``."""
+        if self.holdout_fraction == 0:
+            raise RuntimeError("there is no held-out data: set holdout_fraction > 0.")
+        self._parts()
+        return self._loader(Subset(self.train, self._holdout_parts[self._check_cid(cid)].tolist()), shuffle=False)
+
+    def save_partition(self, path: str | os.PathLike[str]) -> None:
+        """Writes the partition (before the held-out split) as JSON."""
+        self._parts()
+        partition_io.save_partition(self._full_parts, path)
+
+    def load_partition(self, path: str | os.PathLike[str]) -> None:
+        """Replaces the partition by the one in ``path``, validated against this datamodule."""
+        parts = partition_io.load_partition(path, num_clients=self.num_clients, num_samples=self._num_samples())
+        self._set_partition(parts)
+
+    @override
+    def train_dataloader(self) -> DataLoader[Any]:
+        """All clients' training samples pooled and shuffled, for Lightning's fit loop to hold.
+
+        The federated loop trains on :meth:`client_batches` instead.
+        """
+        pooled = np.sort(np.concatenate(self._parts()))
+        return self._loader(Subset(self.train, pooled.tolist()), shuffle=True, batch_size=self.batch_size)
+
+    @override
+    def val_dataloader(self) -> DataLoader[Any] | list[Any]:
+        """The test set, for the server's evaluation of the global model (none: no evaluation)."""
+        return [] if self.test is None else self._loader(self.test, shuffle=False)
+
+    @override
+    def test_dataloader(self) -> DataLoader[Any]:
+        """The test set, for the server's evaluation of the global model."""
+        return self._loader(self._test_set(), shuffle=False)
+
+    def _set_partition(self, parts: list[np.ndarray]) -> None:
+        for part in parts:
+            # client_indices hands these arrays out; a caller editing one would corrupt the partition.
+            part.flags.writeable = False
+        self._full_parts = parts
+        if self.holdout_fraction == 0:
+            self._train_parts = parts
+            self._holdout_parts = [np.empty(0, dtype=np.int64) for _ in parts]
+            return
+        rng = np.random.default_rng([self.seed, _HOLDOUT_STREAM])
+        self._train_parts, self._holdout_parts = [], []
+        for part in parts:
+            num_held = min(len(part) - 1, max(1, round(self.holdout_fraction * len(part))))
+            held = np.sort(rng.permutation(part)[:num_held])
+            kept = np.setdiff1d(part, held, assume_unique=True)
+            held.flags.writeable = kept.flags.writeable = False
+            self._holdout_parts.append(held)
+            self._train_parts.append(kept)
+
+    def _num_samples(self) -> int:
+        return len(self.train)  # type: ignore[arg-type]
+
+    def _parts(self) -> list[np.ndarray]:
+        # Partitions on first use, so the datamodule also works outside a Trainer.
+        if self._train_parts is None:
+            self.setup()
+        assert self._train_parts is not None
+        return self._train_parts
+
+    def _partition_input(self) -> np.ndarray | None:
+        needs = self.partitioner.needs
+        if needs == "none":
+            return None
+        attribute = "targets" if needs == "targets" else "client_ids"
+        values = getattr(self.train, attribute, None)
+        if values is None:
+            raise ValueError(f"{self.partitioner!r} needs train.{attribute}, which {type(self.train).__name__} lacks.")
+        return np.asarray(values)
+
+    def _check_cid(self, cid: int) -> int:
+        if not 0 <= cid < self.num_clients:
+            raise IndexError(f"client id {cid} is outside [0, {self.num_clients}).")
+        return cid
+
+    def _test_set(self) -> Dataset[Any]:
+        if self.test is None:
+            raise RuntimeError("FederatedDataModule has no test set; pass test=... to evaluate the global model.")
+        return self.test
+
+    def _loader(self, dataset: Dataset[Any], *, shuffle: bool, batch_size: int | None = None) -> DataLoader[Any]:
+        return DataLoader(
+            dataset,
+            batch_size=batch_size or self.eval_batch_size,
+            shuffle=shuffle,
+            num_workers=self.num_workers,
+        )

@@ -1,0 +1,18 @@
+"""Datasets that hold their samples in memory as tensors."""
+
+from fl_lightning.data.datasets.base import InMemoryDataset
+from fl_lightning.data.datasets.digits import Digits
+from fl_lightning.data.datasets.synthetic import FedProxSynthetic
+from fl_lightning.data.datasets.vision import CIFAR10, CIFAR100, EMNIST, MNIST, SVHN, FashionMNIST
+
+__all__ = [
+    "CIFAR10",
+    "CIFAR100",
+    "EMNIST",
+    "MNIST",
+    "SVHN",
+    "Digits",
+    "FashionMNIST",
+    "FedProxSynthetic",
+    "InMemoryDataset",
+]

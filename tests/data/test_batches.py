@@ -1,0 +1,128 @@
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import Dataset, TensorDataset
+
+from fl_lightning.data import ClientBatches, InMemoryDataset, client_batches
+
+DATA = InMemoryDataset(inputs=torch.arange(50.0).unsqueeze(1) * 10, labels=torch.arange(50) % 7, num_classes=7)
+INDICES = np.array([3, 8, 11, 20, 21, 22, 30, 41, 42, 49])
+
+
+class PerSample(Dataset):
+    """The same samples without ``tensors``, forcing the DataLoader path."""
+
+    def __init__(self, source: InMemoryDataset) -> None:
+        self.source = source
+
+    def __getitem__(self, index: int):
+        return self.source[index]
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+
+def reference(n_epochs_drawn: int, batch_size: int, seed: int) -> list[torch.Tensor]:
+    """The documented semantics, written out: per epoch one randperm, cut in order."""
+    generator = torch.Generator().manual_seed(seed)
+    batches = []
+    for _ in range(n_epochs_drawn):
+        order = torch.randperm(len(INDICES), generator=generator)
+        batches += [torch.as_tensor(INDICES)[order[i : i + batch_size]] for i in range(0, len(INDICES), batch_size)]
+    return batches
+
+
+def stream(**kwargs) -> ClientBatches:
+    kwargs.setdefault("generator", torch.Generator().manual_seed(0))
+    return client_batches(DATA, INDICES, **kwargs)
+
+
+def test_epochs_follow_the_documented_semantics() -> None:
+    batches = list(stream(batch_size=3, num_epochs=2))
+    expected = reference(2, batch_size=3, seed=0)
+    assert [len(y) for _, y in batches] == [3, 3, 3, 1] * 2
+    for (x, y), indices in zip(batches, expected, strict=True):
+        torch.testing.assert_close(x[:, 0], indices.float() * 10)
+        torch.testing.assert_close(y, indices % 7)
+
+
+def test_each_epoch_is_a_permutation_of_the_client_samples() -> None:
+    batches = list(stream(batch_size=4, num_epochs=3))
+    per_epoch = math.ceil(len(INDICES) / 4)
+    epochs = [torch.cat([x[:, 0] for x, _ in batches[e * per_epoch : (e + 1) * per_epoch]]) for e in range(3)]
+    for epoch in epochs:
+        np.testing.assert_array_equal(np.sort(epoch.numpy() / 10).astype(int), INDICES)
+    assert not torch.equal(epochs[0], epochs[1])
+
+
+@pytest.mark.parametrize(("num_batches", "permutations"), [(5, 2), (3, 1), (6, 2), (7, 3), (1, 1)])
+def test_num_batches_crosses_epochs_and_draws_only_needed_permutations(num_batches: int, permutations: int) -> None:
+    generator = torch.Generator().manual_seed(0)
+    batches = list(stream(batch_size=4, num_batches=num_batches, generator=generator))
+    assert len(batches) == num_batches
+    expected = reference(permutations, batch_size=4, seed=0)[:num_batches]
+    for (_, y), indices in zip(batches, expected, strict=True):
+        torch.testing.assert_close(y, indices % 7)
+    # The generator advanced by exactly `permutations` draws.
+    replay = torch.Generator().manual_seed(0)
+    for _ in range(permutations):
+        torch.randperm(len(INDICES), generator=replay)
+    assert torch.equal(generator.get_state(), replay.get_state())
+
+
+def test_len() -> None:
+    assert len(stream(batch_size=3, num_epochs=2)) == 8
+    assert len(stream(batch_size=3, num_batches=11)) == 11
+    assert stream(batch_size=3, num_epochs=1).batches_per_epoch == 4
+    assert list(stream(batch_size=3, num_epochs=0)) == [] == list(stream(batch_size=3, num_batches=0))
+
+
+def test_permutations_are_drawn_lazily_and_iteration_consumes_the_generator() -> None:
+    generator = torch.Generator().manual_seed(0)
+    batches = stream(batch_size=3, num_batches=2, generator=generator)
+    assert torch.equal(generator.get_state(), torch.Generator().manual_seed(0).get_state())
+    first, second = list(batches), list(batches)
+    assert not all(torch.equal(a[1], b[1]) for a, b in zip(first, second, strict=True))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_dataloader_path_matches_fast_path(num_workers: int) -> None:
+    kwargs = {"batch_size": 3, "num_batches": 9}
+    fast = list(client_batches(DATA, INDICES, generator=torch.Generator().manual_seed(4), **kwargs))
+    slow_stream = client_batches(
+        PerSample(DATA), INDICES, generator=torch.Generator().manual_seed(4), num_workers=num_workers, **kwargs
+    )
+    slow = list(slow_stream)
+    assert len(slow) == len(fast) == len(slow_stream)
+    for (fx, fy), (sx, sy) in zip(fast, slow, strict=True):
+        assert isinstance(fx, torch.Tensor) and isinstance(sx, torch.Tensor)
+        torch.testing.assert_close(fx, sx)
+        torch.testing.assert_close(fy, sy)
+
+
+def test_tensor_dataset_takes_the_fast_path() -> None:
+    data = TensorDataset(torch.arange(10.0), torch.arange(10))
+    x, y = next(iter(client_batches(data, [1, 2, 3], batch_size=3, num_epochs=1, generator=torch.Generator())))
+    assert sorted(y.tolist()) == [1, 2, 3] and torch.equal(x, y.float())
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"batch_size": 2}, r"exactly one of num_epochs and num_batches, got num_epochs=None, num_batches=None"),
+        ({"batch_size": 2, "num_epochs": 1, "num_batches": 1}, r"exactly one of num_epochs and num_batches"),
+        ({"batch_size": 0, "num_epochs": 1}, r"batch_size must be an int >= 1, got 0"),
+        ({"batch_size": 2, "num_batches": -1}, r"num_batches must be an int >= 0, got -1"),
+        ({"batch_size": 2, "num_epochs": 1.5}, r"num_epochs must be an int >= 0, got 1.5"),
+    ],
+)
+def test_bad_arguments(kwargs: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        stream(**kwargs)
+
+
+def test_empty_client() -> None:
+    with pytest.raises(ValueError, match=r"indices is empty; a client needs at least one sample"):
+        client_batches(DATA, np.array([], dtype=np.int64), batch_size=2, num_batches=1, generator=torch.Generator())
