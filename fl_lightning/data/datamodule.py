@@ -21,6 +21,18 @@ from fl_lightning.data.partitioners import IID, Partitioner
 _HOLDOUT_STREAM = 1
 
 
+def _overrides(datamodule: LightningDataModule, hook: str) -> bool:
+    return getattr(type(datamodule), hook) is not getattr(LightningDataModule, hook)
+
+
+def _labels_of(dataset: Dataset) -> np.ndarray:
+    """Labels of a dataset without ``targets``: the second tensor of a ``TensorDataset``, else read sample by sample."""
+    tensors = getattr(dataset, "tensors", None)
+    if tensors is not None and len(tensors) >= 2:
+        return np.asarray(tensors[1])
+    return np.asarray([int(dataset[i][1]) for i in range(len(dataset))])  # type: ignore[arg-type]
+
+
 class FederatedDataModule(LightningDataModule):
     """Partitions a training set among clients and serves each client's batches.
 
@@ -79,6 +91,39 @@ class FederatedDataModule(LightningDataModule):
         self._full_parts: list[np.ndarray] = []
         self._train_parts: list[np.ndarray] | None = None
         self._holdout_parts: list[np.ndarray] = []
+
+    @classmethod
+    def from_datamodule(
+        cls,
+        datamodule: LightningDataModule,
+        *,
+        partitioner: Partitioner | None = None,
+        num_clients: int = 10,
+        seed: int = 0,
+        **kwargs: Any,
+    ) -> FederatedDataModule:
+        """Federates an ordinary ``LightningDataModule``: its training set is partitioned among
+        clients and its validation set becomes the server's evaluation set.
+
+        The clients' batch size defaults to that of the datamodule's ``train_dataloader``.
+
+        Example::
+
+            data = FederatedDataModule.from_datamodule(MyDataModule(), partitioner=Dirichlet(alpha=0.5), num_clients=20)
+        """
+        datamodule.prepare_data()
+        datamodule.setup("fit")
+        train_loader = datamodule.train_dataloader()
+        val_loader = datamodule.val_dataloader() if _overrides(datamodule, "val_dataloader") else None
+        kwargs.setdefault("batch_size", train_loader.batch_size or 1)
+        return cls(
+            train_loader.dataset,
+            None if val_loader is None else val_loader.dataset,
+            partitioner=partitioner,
+            num_clients=num_clients,
+            seed=seed,
+            **kwargs,
+        )
 
     @property
     def num_clients(self) -> int:
@@ -211,6 +256,8 @@ class FederatedDataModule(LightningDataModule):
             return None
         attribute = "targets" if needs == "targets" else "client_ids"
         values = getattr(self.train, attribute, None)
+        if values is None and needs == "targets":
+            values = _labels_of(self.train)
         if values is None:
             raise ValueError(f"{self.partitioner!r} needs train.{attribute}, which {type(self.train).__name__} lacks.")
         return np.asarray(values)
