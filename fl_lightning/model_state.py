@@ -1,8 +1,8 @@
 """The global model's tensors: snapshots, in-place loading and deltas.
 
-The server keeps a float32 *master copy* of every floating-point tensor in the module's
-``state_dict`` (parameters and buffers such as BatchNorm running statistics), whatever the
-module's own precision, and loads it into the module in place with ``copy_`` so optimizers,
+The server keeps a *master copy* of every floating-point tensor in the module's
+``state_dict`` (parameters and buffers such as BatchNorm running statistics) in at least
+float32 (float64 stays float64) whatever the module's own precision, and loads it into the module in place with ``copy_`` so optimizers,
 DDP and ``torch.compile`` keep valid references to the parameters.
 """
 
@@ -22,11 +22,15 @@ def live_tensors(module: nn.Module) -> State:
 
 
 def snapshot(tensors: Mapping[str, Tensor]) -> State:
-    """Detached copies: floating-point tensors in float32, integer tensors (counters) as they are."""
+    """Detached copies: floating-point tensors in at least float32, integer tensors (counters) as they are."""
     return {
-        name: t.detach().to(torch.float32, copy=True) if t.is_floating_point() else t.detach().clone()
+        name: t.detach().to(_master_dtype(t.dtype), copy=True) if t.is_floating_point() else t.detach().clone()
         for name, t in tensors.items()
     }
+
+
+def _master_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.promote_types(dtype, torch.float32)
 
 
 @torch.no_grad()
@@ -38,9 +42,9 @@ def load_into(live: Mapping[str, Tensor], state: Mapping[str, Tensor]) -> None:
 
 @torch.no_grad()
 def compute_delta(live: Mapping[str, Tensor], reference: Mapping[str, Tensor]) -> State:
-    """``live - reference`` per tensor, in float32 for floating-point tensors."""
+    """``live - reference`` per tensor, in the master copy's dtype for floating-point tensors."""
     return {
-        name: (t.float() - reference[name]) if t.is_floating_point() else t - reference[name]
+        name: (t.to(reference[name].dtype) - reference[name]) if t.is_floating_point() else t - reference[name]
         for name, t in live.items()
     }
 

@@ -57,7 +57,12 @@ class FederatedTrainer(pl.Trainer):
         for name, value in (("local_epochs", local_epochs), ("local_steps", local_steps)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
-        if isinstance(clients_per_round, bool) or not isinstance(clients_per_round, (int, float)) or clients_per_round <= 0:
+        if (
+            isinstance(clients_per_round, bool)
+            or not isinstance(clients_per_round, (int, float))
+            or clients_per_round <= 0
+            or (isinstance(clients_per_round, float) and clients_per_round > 1)
+        ):
             raise ValueError(
                 f"`clients_per_round` must be a positive count or a fraction in (0, 1], got {clients_per_round!r}."
             )

@@ -16,7 +16,7 @@ State = dict[str, Tensor]
 
 
 def weighted_sum(deltas: Sequence[Mapping[str, Tensor]], weights: Sequence[float]) -> State:
-    r"""Accumulates :math:`\sum_k w_k \Delta_k` in float32 (integer tensors included, unrounded).
+    r"""Accumulates :math:`\sum_k w_k \Delta_k` in at least float32 (integer tensors in float64, unrounded).
 
     Clients are summed in the order given, so the result is reproducible bit for bit.
 
@@ -28,10 +28,10 @@ def weighted_sum(deltas: Sequence[Mapping[str, Tensor]], weights: Sequence[float
         raise ValueError(f"Got {len(deltas)} deltas but {len(weights)} weights.")
     if not deltas:
         raise ValueError("Cannot aggregate an empty list of deltas.")
-    total = {name: torch.zeros_like(t, dtype=torch.float32) for name, t in deltas[0].items()}
+    total = {name: torch.zeros_like(t, dtype=accumulator_dtype(t.dtype)) for name, t in deltas[0].items()}
     for delta, weight in zip(deltas, weights):
         for name, acc in total.items():
-            acc.add_(delta[name].float(), alpha=float(weight))
+            acc.add_(delta[name].to(acc.dtype), alpha=float(weight))
     return total
 
 
@@ -48,11 +48,16 @@ def weighted_average(deltas: Sequence[Mapping[str, Tensor]], weights: Sequence[f
     return {name: t.div_(norm) for name, t in weighted_sum(deltas, weights).items()}
 
 
+def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Aggregation dtype: at least float32 for floating-point tensors, float64 for integer counters."""
+    return torch.promote_types(dtype, torch.float32) if dtype.is_floating_point else torch.float64
+
+
 @torch.no_grad()
 def apply_delta(state: Mapping[str, Tensor], delta: Mapping[str, Tensor], *, scale: float = 1.0) -> None:
     """``state += scale * delta`` in place; integer tensors get the rounded increment."""
     for name, target in state.items():
-        step = delta[name].float() * scale
+        step = delta[name].to(accumulator_dtype(target.dtype)) * scale
         if target.is_floating_point():
             target.add_(step)
         else:

@@ -40,7 +40,7 @@ class ServerOptimizer(ABC):
         buffers = {k: v for k, v in global_state.items() if k not in param_names}
         apply_delta(buffers, delta)
         for name, x in params.items():
-            self._update(name, x, delta[name].float())
+            self._update(name, x, delta[name].to(x.dtype))
 
     @abstractmethod
     def _update(self, name: str, x: Tensor, delta: Tensor) -> None:

@@ -48,7 +48,7 @@ class FederatedFitLoop(compat.FitLoopBase):
                 reset optimizer state
                 ClientEpochLoop over the client's batches         # training_step, hooks, callbacks
                 update = algorithm.client_update(client, module, local - global)
-            algorithm.aggregate(round, global, finite updates)   # float32 master copy
+            algorithm.aggregate(round, global, finite updates)   # >= float32 master copy
             module <- global weights; epoch LR schedulers step
             validation loop                                       # server evaluation
             log round metrics (step = round)                      # on_train_epoch_end, checkpoints
@@ -272,8 +272,8 @@ class FederatedFitLoop(compat.FitLoopBase):
             "total_download_bytes": self.total_download_bytes,
         }
         # The module's weights are the global model except mid-round (they are a client's) or
-        # when the module is not float32 (the float32 master copy holds the exact global model).
-        if self._in_round or any(t.is_floating_point() and t.dtype != torch.float32 for t in self._live.values()):
+        # when the module's precision is below the master copy's, which holds the exact global model.
+        if self._in_round or any(t.dtype != self.global_state[k].dtype for k, t in self._live.items()):
             federated["global_state"] = {k: v.clone() for k, v in self.global_state.items()}
         state["federated"] = federated
         return state

@@ -26,9 +26,12 @@ def derive_seed(seed: int, *keys: int | str) -> int:
     >>> derive_seed(0, "select", 3) != derive_seed(0, "select", 4)
     True
     """
-    entropy = [_as_int(seed), *(_as_int(k) for k in keys)]
-    if any(v < 0 for v in entropy):
-        raise ValueError(f"Seeds and seed keys must be non-negative, got {entropy}.")
+    values = [_as_int(seed), *(_as_int(k) for k in keys)]
+    if any(not 0 <= v < 2**64 for v in values):
+        raise ValueError(f"Seeds and seed keys must be in [0, 2**64), got {values}.")
+    # Length first and two fixed 32-bit words per value: SeedSequence would otherwise pad
+    # short inputs with zeros, so (s, "a") and (s, "a", 0) would share a stream.
+    entropy = [len(values)] + [word for v in values for word in (v >> 32, v & 0xFFFFFFFF)]
     state = np.random.SeedSequence(entropy).generate_state(2, dtype=np.uint32)
     return (int(state[0]) << 31) ^ int(state[1])
 

@@ -1,0 +1,252 @@
+"""Contract test of ``fl_lightning/_lightning_compat.py``.
+
+Every protected Lightning name that module touches is asserted here, with the shape it relies
+on. When this file fails after a Lightning upgrade, review ``fl_lightning/_lightning_compat.py``
+(and only then relax the assertion that failed).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import lightning
+import lightning.pytorch as pl
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import Logger
+from lightning.pytorch.loops.fetchers import _DataFetcher
+from lightning.pytorch.loops.fit_loop import _FitLoop
+from lightning.pytorch.loops.loop import _Loop
+from lightning.pytorch.loops.progress import _Progress
+from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
+from lightning.pytorch.trainer import call
+from lightning.pytorch.utilities.combined_loader import CombinedLoader
+
+from fl_lightning import FederatedTrainer
+from fl_lightning import _lightning_compat as compat
+from fl_lightning.data import FederatedDataModule, InMemoryDataset, client_batches
+from fl_lightning.models import LogisticRegression
+
+REVIEW = "review fl_lightning/_lightning_compat.py against this Lightning release"
+
+QUIET: dict[str, Any] = {
+    "accelerator": "cpu",
+    "logger": False,
+    "enable_checkpointing": False,
+    "enable_progress_bar": False,
+    "enable_model_summary": False,
+    "num_sanity_val_steps": 0,
+}
+
+
+def _params(fn: Any) -> list[str]:
+    return list(inspect.signature(fn).parameters)
+
+
+@pytest.fixture
+def trainer() -> pl.Trainer:
+    return pl.Trainer(**QUIET, max_epochs=1)
+
+
+def test_lightning_version_is_pinned() -> None:
+    assert lightning.__version__.startswith("2.6."), (
+        f"Lightning {lightning.__version__} is not 2.6.x: {REVIEW}, run tests/test_lightning_compat.py, "
+        "then update the pin in pyproject.toml and this test."
+    )
+
+
+def test_fit_loop_shape(trainer: pl.Trainer) -> None:
+    assert compat.FitLoopBase is _FitLoop
+    # The logger connector and tuner dispatch on this exact class.
+    assert pl.loops._FitLoop is _FitLoop, REVIEW
+    assert _params(_FitLoop.__init__) == ["self", "trainer", "min_epochs", "max_epochs"], REVIEW
+    loop = trainer.fit_loop
+    assert isinstance(loop, _FitLoop)
+    assert isinstance(loop.epoch_loop, _TrainingEpochLoop), REVIEW
+    assert isinstance(loop.epoch_progress, _Progress), REVIEW
+    for name in ("_data_fetcher", "_combined_loader"):
+        assert name in vars(loop) and getattr(loop, name) is None, f"_FitLoop.{name}: {REVIEW}"
+    assert loop.max_batches == float("inf"), REVIEW
+    for name in ("setup_data", "reset", "on_run_start", "on_advance_start", "advance", "on_advance_end",
+                 "on_save_checkpoint", "on_load_checkpoint"):
+        assert callable(getattr(_FitLoop, name, None)), f"_FitLoop.{name}: {REVIEW}"
+        assert _params(getattr(_FitLoop, name))[0] == "self"
+    assert _params(_FitLoop.setup_data) == ["self"], REVIEW
+    assert _params(_FitLoop.on_advance_end) == ["self"], REVIEW
+    # FederatedTrainer installs its loops by plain assignment; trainer.current_epoch reads the progress.
+    trainer.fit_loop = _FitLoop(trainer, min_epochs=0, max_epochs=2)
+    trainer.fit_loop.epoch_loop = compat.ClientEpochLoop(trainer, min_steps=None, max_steps=-1)
+    trainer.fit_loop.epoch_progress.current.completed = 2
+    assert trainer.current_epoch == 2, REVIEW
+
+
+def test_training_epoch_loop_shape(trainer: pl.Trainer) -> None:
+    assert _params(_TrainingEpochLoop.__init__) == ["self", "trainer", "min_steps", "max_steps"], REVIEW
+    assert _params(_TrainingEpochLoop._should_check_val_fx) == ["self", "data_fetcher"], REVIEW
+    assert _params(_TrainingEpochLoop.update_lr_schedulers) == ["self", "interval", "update_plateau_schedulers"], REVIEW
+    assert _params(_TrainingEpochLoop._num_ready_batches_reached) == ["self"], REVIEW
+    assert _params(_TrainingEpochLoop._should_check_val_epoch) == ["self"], REVIEW
+    assert _params(_TrainingEpochLoop.run) == ["self", "data_fetcher"], REVIEW
+    assert isinstance(inspect.getattr_static(_TrainingEpochLoop, "global_step"), property), REVIEW
+
+    loop = trainer.fit_loop.epoch_loop
+    # ClientEpochLoop replaces this plain attribute by a property: it must stay a plain int
+    # attribute assigned in __init__ (a base-class property would be shadowed silently).
+    assert "_batches_that_stepped" in vars(loop) and vars(loop)["_batches_that_stepped"] == 0, REVIEW
+    assert not hasattr(_TrainingEpochLoop, "_batches_that_stepped"), REVIEW
+    assert isinstance(loop.val_loop, _Loop), REVIEW
+    assert callable(loop.val_loop.run), REVIEW
+    assert loop.global_step == 0
+
+
+def test_client_epoch_loop_only_overrides_existing_methods() -> None:
+    own = {name for name in vars(compat.ClientEpochLoop) if not name.startswith("__")}
+    methods = own - {"in_client", "_batches_that_stepped"}
+    assert {"_should_check_val_fx", "update_lr_schedulers", "_num_ready_batches_reached"} <= methods
+    for name in methods:
+        base = getattr(_TrainingEpochLoop, name, None)
+        assert callable(base), f"ClientEpochLoop.{name} overrides nothing in _TrainingEpochLoop: {REVIEW}"
+        assert _params(base) == _params(getattr(compat.ClientEpochLoop, name)), f"{name}: {REVIEW}"
+
+
+def test_data_fetcher_over_a_client_batch_stream() -> None:
+    assert _params(_DataFetcher.__init__) == ["self"], REVIEW
+    assert _params(_DataFetcher.setup) == ["self", "combined_loader"], REVIEW
+    data = InMemoryDataset(inputs=torch.arange(6.0).unsqueeze(1), labels=torch.zeros(6, dtype=torch.int64), num_classes=1)
+    batches = client_batches(data, range(6), batch_size=2, num_epochs=1, generator=torch.Generator().manual_seed(0))
+    # What run_client_epoch builds: one sized iterable in max_size_cycle mode.
+    combined = CombinedLoader(batches, "max_size_cycle")
+    fetcher = _DataFetcher()
+    fetcher.setup(combined)
+    assert iter(fetcher) is fetcher
+    assert fetcher.length == 3 and not fetcher.done, REVIEW
+    seen = []
+    for expected_idx in range(3):
+        (x, _), batch_idx, dataloader_idx = next(fetcher)
+        assert (batch_idx, dataloader_idx) == (expected_idx, 0), REVIEW
+        seen += x.flatten().tolist()
+    assert sorted(seen) == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0], REVIEW
+    # The epoch loop reads ``done`` to flag the last batch.
+    assert fetcher.done and fetcher.fetched == 3, REVIEW
+
+
+def test_progress_trackers(trainer: pl.Trainer) -> None:
+    progress = _Progress()
+    for tracker in (progress.total, progress.current):
+        for field in ("ready", "started", "processed", "completed"):
+            assert getattr(tracker, field) == 0, f"_Progress tracker .{field}: {REVIEW}"
+    for name in ("increment_ready", "increment_started", "increment_processed", "increment_completed"):
+        assert callable(getattr(progress, name)), f"_Progress.{name}: {REVIEW}"
+
+    compat.set_completed_epochs(trainer.fit_loop.epoch_progress, 4)
+    for tracker in (trainer.fit_loop.epoch_progress.total, trainer.fit_loop.epoch_progress.current):
+        assert (tracker.ready, tracker.started, tracker.processed, tracker.completed) == (4, 4, 4, 4)
+    assert trainer.current_epoch == 4, REVIEW
+
+
+def test_clear_restarting_clears_the_loop_tree(trainer: pl.Trainer) -> None:
+    restarting = inspect.getattr_static(_Loop, "restarting")
+    assert isinstance(restarting, property) and restarting.fset is not None, REVIEW
+    loop = trainer.fit_loop
+    _Loop.restarting.fset(loop, True)
+    assert loop.restarting and loop.epoch_loop.restarting and loop.epoch_loop.val_loop.restarting
+    compat.clear_restarting(loop)
+    assert not loop.restarting and not loop.epoch_loop.restarting and not loop.epoch_loop.val_loop.restarting, REVIEW
+
+
+class _RecordingLogger(Logger):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[tuple[int | None, dict[str, float]]] = []
+
+    @property
+    def name(self) -> str:
+        return "recording"
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        self.records.append((step, dict(metrics)))
+
+    def steps(self, key: str) -> list[int | None]:
+        return [step for step, metrics in self.records if key in metrics]
+
+
+def test_logger_connector_log_metrics_and_callback_metrics() -> None:
+    connector_cls = type(pl.Trainer(**QUIET)._logger_connector)
+    assert _params(connector_cls.log_metrics) == ["self", "metrics", "step"], REVIEW
+    logger = _RecordingLogger()
+    trainer = pl.Trainer(**{**QUIET, "logger": logger})
+    assert isinstance(trainer._logger_connector._callback_metrics, dict), REVIEW
+    compat.log_metrics(trainer, {"round/x": 2.5}, step=7)
+    assert logger.records == [(7, {"round/x": 2.5})], REVIEW
+    assert trainer.callback_metrics["round/x"].item() == 2.5, REVIEW
+
+
+def test_call_hook_dispatch() -> None:
+    assert _params(call._call_callback_hooks)[:2] == ["trainer", "hook_name"], REVIEW
+    assert _params(call._call_lightning_module_hook)[:2] == ["trainer", "hook_name"], REVIEW
+
+    order: list[str] = []
+
+    class Module(pl.LightningModule):
+        def on_train_epoch_start(self) -> None:
+            order.append("module")
+
+    class Recorder(Callback):
+        def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+            assert pl_module is module
+            order.append("callback")
+
+    module = Module()
+    trainer = pl.Trainer(**QUIET, callbacks=[Recorder()])
+    trainer.strategy.connect(module)
+    compat.call_epoch_start_hooks(trainer)
+    assert order == ["callback", "module"], REVIEW
+
+
+def _tiny_fit(**trainer_kwargs: Any) -> tuple[FederatedTrainer, _RecordingLogger, LogisticRegression]:
+    g = torch.Generator().manual_seed(0)
+    train = InMemoryDataset(inputs=torch.randn(24, 4, generator=g), labels=torch.randint(0, 2, (24,), generator=g), num_classes=2)
+    test = InMemoryDataset(inputs=torch.randn(8, 4, generator=g), labels=torch.randint(0, 2, (8,), generator=g), num_classes=2)
+    logger = _RecordingLogger()
+    trainer = FederatedTrainer(
+        **{**QUIET, "logger": logger, "log_every_n_steps": 1, "max_epochs": 3, "clients_per_round": 2, **trainer_kwargs}
+    )
+    model = LogisticRegression(in_features=4, num_classes=2, lr=0.1)
+    trainer.fit(model, datamodule=FederatedDataModule(train, test, num_clients=3, batch_size=4))
+    return trainer, logger, model
+
+
+def test_client_epoch_loop_logging_step_is_the_round() -> None:
+    trainer = FederatedTrainer(**QUIET, max_epochs=5)
+    epoch_loop = trainer.fit_loop.epoch_loop
+    assert isinstance(epoch_loop, compat.ClientEpochLoop)
+    compat.set_completed_epochs(trainer.fit_loop.epoch_progress, 3)
+    assert epoch_loop._batches_that_stepped == trainer.current_epoch == 3
+    epoch_loop._batches_that_stepped += 1  # what Lightning does after each optimizer step: ignored
+    assert epoch_loop._batches_that_stepped == 3
+
+
+def test_every_logger_counts_rounds_and_validation_runs_once_per_round() -> None:
+    validations: list[int] = []
+
+    class CountValidation(Callback):
+        def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+            validations.append(trainer.current_epoch)
+
+    # val_check_interval=1 would validate after every batch in plain Lightning.
+    trainer, logger, _ = _tiny_fit(callbacks=[CountValidation()], val_check_interval=1)
+    assert trainer.current_epoch == 3
+    assert trainer.global_step > 3  # several optimizer steps per round...
+    assert validations == [0, 1, 2]  # ...but one server evaluation per round
+    for key in ("train_loss", "val_loss", "round/clients"):
+        assert sorted(set(logger.steps(key))) == [0, 1, 2], key
+    assert trainer.fit_loop.epoch_loop._batches_that_stepped == trainer.current_epoch
