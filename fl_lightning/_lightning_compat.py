@@ -26,6 +26,7 @@ __all__ = [
     "call_epoch_start_hooks",
     "clear_restarting",
     "log_metrics",
+    "reload_validation_data",
     "run_client_epoch",
     "run_server_validation",
     "step_epoch_schedulers",
@@ -124,6 +125,11 @@ def step_epoch_schedulers(fit_loop: _FitLoop) -> None:
     inside clients; plateau schedulers still step after validation, in ``on_advance_end``.
     """
     fit_loop.epoch_loop.update_lr_schedulers("epoch", update_plateau_schedulers=False)
+
+
+def reload_validation_data(trainer: pl.Trainer) -> None:
+    """Makes the next validation run request ``val_dataloader()`` again (the evaluation set changed)."""
+    trainer.fit_loop.epoch_loop.val_loop._combined_loader = None
 
 
 def run_server_validation(fit_loop: _FitLoop) -> bool:

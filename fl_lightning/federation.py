@@ -45,6 +45,9 @@ class Federation:
         clients_per_round: clients sampled per round, resolved to a count.
         seed: root seed of every random choice of the federated loop.
         param_names: ``state_dict`` names that are parameters (the rest are buffers).
+        local_epochs: local epochs requested per client per round (or ``None``).
+        local_steps: local optimizer steps requested per client per round (or ``None``).
+        num_rounds: the run's number of rounds (``max_epochs``; ``None`` if unbounded).
     """
 
     data: FederatedDataSource
@@ -52,6 +55,9 @@ class Federation:
     clients_per_round: int
     seed: int
     param_names: frozenset[str]
+    local_epochs: int | None = None
+    local_steps: int | None = None
+    num_rounds: int | None = None
     num_samples: np.ndarray = field(init=False)
 
     def __post_init__(self) -> None:

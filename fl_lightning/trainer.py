@@ -25,7 +25,7 @@ class FederatedTrainer(pl.Trainer):
 
     Args:
         algorithm: the federated algorithm (default :class:`~fl_lightning.FedAvg`).
-        clients_per_round: clients per round, a count or a float fraction of all clients.
+        clients_per_round: clients per round, a count or a float fraction of all clients (default: all).
         local_epochs: local epochs per client per round (default 1 unless ``local_steps`` is set).
         local_steps: local optimizer steps per client per round, instead of epochs.
         seed: seed of client selection and of the clients' data order.
@@ -42,7 +42,7 @@ class FederatedTrainer(pl.Trainer):
         self,
         *,
         algorithm: Algorithm | None = None,
-        clients_per_round: int | float = 10,
+        clients_per_round: int | float = 1.0,
         local_epochs: int | None = None,
         local_steps: int | None = None,
         seed: int = 0,

@@ -91,6 +91,7 @@ class FederatedDataModule(LightningDataModule):
         self._full_parts: list[np.ndarray] = []
         self._train_parts: list[np.ndarray] | None = None
         self._holdout_parts: list[np.ndarray] = []
+        self.evaluation_clients: list[int] | None = None
 
     @classmethod
     def from_datamodule(
@@ -211,9 +212,26 @@ class FederatedDataModule(LightningDataModule):
         pooled = np.sort(np.concatenate(self._parts()))
         return self._loader(Subset(self.train, pooled.tolist()), shuffle=True, batch_size=self.batch_size)
 
+    def set_evaluation_clients(self, clients: list[int] | None) -> None:
+        """Evaluates the global model on these clients' held-out samples instead of the test set.
+
+        Used when the objective is a subset of the clients (e.g. after arrivals or departures);
+        ``None`` restores the test set. Needs ``holdout_fraction > 0``.
+        """
+        if clients is not None:
+            if self.holdout_fraction == 0:
+                raise ValueError("Evaluating on clients' held-out data needs holdout_fraction > 0.")
+            clients = sorted(self._check_cid(c) for c in clients)
+        self.evaluation_clients = clients
+
     @override
     def val_dataloader(self) -> DataLoader[Any] | list[Any]:
-        """The test set, for the server's evaluation of the global model (none: no evaluation)."""
+        """The server's evaluation set for the global model: the test set, or the held-out samples
+        of :attr:`evaluation_clients` when set (none: no evaluation)."""
+        if self.evaluation_clients is not None:
+            self._parts()
+            held = np.concatenate([self._holdout_parts[c] for c in self.evaluation_clients])
+            return self._loader(Subset(self.train, np.sort(held).tolist()), shuffle=False)
         return [] if self.test is None else self._loader(self.test, shuffle=False)
 
     @override

@@ -133,6 +133,9 @@ class FederatedFitLoop(compat.FitLoopBase):
                 clients_per_round=resolve_clients_per_round(self.clients_per_round, data.num_clients),
                 seed=self.seed,
                 param_names=frozenset(name for name, _ in module.named_parameters()),
+                local_epochs=self.local_epochs,
+                local_steps=self.local_steps,
+                num_rounds=self.max_epochs if self.max_epochs is not None and self.max_epochs >= 0 else None,
             )
         )
         self.global_state = snapshot(self._live)

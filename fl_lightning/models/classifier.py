@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.cli import LRSchedulerCallable
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
@@ -23,6 +24,8 @@ class ClassificationModule(pl.LightningModule):
         momentum: SGD momentum (0 = plain SGD, as in most FL papers).
         weight_decay: L2 penalty.
         optimizer: ``"sgd"`` or ``"adam"``.
+        lr_scheduler: a scheduler factory (e.g. ``StaircaseLR``, or any ``torch`` scheduler class with its
+            arguments bound), stepped once per round.
     """
 
     def __init__(
@@ -33,6 +36,7 @@ class ClassificationModule(pl.LightningModule):
         momentum: float = 0.0,
         weight_decay: float = 0.0,
         optimizer: Literal["sgd", "adam"] = "sgd",
+        lr_scheduler: LRSchedulerCallable | None = None,
     ) -> None:
         super().__init__()
         if num_classes < 2:
@@ -43,6 +47,7 @@ class ClassificationModule(pl.LightningModule):
             raise ValueError(f"`optimizer` must be 'sgd' or 'adam', got {optimizer!r}.")
         self.num_classes, self.lr, self.momentum = num_classes, lr, momentum
         self.weight_decay, self.optimizer_name = weight_decay, optimizer
+        self.lr_scheduler_factory = lr_scheduler
         self.val_acc = MulticlassAccuracy(num_classes=num_classes, average="micro")
         self.test_acc = MulticlassAccuracy(num_classes=num_classes, average="micro")
         self.net: nn.Module = nn.Identity()
@@ -71,5 +76,12 @@ class ClassificationModule(pl.LightningModule):
 
     def configure_optimizers(self) -> Any:
         if self.optimizer_name == "adam":
-            return torch.optim.Adam(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)
-        return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
+            optimizer = torch.optim.Adam(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)
+        else:
+            optimizer = torch.optim.SGD(
+                self.parameters(), lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay
+            )
+        if self.lr_scheduler_factory is None:
+            return optimizer
+        scheduler = self.lr_scheduler_factory(optimizer)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "epoch"}}
