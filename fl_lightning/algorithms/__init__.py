@@ -4,6 +4,7 @@ from fl_lightning.algorithms.aggregation import apply_delta, weighted_average, w
 from fl_lightning.algorithms.base import Algorithm, ClientContext, ClientUpdate
 from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.algorithms.fedprox import FedProx
+from fl_lightning.algorithms.flexible import FlexibleParticipation, scheme_coefficients
 from fl_lightning.algorithms.server_optimizers import (
     ServerAdagrad,
     ServerAdam,
@@ -18,12 +19,14 @@ __all__ = [
     "ClientUpdate",
     "FedAvg",
     "FedProx",
+    "FlexibleParticipation",
     "ServerAdagrad",
     "ServerAdam",
     "ServerOptimizer",
     "ServerSGD",
     "ServerYogi",
     "apply_delta",
+    "scheme_coefficients",
     "weighted_average",
     "weighted_sum",
 ]

@@ -1,0 +1,26 @@
+"""Participation models: how many of the :math:`E` requested local steps a client completes.
+
+Pluggable into every algorithm; see :class:`ParticipationModel` for the contract and Ruan et
+al., "Towards Flexible Device Participation in Federated Learning" (AISTATS 2021).
+"""
+
+from fl_lightning.participation.base import ParticipationModel
+from fl_lightning.participation.events import Arrival, Departure, ObjectiveSchedule, should_exclude
+from fl_lightning.participation.inactivity import Inactivity
+from fl_lightning.participation.steps import BinomialSteps, FixedSteps, FullParticipation
+from fl_lightning.participation.traces import PAPER_TRACE_SUBSTITUTE, TraceParticipation, percentage_to_steps
+
+__all__ = [
+    "PAPER_TRACE_SUBSTITUTE",
+    "Arrival",
+    "Departure",
+    "ObjectiveSchedule",
+    "BinomialSteps",
+    "FixedSteps",
+    "FullParticipation",
+    "Inactivity",
+    "ParticipationModel",
+    "TraceParticipation",
+    "percentage_to_steps",
+    "should_exclude",
+]
