@@ -32,6 +32,7 @@ class FederatedDataSource(Protocol):
         num_epochs: int | None = None,
         num_batches: int | None = None,
         generator: torch.Generator,
+        batch_size: int | None = None,
     ) -> Iterable[Any]: ...
 
 
@@ -70,3 +71,7 @@ class Federation:
     def generator(self, *keys: int | str) -> torch.Generator:
         """A generator seeded from ``(seed, *keys)``, e.g. ``generator("select", round_idx)``."""
         return make_generator(self.seed, *keys)
+
+    def probe_batches(self, cid: int, batch_size: int = 512) -> Iterable[Any]:
+        """One pass over client ``cid``'s training data in large batches, for loss probes."""
+        return self.data.client_batches(cid, num_epochs=1, generator=self.generator("probe", cid), batch_size=batch_size)

@@ -165,12 +165,14 @@ class FederatedDataModule(LightningDataModule):
         generator: torch.Generator,
         num_epochs: int | None = None,
         num_batches: int | None = None,
+        batch_size: int | None = None,
     ) -> ClientBatches:
-        """Client ``cid``'s local batches; see :func:`~fl_lightning.data.client_batches` for the semantics."""
+        """Client ``cid``'s local batches (of ``batch_size``, default the clients' batch size);
+        see :func:`~fl_lightning.data.client_batches` for the semantics."""
         return client_batches(
             self.train,
             self.client_indices(cid),
-            batch_size=self.batch_size,
+            batch_size=batch_size or self.batch_size,
             generator=generator,
             num_epochs=num_epochs,
             num_batches=num_batches,

@@ -172,7 +172,7 @@ class FederatedFitLoop(compat.FitLoopBase):
         self._in_round = True
         updates, upload_bytes, losses = [], 0, []
         for cid in clients:
-            update = self._train_client(round_idx, cid)
+            update = self.train_client(round_idx, cid)
             upload_bytes += update.upload_bytes
             if "train_loss" in update.metrics:
                 losses.append(update.metrics["train_loss"])
@@ -222,7 +222,8 @@ class FederatedFitLoop(compat.FitLoopBase):
         self.history.append(clients)
         return clients
 
-    def _train_client(self, round_idx: int, cid: int) -> ClientUpdate:
+    def train_client(self, round_idx: int, cid: int) -> ClientUpdate:
+        """Trains client ``cid`` from the current global weights and returns its update (the global state is unchanged)."""
         trainer, module = self.trainer, self.trainer.lightning_module
         client = ClientContext(
             round_idx=round_idx,

@@ -61,6 +61,12 @@ class ClassificationModule(pl.LightningModule):
         self.log("train_loss", loss, on_step=False, on_epoch=True, batch_size=len(y))
         return loss
 
+    def sample_metrics(self, batch: tuple[Tensor, Tensor]) -> dict[str, Tensor]:
+        """Per-sample cross-entropy and correctness, for loss probes (:mod:`fl_lightning.probe`)."""
+        x, y = batch
+        logits = self(x)
+        return {"loss": F.cross_entropy(logits, y, reduction="none"), "correct": (logits.argmax(-1) == y).float()}
+
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         self._evaluate(batch, "val", self.val_acc)
 
