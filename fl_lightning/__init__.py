@@ -1,12 +1,18 @@
 """fl_lightning: federated learning research as a first-class citizen of PyTorch Lightning."""
 
 from fl_lightning.algorithms import (
+    AllClients,
     Algorithm,
     ClientContext,
     ClientUpdate,
+    CompressedFedAvg,
+    FedALIGN,
     FedAvg,
+    FedMRN,
+    FedMRNS,
     FedProx,
     FlexibleParticipation,
+    PriorityOnly,
     ServerAdagrad,
     ServerAdam,
     ServerSGD,
@@ -14,16 +20,21 @@ from fl_lightning.algorithms import (
 )
 from fl_lightning.callbacks import FederatedCallback, FederatedProgressBar
 from fl_lightning.federation import FederatedDataSource, Federation
-from fl_lightning.mixins import ProximalMixin
+from fl_lightning.mixins import MaskedNoiseMixin, ProximalMixin
 from fl_lightning.trainer import FederatedTrainer
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AllClients",
     "Algorithm",
     "ClientContext",
     "ClientUpdate",
+    "CompressedFedAvg",
+    "FedALIGN",
     "FedAvg",
+    "FedMRN",
+    "FedMRNS",
     "FedProx",
     "FederatedCallback",
     "FederatedDataSource",
@@ -31,6 +42,7 @@ __all__ = [
     "FederatedTrainer",
     "FlexibleParticipation",
     "Federation",
+    "MaskedNoiseMixin",
     "ProximalMixin",
     "ServerAdagrad",
     "ServerAdam",

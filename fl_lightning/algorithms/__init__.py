@@ -2,7 +2,11 @@
 
 from fl_lightning.algorithms.aggregation import apply_delta, weighted_average, weighted_sum
 from fl_lightning.algorithms.base import Algorithm, ClientContext, ClientUpdate
+from fl_lightning.algorithms.compressed import CompressedFedAvg
+from fl_lightning.algorithms.epsilon_schedules import ConstantEpsilon, EpsilonSchedule, LinearEpsilon, StepEpsilon
+from fl_lightning.algorithms.fedalign import AllClients, FedALIGN, PriorityOnly, alignment_decision
 from fl_lightning.algorithms.fedavg import FedAvg
+from fl_lightning.algorithms.fedmrn import FedMRN, FedMRNS
 from fl_lightning.algorithms.fedprox import FedProx
 from fl_lightning.algorithms.flexible import FlexibleParticipation, scheme_coefficients
 from fl_lightning.algorithms.server_optimizers import (
@@ -14,17 +18,28 @@ from fl_lightning.algorithms.server_optimizers import (
 )
 
 __all__ = [
+    "AllClients",
     "Algorithm",
     "ClientContext",
     "ClientUpdate",
+    "CompressedFedAvg",
+    "ConstantEpsilon",
+    "EpsilonSchedule",
+    "FedALIGN",
     "FedAvg",
+    "FedMRN",
+    "FedMRNS",
     "FedProx",
     "FlexibleParticipation",
+    "LinearEpsilon",
+    "PriorityOnly",
     "ServerAdagrad",
     "ServerAdam",
     "ServerOptimizer",
     "ServerSGD",
     "ServerYogi",
+    "StepEpsilon",
+    "alignment_decision",
     "apply_delta",
     "scheme_coefficients",
     "weighted_average",

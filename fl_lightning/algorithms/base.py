@@ -103,6 +103,11 @@ class Algorithm(ABC):
             Extra round-level metrics to log (may be empty).
         """
 
+    def evaluate(self, round_idx: int, module: pl.LightningModule) -> dict[str, float]:
+        """Server-side evaluation of the new global model (loaded in ``module``), before the
+        validation loop; returns extra round metrics (e.g. accuracy on a priority distribution)."""
+        return {}
+
     def state_dict(self) -> dict[str, Any]:
         """Server state to checkpoint (besides the global weights)."""
         return {}

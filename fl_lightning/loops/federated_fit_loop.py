@@ -50,7 +50,7 @@ class FederatedFitLoop(compat.FitLoopBase):
                 update = algorithm.client_update(client, module, local - global)
             algorithm.aggregate(round, global, finite updates)   # >= float32 master copy
             module <- global weights; epoch LR schedulers step
-            validation loop                                       # server evaluation
+            algorithm.evaluate(round, module); validation loop    # server evaluation
             log round metrics (step = round)                      # on_train_epoch_end, checkpoints
 
     A round is atomic for checkpointing: resuming continues at the first round whose
@@ -194,6 +194,7 @@ class FederatedFitLoop(compat.FitLoopBase):
         self.total_download_bytes += download_bytes
 
         compat.step_epoch_schedulers(self)
+        metrics.update(self.algorithm.evaluate(round_idx, self.trainer.lightning_module))
         compat.run_server_validation(self)
         metrics = {
             "round/clients": float(len(clients)),

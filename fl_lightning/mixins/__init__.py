@@ -1,5 +1,6 @@
 """Client-side behaviour added to any LightningModule."""
 
+from fl_lightning.mixins.masked_noise import MaskedNoiseMixin
 from fl_lightning.mixins.proximal import ProximalMixin
 
-__all__ = ["ProximalMixin"]
+__all__ = ["MaskedNoiseMixin", "ProximalMixin"]

@@ -12,7 +12,7 @@ from fl_lightning.participation import FixedSteps
 from fl_lightning.participation.events import Arrival, Departure, ObjectiveSchedule, should_exclude
 from fl_lightning.schedulers import StaircaseLR
 
-from .flexible_fixtures import CENTRES, Quadratic, quadratic_data, quadratic_trainer
+from .quadratic import CENTRES, Quadratic, quadratic_data, quadratic_trainer
 
 E, LR = 5, 0.05
 STEPS = [3, 4, 5, 5]

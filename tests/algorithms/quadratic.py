@@ -29,6 +29,10 @@ class Quadratic(pl.LightningModule):
         x, _ = batch
         return 0.5 * ((self.w - x) ** 2).sum(dim=1).mean()
 
+    def sample_metrics(self, batch):
+        x, _ = batch
+        return {"loss": 0.5 * ((self.w - x) ** 2).sum(dim=1)}
+
     def on_before_optimizer_step(self, optimizer) -> None:
         self.optimizer_steps += 1
 
@@ -40,6 +44,7 @@ class Quadratic(pl.LightningModule):
 
 
 def quadratic_data(centres: torch.Tensor = CENTRES, samples: int = 10, holdout_fraction: float = 0.0) -> FederatedDataModule:
+    """One device per centre, each holding ``samples`` copies of its centre."""
     num = len(centres)
     inputs = centres.repeat_interleave(samples, dim=0)
     dataset = InMemoryDataset(inputs=inputs, labels=torch.zeros(len(inputs), dtype=torch.int64), num_classes=2)

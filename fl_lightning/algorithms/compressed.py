@@ -1,0 +1,112 @@
+"""FedAvg over compressed uploads: clients encode with a codec, the server decodes and averages."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Literal
+
+import lightning.pytorch as pl
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+
+from fl_lightning.algorithms.base import ClientContext, ClientUpdate
+from fl_lightning.algorithms.fedavg import FedAvg
+from fl_lightning.algorithms.server_optimizers import ServerOptimizer
+from fl_lightning.compression.base import Codec, UpdateCodec
+from fl_lightning.compression.wire import Layout, PayloadError, as_wire, device_generator, from_wire
+from fl_lightning.federation import Federation
+from fl_lightning.mixins.masked_noise import default_maskable_names
+from fl_lightning.model_state import State, all_finite, live_tensors
+from fl_lightning.utils.seeding import derive_seed
+
+
+class CompressedFedAvg(FedAvg):
+    r"""FedAvg whose clients upload ``codec``-encoded deltas (SignSGD, Top-k, TernGrad baselines).
+
+    Client: the delta of every *compressible* tensor (:meth:`compressible_names`: Conv/Linear
+    weights, or the module's ``maskable_parameter_names()``) is compressed, every other tensor is
+    sent in full precision; ``upload_bytes`` is the payload's exact length. Server: each payload
+    is decoded to a dense delta and the decoded deltas are averaged as in :class:`FedAvg`
+    (sample-count weights, server optimizer). A payload that fails to decode (wrong length, bad
+    header, unknown version, invalid content) or decodes to non-finite values is dropped with a
+    warning; decoding happens before the global state is touched, so it never changes the model.
+    Stochastic codecs draw from a generator seeded by ``(client seed, "compress")``.
+
+    Args:
+        codec: e.g. ``StochasticSignCodec()``, ``TopKCodec(density=0.03)``, ``TernGradCodec()``.
+        server_optimizer: as in :class:`FedAvg`.
+        weighting: as in :class:`FedAvg`.
+    """
+
+    layout: Layout
+
+    def __init__(
+        self,
+        *,
+        codec: Codec,
+        server_optimizer: ServerOptimizer | None = None,
+        weighting: Literal["samples", "uniform"] = "samples",
+    ) -> None:
+        if not isinstance(codec, Codec):
+            raise TypeError(f"`codec` must be a fl_lightning.compression.Codec, got {type(codec).__name__}.")
+        super().__init__(server_optimizer=server_optimizer, weighting=weighting)
+        self.codec = codec
+
+    def setup(self, federation: Federation) -> None:
+        super().setup(federation)
+        self.layout = Layout.from_state(live_tensors(federation.module), self.compressible_names(federation.module))
+
+    def compressible_names(self, module: pl.LightningModule) -> list[str]:
+        """Tensors to compress: the module's ``maskable_parameter_names()`` if it has one, else Conv/Linear weights."""
+        names = getattr(module, "maskable_parameter_names", None)
+        return list(names()) if callable(names) else default_maskable_names(module)
+
+    def client_update(self, client: ClientContext, module: pl.LightningModule, delta: State) -> ClientUpdate:
+        data = self.encode(client, module, delta)
+        return ClientUpdate(
+            client_id=client.client_id,
+            num_samples=client.num_samples,
+            num_steps=client.completed_steps,
+            payload=as_wire(data),
+            upload_bytes=len(data),
+            metrics=dict(client.metrics),
+        )
+
+    def encode(self, client: ClientContext, module: pl.LightningModule, delta: State) -> bytes:
+        """The client's payload; by default ``codec.encode(delta)``."""
+        if not isinstance(self.codec, UpdateCodec):
+            raise TypeError(f"{type(self.codec).__name__} does not compress dense deltas; use its own algorithm.")
+        generator = device_generator(derive_seed(client.seed, "compress"), module.device)
+        return self.codec.encode(delta, self.layout, generator=generator)
+
+    def decode(self, update: ClientUpdate, device: object) -> State | None:
+        """The update's dense delta, or ``None`` (with a warning) if its payload is unusable."""
+        try:
+            delta = self.codec.decode(from_wire(update.payload), self.layout, device=device)  # type: ignore[arg-type]
+        except PayloadError as err:
+            rank_zero_warn(f"Client {update.client_id}: undecodable payload ({err}); its update is dropped.")
+            return None
+        if not all_finite(delta):
+            rank_zero_warn(f"Client {update.client_id}: payload decodes to NaN/Inf; its update is dropped.")
+            return None
+        return delta
+
+    def aggregate(self, round_idx: int, global_state: State, updates: list[ClientUpdate]) -> dict[str, float]:
+        device = next(iter(global_state.values())).device
+        decoded = []
+        for update in updates:
+            delta = self.decode(update, device)
+            if delta is not None:
+                decoded.append(replace(update, payload=delta))
+        metrics = {
+            "rejected_payloads": float(len(updates) - len(decoded)),
+            "payload_bytes": sum(u.upload_bytes for u in updates) / max(len(updates), 1),
+            "compression_ratio": self.dense_bytes() / self.codec.payload_size(self.layout),
+        }
+        if not decoded:
+            rank_zero_warn(f"Round {round_idx}: no decodable client payload; the global model is unchanged.")
+            return metrics
+        return {**super().aggregate(round_idx, global_state, decoded), **metrics}
+
+    def dense_bytes(self) -> int:
+        """Bytes of the same upload uncompressed (4 bytes per element)."""
+        return 4 * sum(s.numel for s in (*self.layout.compressed, *self.layout.dense))

@@ -1,0 +1,226 @@
+"""FedALIGN (Ravi & Shomorony, "Utilizing Free Clients in Federated Learning for Focused Model
+Enhancement"): prioritized FL that admits only non-priority clients whose loss is close to the
+priority loss, with the priority-only and all-clients baselines."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+
+from fl_lightning.algorithms.base import Algorithm, ClientContext, ClientUpdate
+from fl_lightning.algorithms.epsilon_schedules import ConstantEpsilon, EpsilonSchedule
+from fl_lightning.algorithms.fedavg import FedAvg
+from fl_lightning.federation import Federation
+from fl_lightning.model_state import State
+from fl_lightning.probe import probe, sample_metrics
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A non-priority client's opt-in (client side) and acceptance (server side)."""
+
+    opted_in: bool
+    accepted: bool
+
+
+def alignment_decision(client_loss: float, global_loss: float, epsilon: float, *, strict: bool, two_sided: bool) -> Decision:
+    r"""FedALIGN's rule (§3.1): the client opts in if :math:`F_k(w_t) \le F(w_t) + \epsilon_t`; the
+    server accepts if also :math:`F(w_t) - \epsilon_t \le F_k(w_t)` (``two_sided``, i.e.
+    :math:`|F - F_k| \le \epsilon_t`), or on opt-in alone. ``strict`` uses ``<`` as in the theory's
+    indicator (eq. 9), so :math:`\epsilon = 0` admits nobody. The bounds are written as sums,
+    not differences, so a loss exactly at :math:`F \pm \epsilon` is decided by ``strict`` alone.
+
+    >>> alignment_decision(0.7, 1.0, 0.2, strict=False, two_sided=True)
+    Decision(opted_in=True, accepted=False)
+    """
+    below = (lambda a, b: a < b) if strict else (lambda a, b: a <= b)
+    opted_in = below(client_loss, global_loss + epsilon)
+    return Decision(opted_in=opted_in, accepted=opted_in and (not two_sided or below(global_loss - epsilon, client_loss)))
+
+
+class FedALIGN(Algorithm):
+    r"""Prioritized FL: the objective is :math:`F = \sum_{k \in P} p_k F_k` with
+    :math:`p_k = D_k / D_P` (eq. 5); each round the priority clients train, and a non-priority
+    client trains only if its loss on the broadcast model is within :math:`\epsilon_t` of
+    :math:`F(w_t)` (:func:`alignment_decision`). The included set is aggregated by the wrapped
+    algorithm, sample-count weighted (App. A.1, eq. 14–15): FedAvg by default, or
+    ``FedProx(mu=1)`` as in App. C.2.
+
+    :math:`F(w_t)` is measured as the paper's objective defines it: every sampled priority client
+    probes the broadcast model on its training data (no gradient step) and the server weights
+    the losses by :math:`p_k` (the paper leaves the source of the "global loss" open). With
+    ``clients_per_round`` < all (App. C.3), a uniform sample of all clients is drawn first and
+    the rule applies to its non-priority members; a round whose sample has no priority client
+    admits no non-priority client. During the first ``ceil(warmup_fraction * rounds)`` rounds
+    only priority clients train (paper: 10%).
+
+    Each round logs ``round/priority_loss`` (:math:`F(w_t)`), ``round/epsilon``,
+    ``round/accepted_nonpriority``, ``round/theta`` (:math:`1/(1+\sum_{accepted} p_k)`), and, for
+    the new global model, ``round/priority_test_acc``/``round/priority_test_loss``: test accuracy
+    and loss per class weighted by the priority clients' class proportions. ``val_acc`` stays the
+    full-test-set accuracy.
+
+    Args:
+        priority: priority client ids, or a count (the first ``n`` ids), or ``None`` to read the
+            data module's ``priority_clients``.
+        epsilon: :math:`\epsilon` or a schedule (:mod:`~fl_lightning.algorithms.epsilon_schedules`).
+        algorithm: the aggregation algorithm wrapped (default :class:`FedAvg`).
+        warmup_fraction: fraction of rounds in ``[0, 1)`` with priority clients only.
+        strict: ``<`` instead of ``<=``.
+        two_sided: server-side acceptance :math:`|F - F_k| \le \epsilon`; else opt-in suffices.
+        metric: ``"loss"`` (default) or ``"accuracy"`` (compares error rates :math:`1 - acc`).
+        evaluate_priority: log the priority-weighted test metrics each round.
+    """
+
+    def __init__(
+        self,
+        *,
+        priority: Sequence[int] | int | None = None,
+        epsilon: float | EpsilonSchedule = 0.2,
+        algorithm: Algorithm | None = None,
+        warmup_fraction: float = 0.1,
+        strict: bool = False,
+        two_sided: bool = True,
+        metric: str = "loss",
+        evaluate_priority: bool = True,
+    ) -> None:
+        if not 0 <= warmup_fraction < 1:
+            raise ValueError(f"`warmup_fraction` must be in [0, 1), got {warmup_fraction}.")
+        if metric not in ("loss", "accuracy"):
+            raise ValueError(f"`metric` must be 'loss' or 'accuracy', got {metric!r}.")
+        if isinstance(priority, int) and priority < 1:
+            raise ValueError(f"The priority set is empty: `priority={priority}`; give ids or a count >= 1.")
+        self.priority_spec = priority
+        self.epsilon = epsilon if isinstance(epsilon, EpsilonSchedule) else ConstantEpsilon(epsilon)
+        self.inner = algorithm if algorithm is not None else FedAvg()
+        self.warmup_fraction, self.strict, self.two_sided = warmup_fraction, strict, two_sided
+        self.metric, self.evaluate_priority = metric, evaluate_priority
+        #: Accepted non-priority clients of each round.
+        self.accepted_history: list[list[int]] = []
+        self._round_metrics: dict[str, float] = {}
+
+    def setup(self, federation: Federation) -> None:
+        super().setup(federation)
+        self.inner.setup(federation)
+        self.priority = self._resolve_priority(federation)
+        size = federation.num_samples
+        self.p = size / size[self.priority].sum()  # p_k = D_k / D_P for every client (eq. 5)
+        if self.warmup_fraction and federation.num_rounds is None:
+            raise ValueError("A warm-up fraction needs a finite number of rounds (max_epochs).")
+        self.warmup_rounds = math.ceil(self.warmup_fraction * (federation.num_rounds or 0))
+
+    def _resolve_priority(self, federation: Federation) -> list[int]:
+        spec = self.priority_spec
+        if spec is None:
+            spec = getattr(federation.data, "priority_clients", None)
+            if spec is None:
+                raise ValueError("No priority set: pass `priority=` (ids or a count) or use data with `priority_clients`.")
+        ids = list(range(spec)) if isinstance(spec, int) else sorted(set(int(c) for c in spec))
+        if not ids:
+            raise ValueError("The priority set is empty: give at least one priority client.")
+        bad = [c for c in ids if not 0 <= c < federation.num_clients]
+        if bad:
+            raise ValueError(f"Priority client ids {bad} are out of range: ids are 0..{federation.num_clients - 1}.")
+        return ids
+
+    def admits(self, round_idx: int, client_loss: float, global_loss: float) -> bool:
+        """Whether a probed non-priority client trains this round (FedALIGN's rule)."""
+        decision = alignment_decision(
+            client_loss, global_loss, self.epsilon(round_idx), strict=self.strict, two_sided=self.two_sided
+        )
+        return decision.accepted
+
+    def probes_nonpriority(self) -> bool:
+        """Whether :meth:`admits` needs the non-priority clients' losses."""
+        return True
+
+    def _badness(self, cid: int) -> float:
+        result = probe(self.federation.module, self.federation.probe_batches(cid))
+        if self.metric == "loss":
+            return result.loss
+        if result.accuracy is None:
+            raise ValueError("metric='accuracy' needs a module whose sample_metrics reports 'correct'.")
+        return 1.0 - result.accuracy
+
+    def select_clients(self, round_idx: int) -> list[int]:
+        sampled = super().select_clients(round_idx)
+        priority = [c for c in sampled if c in set(self.priority)]
+        candidates = [c for c in sampled if c not in set(self.priority)]
+        global_loss = float("nan")
+        if priority:
+            weights = self.p[priority]
+            global_loss = float(np.dot(weights, [self._badness(c) for c in priority]) / weights.sum())
+        accepted: list[int] = []
+        if round_idx >= self.warmup_rounds and priority:
+            if self.probes_nonpriority():
+                accepted = [c for c in candidates if self.admits(round_idx, self._badness(c), global_loss)]
+            else:
+                accepted = [c for c in candidates if self.admits(round_idx, float("nan"), global_loss)]
+        del self.accepted_history[round_idx:]
+        self.accepted_history.append(accepted)
+        self._round_metrics = {
+            "priority_loss": global_loss,
+            "epsilon": self.epsilon(round_idx),
+            "accepted_nonpriority": float(len(accepted)),
+            "theta": float(1.0 / (1.0 + self.p[accepted].sum())),
+        }
+        return sorted(priority + accepted)
+
+    def configure_client(self, client: ClientContext, module: pl.LightningModule, global_state: State) -> None:
+        self.inner.configure_client(client, module, global_state)
+
+    def client_update(self, client: ClientContext, module: pl.LightningModule, delta: State) -> ClientUpdate:
+        return self.inner.client_update(client, module, delta)
+
+    def aggregate(self, round_idx: int, global_state: State, updates: list[ClientUpdate]) -> dict[str, float]:
+        return {**self.inner.aggregate(round_idx, global_state, updates), **self._round_metrics}
+
+    def evaluate(self, round_idx: int, module: pl.LightningModule) -> dict[str, float]:
+        if not self.evaluate_priority:
+            return {}
+        data = self.federation.data
+        if getattr(data, "test", None) is None or not hasattr(data, "label_counts"):
+            return {}
+        metrics = sample_metrics(module, data.test_dataloader())
+        labels = torch.as_tensor(np.asarray(data.test.targets), device=metrics["loss"].device)
+        counts = sum(data.label_counts(c) for c in self.priority)
+        proportions = counts / counts.sum()
+        result: dict[str, float] = {}
+        for key, name in (("correct", "priority_test_acc"), ("loss", "priority_test_loss")):
+            if key in metrics:
+                per_class = [metrics[key][labels == c].mean().item() if (labels == c).any() else 0.0 for c in range(len(counts))]
+                result[name] = float(np.dot(proportions, per_class))
+        return result
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"inner": self.inner.state_dict(), "accepted_history": [list(a) for a in self.accepted_history]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.inner.load_state_dict(state["inner"])
+        self.accepted_history = [list(a) for a in state["accepted_history"]]
+
+
+class PriorityOnly(FedALIGN):
+    """Baseline: FedAvg on the priority clients only (FedALIGN with every non-priority client rejected)."""
+
+    def admits(self, round_idx: int, client_loss: float, global_loss: float) -> bool:
+        return False
+
+    def probes_nonpriority(self) -> bool:
+        return False
+
+
+class AllClients(FedALIGN):
+    """Baseline: FedAvg on every sampled client (after the warm-up, if any), evaluated on the priority objective."""
+
+    def admits(self, round_idx: int, client_loss: float, global_loss: float) -> bool:
+        return True
+
+    def probes_nonpriority(self) -> bool:
+        return False

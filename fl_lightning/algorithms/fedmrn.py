@@ -1,0 +1,120 @@
+r"""FedMRN (Li et al., "Masked Random Noise for Communication-Efficient Federated Learning", ACM MM 2024)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import lightning.pytorch as pl
+import torch
+
+from fl_lightning.algorithms.base import ClientContext
+from fl_lightning.algorithms.compressed import CompressedFedAvg
+from fl_lightning.algorithms.server_optimizers import ServerOptimizer
+from fl_lightning.compression.masked_noise import MaskedNoiseCodec, MaskType, NoiseType
+from fl_lightning.compression.wire import device_generator
+from fl_lightning.federation import Federation
+from fl_lightning.mixins.masked_noise import MaskedNoiseMixin
+from fl_lightning.model_state import State
+from fl_lightning.utils.seeding import derive_seed
+
+
+class FedMRN(CompressedFedAvg):
+    r"""Federated Masked Random Noise: clients learn 1-bit masks over seeded noise (Algorithm 1).
+
+    Client :math:`k` in round :math:`t`: seed :math:`s_k^t`, noise :math:`n = G(s_k^t)`, latent
+    update :math:`u = 0`; :math:`S` local steps on :math:`F_k(w^t + \hat u)` with progressive
+    stochastic masking (eq. 6-10, :class:`~fl_lightning.mixins.MaskedNoiseMixin`); upload of the
+    seed and the final masks :math:`m_k^t = \mathcal{M}(u, n)` (:class:`MaskedNoiseCodec`).
+    Server (eq. 5):
+
+    .. math:: w^{t+1} = w^t + \frac{\sum_k p_k\, G(s_k^t) \odot m_k^t}{\sum_k p_k}
+
+    with :math:`p_k` the client's sample count; tensors that are not masked (BatchNorm affine
+    and statistics, biases) are sent in full precision and FedAvg-averaged.
+
+    Choices where the paper is silent: the seed is derived from ``(run seed, round, client)`` but
+    still uploaded (8 bytes) and read back by the server; the mask draws during training and
+    the final mask come from generators seeded by the client's seed; :math:`S` is the client's
+    optimizer-step count this round (``local_steps``, or local epochs × batches divided by
+    ``accumulate_grad_batches``); the server optimizer (default plain SGD, lr 1) applies the
+    average as in FedAvg.
+
+    Args:
+        mask: ``"binary"`` (FedMRN) or ``"signed"`` (FedMRNS, see :class:`FedMRNS`).
+        noise: ``"uniform"`` (default), ``"gaussian"`` or ``"bernoulli"``.
+        alpha: noise magnitude :math:`\alpha` (default 1e-2 binary, 5e-3 signed).
+        stochastic: stochastic masking; ``False`` is the deterministic-masking ablation.
+        progressive: progressive masking; ``False`` is the SM-only ablation.
+        server_optimizer: as in :class:`~fl_lightning.FedAvg`.
+        weighting: as in :class:`~fl_lightning.FedAvg`.
+    """
+
+    codec: MaskedNoiseCodec
+
+    def __init__(
+        self,
+        *,
+        mask: MaskType = "binary",
+        noise: NoiseType = "uniform",
+        alpha: float | None = None,
+        stochastic: bool = True,
+        progressive: bool = True,
+        server_optimizer: ServerOptimizer | None = None,
+        weighting: Literal["samples", "uniform"] = "samples",
+    ) -> None:
+        codec = MaskedNoiseCodec(mask=mask, noise=noise, alpha=alpha)
+        super().__init__(codec=codec, server_optimizer=server_optimizer, weighting=weighting)
+        self.stochastic, self.progressive = stochastic, progressive
+
+    def setup(self, federation: Federation) -> None:
+        module = federation.module
+        if not isinstance(module, MaskedNoiseMixin):
+            raise TypeError(
+                f"{type(self).__name__} needs a LightningModule that inherits `fl_lightning.MaskedNoiseMixin`; "
+                f"got {type(module).__name__}. Declare `class MyModel(MaskedNoiseMixin, {type(module).__name__})`."
+            )
+        module.install_masked_noise()
+        super().setup(federation)
+
+    def compressible_names(self, module: pl.LightningModule) -> list[str]:
+        return module.masked_parameter_names  # type: ignore[attr-defined,no-any-return]
+
+    def noise_seed(self, client: ClientContext) -> int:
+        """The client's seed :math:`s_k^t` for the round."""
+        return derive_seed(client.seed, "masked_noise", "noise")
+
+    def local_steps(self, client: ClientContext, module: pl.LightningModule) -> int:
+        """:math:`S`: the optimizer steps the loop will run for ``client`` (at least 1)."""
+        if client.num_steps is not None:
+            return max(client.num_steps, 1)
+        batches = self.federation.data.client_batches(
+            client.client_id, num_epochs=client.num_epochs, generator=torch.Generator()
+        )
+        return max(math.ceil(len(batches) / module.trainer.accumulate_grad_batches), 1)  # type: ignore[arg-type]
+
+    def configure_client(self, client: ClientContext, module: pl.LightningModule, global_state: State) -> None:
+        device = module.device
+        module.begin_masked_noise_round(  # type: ignore[attr-defined]
+            self.codec.noise(self.noise_seed(client), self.layout, device=device),
+            total_steps=self.local_steps(client, module),
+            mask=self.codec.mask,
+            stochastic=self.stochastic,
+            progressive=self.progressive,
+            generator=device_generator(derive_seed(client.seed, "masked_noise", "psm"), device),
+        )
+
+    def encode(self, client: ClientContext, module: pl.LightningModule, delta: State) -> bytes:
+        final = device_generator(derive_seed(client.seed, "masked_noise", "mask"), module.device)
+        bits = module.end_masked_noise_round(final)  # type: ignore[attr-defined]
+        return self.codec.encode(self.noise_seed(client), bits, delta, self.layout)
+
+
+class FedMRNS(FedMRN):
+    """FedMRN with signed masks :math:`m \\in \\{-1, +1\\}^d` (eq. 7) and :math:`\\alpha` = 5e-3 by default.
+
+    Differs from :class:`FedMRN` only in the default ``mask="signed"``; other arguments are FedMRN's.
+    """
+
+    def __init__(self, *, mask: MaskType = "signed", **kwargs: Any) -> None:
+        super().__init__(mask=mask, **kwargs)

@@ -1,0 +1,41 @@
+"""Payload codecs with exact byte accounting: FedMRN's 1-bit masks + seed, and the baselines."""
+
+from fl_lightning.compression.base import Codec, UpdateCodec
+from fl_lightning.compression.masked_noise import (
+    DEFAULT_ALPHA,
+    MaskedNoiseCodec,
+    clip_update,
+    deterministic_mask,
+    generate_noise,
+    mask_probability,
+    masked_noise,
+    progressive_stochastic_mask,
+    sample_mask,
+)
+from fl_lightning.compression.sign import StochasticSignCodec
+from fl_lightning.compression.ternary import TernGradCodec
+from fl_lightning.compression.topk import TopKCodec
+from fl_lightning.compression.wire import WIRE_KEY, Layout, PayloadError, TensorSpec, as_wire, from_wire
+
+__all__ = [
+    "DEFAULT_ALPHA",
+    "WIRE_KEY",
+    "Codec",
+    "Layout",
+    "MaskedNoiseCodec",
+    "PayloadError",
+    "StochasticSignCodec",
+    "TensorSpec",
+    "TernGradCodec",
+    "TopKCodec",
+    "UpdateCodec",
+    "as_wire",
+    "clip_update",
+    "deterministic_mask",
+    "from_wire",
+    "generate_noise",
+    "mask_probability",
+    "masked_noise",
+    "progressive_stochastic_mask",
+    "sample_mask",
+]

@@ -1,0 +1,265 @@
+r"""FedMRN's client side as a LightningModule mixin: train a latent update through masked noise.
+
+How it hooks in (any LightningModule, its own ``training_step`` and ``configure_optimizers``):
+
+- At ``setup`` every maskable module (the owner of a maskable parameter) gets a child
+  :class:`LatentUpdate` holding the latent update :math:`u` (an ``nn.Parameter``, so
+  ``self.parameters()`` hands it to the module's own optimizer) and the noise :math:`n` (a
+  buffer, so it follows ``.to(device)``). ``LatentUpdate`` writes nothing to ``state_dict`` and
+  reads nothing from it: :math:`u` and :math:`n` never enter the global state, checkpoints or
+  aggregation, and state dicts keep the plain model's keys.
+- A forward pre-hook on the owner swaps the parameter for the effective weight
+  :math:`w^t + \hat u` for the duration of its ``forward`` (as ``torch.func.functional_call``
+  does; a forward hook with ``always_call=True`` swaps it back), so every call path reaches it.
+- The mixin's ``training_step`` draws :math:`\hat u` (eq. 10) once per batch before calling the
+  module's own ``training_step``. During a round the masked global weights are frozen
+  (``requires_grad=False``, never in the graph); other parameters (biases, BatchNorm) train normally.
+
+Outside a round (:meth:`begin_masked_noise_round` … :meth:`end_masked_noise_round`) the
+mixin is inert: the module is the plain model, e.g. for FedAvg or server evaluation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from fl_lightning.compression.masked_noise import (
+    MaskType,
+    check_mask_type,
+    deterministic_mask,
+    progressive_stochastic_mask,
+    sample_mask,
+)
+
+_MASKABLE_MODULES = (nn.Linear, nn.modules.conv._ConvNd)
+
+
+def default_maskable_names(module: nn.Module) -> list[str]:
+    """``weight`` of every ``nn.Linear`` and convolution (1-3d, transposed), in ``state_dict`` order."""
+    return [
+        f"{prefix}.weight" if prefix else "weight"
+        for prefix, m in module.named_modules()
+        if isinstance(m, _MASKABLE_MODULES) and isinstance(m.weight, nn.Parameter)
+    ]
+
+
+class LatentUpdate(nn.Module):
+    """The latent updates :math:`u` (parameters) and noise :math:`n` (buffers) of one module's masked
+    tensors, by the masked parameter's name. Invisible to ``state_dict`` / ``load_state_dict``."""
+
+    def __init__(self, owner: nn.Module, names: list[str]) -> None:
+        super().__init__()
+        for name in names:
+            weight = owner.get_parameter(name)
+            self.register_parameter(name, nn.Parameter(torch.zeros_like(weight)))
+            self.register_buffer(f"{name}_noise", torch.zeros(weight.shape, device=weight.device), persistent=False)
+        self.names = names
+        #: Effective weights of the current step, swapped in by the owner's forward pre-hook.
+        self.effective: dict[str, Tensor] = {}
+        self._stash: dict[str, Tensor] = {}
+
+    def noise(self, name: str) -> Tensor:
+        return self.get_buffer(f"{name}_noise")
+
+    def _save_to_state_dict(self, destination: Any, prefix: str, keep_vars: bool) -> None:
+        """Saves nothing: ``u`` and ``n`` are per-round client state, never model weights."""
+
+    def _load_from_state_dict(self, state_dict: Any, prefix: str, *args: Any) -> None:
+        """Loads nothing (see :meth:`_save_to_state_dict`)."""
+
+    def swap_in(self, owner: nn.Module, args: Any) -> None:
+        for name, effective in self.effective.items():
+            self._stash[name] = owner._parameters[name]  # type: ignore[assignment]
+            owner._parameters[name] = effective  # type: ignore[assignment]
+
+    def swap_out(self, owner: nn.Module, args: Any, output: Any) -> None:
+        for name, weight in self._stash.items():
+            owner._parameters[name] = weight  # type: ignore[assignment]
+        self._stash.clear()
+
+
+@dataclass
+class _Round:
+    total_steps: int
+    mask: MaskType
+    stochastic: bool
+    progressive: bool
+    generator: torch.Generator | None
+    batches: int = 0
+    requires_grad: dict[str, bool] = field(default_factory=dict)
+
+
+class MaskedNoiseMixin:
+    r"""Trains :math:`\hat u` in :math:`w^t + \hat u` with progressive stochastic masking (FedMRN, Li et al. 2024).
+
+    Put it first among the bases (``class MyModel(MaskedNoiseMixin, MyLightningModule)``);
+    :class:`~fl_lightning.algorithms.FedMRN` drives it. In a round, each masked tensor's forward
+    weight at local step :math:`\tau` of :math:`S` is :math:`w^t + \hat u` with (eq. 10)
+
+    .. math:: \hat u = (1 - P) \odot \mathrm{clip}(u, n) + P \odot n \odot \mathcal{M}(u, n),
+              \qquad P \sim \mathrm{Bern}(\tau / S),
+
+    :math:`\mathcal{M}` stochastic masking (eq. 6 binary, eq. 7 signed) and straight-through
+    gradients to :math:`u` (eq. 9). :math:`\tau` counts optimizer steps (batches divided by
+    ``accumulate_grad_batches``), so the last step masks every element. Ablations:
+    ``progressive=False`` uses :math:`P \equiv 1` (SM only); ``stochastic=False`` uses
+    deterministic masking :math:`\mathbb{1}[u n > 0]`.
+
+    Maskable tensors: :meth:`maskable_parameter_names` (default: Conv/Linear weights); override it
+    to choose others. The module's ``configure_optimizers`` must optimise ``self.parameters()``
+    (or at least the :class:`LatentUpdate` parameters); this is checked when a round begins.
+    """
+
+    _masked_owners: dict[str, tuple[nn.Module, str, LatentUpdate]] | None = None
+    _masked_round: _Round | None = None
+
+    def maskable_parameter_names(self) -> list[str]:
+        """Full names of the parameters to mask (default :func:`default_maskable_names`)."""
+        return default_maskable_names(self)  # type: ignore[arg-type]
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)  # type: ignore[misc]
+        self.install_masked_noise()
+
+    def install_masked_noise(self) -> None:
+        """Adds the :class:`LatentUpdate` holders and hooks (idempotent; ``setup`` calls it before
+        ``configure_optimizers``, so the latent updates reach the optimizer)."""
+        if self._masked_owners is not None:
+            return
+        module: nn.Module = self  # type: ignore[assignment]
+        names = self.maskable_parameter_names()
+        known = dict(module.named_parameters())
+        unknown = [n for n in names if n not in known]
+        if unknown or not names:
+            raise ValueError(f"maskable_parameter_names() must name parameters of the module; got {names} (unknown: {unknown}).")
+        by_owner: dict[str, list[str]] = {}
+        for full in names:
+            prefix, _, local = full.rpartition(".")
+            by_owner.setdefault(prefix, []).append(local)
+        owners = {}
+        for prefix, locals_ in by_owner.items():
+            owner = module.get_submodule(prefix)
+            if hasattr(owner, "latent_update"):
+                raise ValueError(f"Module {prefix!r} already has an attribute `latent_update`; cannot add the latent update.")
+            holder = LatentUpdate(owner, locals_)
+            owner.add_module("latent_update", holder)
+            owner.register_forward_pre_hook(holder.swap_in)
+            owner.register_forward_hook(holder.swap_out, always_call=True)
+            for local in locals_:
+                owners[f"{prefix}.{local}" if prefix else local] = (owner, local, holder)
+        self._masked_owners = {n: owners[n] for n in names}
+
+    @property
+    def masked_parameter_names(self) -> list[str]:
+        """The masked parameters, in order (empty before :meth:`install_masked_noise`)."""
+        return list(self._masked_owners or {})
+
+    def begin_masked_noise_round(
+        self,
+        noise: Mapping[str, Tensor],
+        *,
+        total_steps: int,
+        mask: MaskType = "binary",
+        stochastic: bool = True,
+        progressive: bool = True,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        """Starts a client round: :math:`u \\leftarrow 0`, the round's noise, step counter :math:`\\tau = 0`.
+
+        Args:
+            noise: :math:`n = G(s)` by masked parameter name (see ``MaskedNoiseCodec.noise``).
+            total_steps: :math:`S`, the client's optimizer steps this round (>= 1).
+            mask: ``"binary"`` or ``"signed"``.
+            stochastic: stochastic (eq. 6/7) or deterministic masking.
+            progressive: progressive masking :math:`P \\sim \\mathrm{Bern}(\\tau/S)` or :math:`P \\equiv 1`.
+            generator: source of the per-step mask and :math:`P` draws, on the module's device.
+        """
+        self.install_masked_noise()
+        assert self._masked_owners is not None
+        if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1:
+            raise ValueError(f"`total_steps` must be a positive integer, got {total_steps!r}.")
+        if set(noise) != set(self._masked_owners):
+            raise ValueError(f"Noise is given for {sorted(noise)}, the masked parameters are {sorted(self._masked_owners)}.")
+        state = _Round(total_steps, check_mask_type(mask), stochastic, progressive, generator)
+        self._check_optimized()
+        with torch.no_grad():
+            for name, (owner, local, holder) in self._masked_owners.items():
+                weight = owner.get_parameter(local)
+                if noise[name].shape != weight.shape:
+                    raise ValueError(f"Noise for {name!r} has shape {tuple(noise[name].shape)}, the weight {tuple(weight.shape)}.")
+                holder.get_parameter(local).zero_()
+                holder.noise(local).copy_(noise[name])
+                state.requires_grad[name] = weight.requires_grad
+                weight.requires_grad_(False)
+                holder.effective.clear()
+        self._masked_round = state
+
+    def end_masked_noise_round(self, generator: torch.Generator | None = None) -> dict[str, Tensor]:
+        """Ends the round and returns the final masks :math:`m = \\mathcal{M}(u, n)` (one more
+        stochastic draw from ``generator``; deterministic masking when the round is) as booleans."""
+        state = self._masked_round
+        if state is None or self._masked_owners is None:
+            raise RuntimeError("end_masked_noise_round() called without begin_masked_noise_round().")
+        bits = {}
+        with torch.no_grad():
+            for name, (owner, local, holder) in self._masked_owners.items():
+                u, n = holder.get_parameter(local), holder.noise(local)
+                bits[name] = sample_mask(u, n, state.mask, generator) if state.stochastic else deterministic_mask(u, n)
+                holder.effective.clear()
+                owner.get_parameter(local).requires_grad_(state.requires_grad[name])
+        self._masked_round = None
+        return bits
+
+    def latent_updates(self) -> dict[str, Tensor]:
+        """The latent updates :math:`u` by masked parameter name (live tensors)."""
+        return {name: holder.get_parameter(local) for name, (_, local, holder) in (self._masked_owners or {}).items()}
+
+    @property
+    def masking_probability(self) -> float:
+        r"""PM's :math:`p = \tau/S` at the current step (1 without progressive masking; 0 outside a round)."""
+        state = self._masked_round
+        if state is None:
+            return 0.0
+        if not state.progressive:
+            return 1.0
+        trainer = getattr(self, "_trainer", None)
+        accumulate = trainer.accumulate_grad_batches if trainer is not None else 1
+        tau = math.ceil(state.batches / accumulate)
+        return min(tau / state.total_steps, 1.0)
+
+    def draw_masked_noise(self) -> None:
+        """Advances the batch counter and draws this step's effective weights (eq. 10)."""
+        state = self._masked_round
+        assert state is not None and self._masked_owners is not None
+        state.batches += 1
+        p = self.masking_probability
+        for owner, local, holder in self._masked_owners.values():
+            u = holder.get_parameter(local)
+            update = progressive_stochastic_mask(
+                u, holder.noise(local), p=p, mask=state.mask, stochastic=state.stochastic, generator=state.generator
+            )
+            holder.effective[local] = owner.get_parameter(local).detach() + update
+
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        if self._masked_round is not None:
+            self.draw_masked_noise()
+        return super().training_step(*args, **kwargs)  # type: ignore[misc]
+
+    def _check_optimized(self) -> None:
+        trainer = getattr(self, "_trainer", None)
+        optimizers = getattr(trainer, "optimizers", None) or []
+        if not optimizers or self._masked_owners is None:
+            return
+        optimized = {id(p) for opt in optimizers for group in opt.param_groups for p in group["params"]}
+        missing = [n for n, u in self.latent_updates().items() if id(u) not in optimized]
+        if missing:
+            raise ValueError(
+                f"The latent updates of {missing} are not in any optimizer: configure_optimizers must optimise "
+                "self.parameters() (which includes each masked module's `latent_update`)."
+            )

@@ -1,0 +1,267 @@
+"""The study file: arms x seeds of ``fl-lightning fit`` runs, and how to report them."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+#: How a run's per-round series of a metric becomes one number in the summary table.
+REDUCTIONS = ("final", "mean", "min", "max", "sum")
+#: The keys a run's seed is written to unless the study lists its own ``seed_keys``.
+DEFAULT_SEED_KEYS = ("seed_everything", "trainer.seed")
+WANDB_MODES = ("online", "offline", "disabled")
+
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+@dataclass(frozen=True)
+class WandbSpec:
+    """Where a study's runs go in Weights & Biases.
+
+    Args:
+        project: the W&B project.
+        entity: the W&B team or user (default: the logged-in user's default entity).
+        tags: tags on every run of the study (the arm's name and ``seed:<n>`` are added).
+        mode: ``online``, ``offline`` or ``disabled``; by default W&B's own (``WANDB_MODE``, else online).
+    """
+
+    project: str
+    entity: str | None = None
+    tags: tuple[str, ...] = ()
+    mode: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.project, str) or not self.project:
+            raise ValueError(f"`wandb.project` must be a non-empty string, got {self.project!r}.")
+        if self.mode is not None and self.mode not in WANDB_MODES:
+            raise ValueError(f"`wandb.mode` must be one of {', '.join(WANDB_MODES)}, got {self.mode!r}.")
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One configuration of a study: config files layered on the base, then overrides.
+
+    Args:
+        name: the arm's name (its directory, and its W&B ``job_type``).
+        configs: extra ``fl-lightning`` config files, applied after the study's base.
+        overrides: nested config values applied last (after the study-wide overrides).
+    """
+
+    name: str
+    configs: tuple[Path, ...] = ()
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StudySpec:
+    """A comparison study: every arm is run with every seed.
+
+    Args:
+        name: the study's name: its directory under ``directory``'s default and the W&B ``group``.
+        arms: the arms, in table and legend order.
+        seeds: the seeds every arm runs with.
+        base: ``fl-lightning`` config files every arm starts from.
+        overrides: config values applied to every arm, before the arm's own.
+        seed_keys: dotted config keys that receive the run's seed.
+        target_accuracy: the ``val_acc`` whose first crossing the table reports as "rounds to target".
+        metrics: extra table columns: logged metric name -> reduction over rounds (one of :data:`REDUCTIONS`).
+        workers: runs in flight at once (each its own process).
+        directory: the study directory (default ``studies/<name>``, relative to the working directory).
+        wandb: W&B settings; ``None`` logs CSV only.
+        plots: whether to draw the PNG plots (needs the ``plots`` extra, i.e. matplotlib).
+        source: the study file this spec was read from, if any.
+    """
+
+    name: str
+    arms: tuple[Arm, ...]
+    seeds: tuple[int, ...]
+    base: tuple[Path, ...] = ()
+    overrides: dict[str, Any] = field(default_factory=dict)
+    seed_keys: tuple[str, ...] = DEFAULT_SEED_KEYS
+    target_accuracy: float | None = None
+    metrics: dict[str, str] = field(default_factory=dict)
+    workers: int = 1
+    directory: Path | None = None
+    wandb: WandbSpec | None = None
+    plots: bool = True
+    source: Path | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _SAFE_NAME.match(self.name):
+            raise ValueError(f"Study `name` must be letters, digits, '.', '_' or '-' (a directory name), got {self.name!r}.")
+        if not self.arms:
+            raise ValueError("A study needs at least one arm under `arms`.")
+        names = [arm.name for arm in self.arms]
+        for arm in names:
+            if not isinstance(arm, str) or not _SAFE_NAME.match(arm):
+                raise ValueError(f"Arm names must be letters, digits, '.', '_' or '-', got {arm!r}.")
+        if len(set(names)) != len(names):
+            raise ValueError(f"Arm names must be distinct, got {names}.")
+        if not self.seeds:
+            raise ValueError("A study needs at least one seed under `seeds`.")
+        for seed in self.seeds:
+            if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+                raise ValueError(f"Seeds must be integers >= 0, got {seed!r}.")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"Seeds must be distinct, got {list(self.seeds)}.")
+        if not self.seed_keys:
+            raise ValueError("`seed_keys` must name at least one config key (e.g. `seed_everything`).")
+        target = self.target_accuracy
+        if target is not None and (isinstance(target, bool) or not isinstance(target, (int, float)) or not 0 < target <= 1):
+            raise ValueError(f"`target_accuracy` must be in (0, 1], got {target!r}.")
+        for metric, reduction in self.metrics.items():
+            if reduction not in REDUCTIONS:
+                raise ValueError(f"Metric {metric!r}: reduction must be one of {', '.join(REDUCTIONS)}, got {reduction!r}.")
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
+            raise ValueError(f"`workers` must be an integer >= 1, got {self.workers!r}.")
+        for path in self.base + tuple(p for arm in self.arms for p in arm.configs):
+            if not path.is_file():
+                raise ValueError(f"Config file {str(path)!r} does not exist (relative paths are relative to the study file).")
+
+    @property
+    def study_dir(self) -> Path:
+        return self.directory if self.directory is not None else Path("studies") / self.name
+
+    def arm(self, name: str) -> Arm:
+        for arm in self.arms:
+            if arm.name == name:
+                return arm
+        raise KeyError(f"No arm named {name!r}; the study has {[a.name for a in self.arms]}.")
+
+    def with_options(self, *, arms: Sequence[str] | None = None, **changes: Any) -> StudySpec:
+        """A copy with some fields changed (``None`` values are ignored) and optionally a subset of the arms."""
+        changes = {k: v for k, v in changes.items() if v is not None}
+        if "seeds" in changes:
+            changes["seeds"] = tuple(changes["seeds"])
+        if "directory" in changes:
+            changes["directory"] = Path(changes["directory"])
+        if arms is not None:
+            changes["arms"] = tuple(self.arm(name) for name in arms)
+        return replace(self, **changes)
+
+    def fingerprint(self, arm: Arm, seed: int) -> str:
+        """A digest of everything that defines run ``(arm, seed)``: configs' text, overrides, seed keys."""
+        payload = {
+            "configs": [p.read_text() for p in self.base + arm.configs],
+            "overrides": [self.overrides, arm.overrides],
+            "seed": seed,
+            "seed_keys": list(self.seed_keys),
+        }
+        return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The spec as plain data (paths as strings), e.g. for the W&B summary run's config."""
+        data = asdict(self)
+        return json.loads(json.dumps(data, default=str))
+
+
+def expand_dotted(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Nested dicts from keys that may be dotted: ``{"trainer.max_epochs": 5}`` -> ``{"trainer": {"max_epochs": 5}}``.
+
+    Example:
+        >>> expand_dotted({"trainer.max_epochs": 5, "trainer": {"seed": 1}})
+        {'trainer': {'max_epochs': 5, 'seed': 1}}
+    """
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, Mapping) and not _is_class_spec(value):
+            value = expand_dotted(value)
+        *parents, leaf = str(key).split(".")
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"Override {key!r} conflicts with a non-mapping value at {part!r}.")
+        if isinstance(value, dict) and isinstance(node.get(leaf), dict):
+            node[leaf] = merge(node[leaf], value)
+        else:
+            node[leaf] = value
+    return out
+
+
+def merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
+    """Recursive dict merge; ``update`` wins on leaves."""
+    out = dict(base)
+    for key, value in update.items():
+        out[key] = merge(out[key], value) if isinstance(value, Mapping) and isinstance(out.get(key), Mapping) else value
+    return out
+
+
+def _is_class_spec(value: Mapping[str, Any]) -> bool:
+    # ``{class_path, init_args}`` values are kept as written: their keys are never dotted paths.
+    return "class_path" in value
+
+
+def load_study(path: str | Path) -> StudySpec:
+    """Reads a study file (see ``docs/comparing.md``); config paths in it are relative to the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"Study file {str(path)!r} does not exist.")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"Study file {str(path)!r} must hold a mapping, got {type(data).__name__}.")
+    return study_from_dict(data, root=path.parent, source=path)
+
+
+_KNOWN_KEYS = {
+    "name", "arms", "seeds", "base", "overrides", "seed_keys", "target_accuracy",
+    "metrics", "workers", "directory", "wandb", "plots",
+}  # fmt: skip
+
+
+def study_from_dict(data: Mapping[str, Any], *, root: Path = Path("."), source: Path | None = None) -> StudySpec:
+    """A :class:`StudySpec` from a study file's contents; relative config paths are resolved against ``root``."""
+    unknown = sorted(set(data) - _KNOWN_KEYS)
+    if unknown:
+        raise ValueError(f"Unknown study key(s) {unknown}; allowed: {sorted(_KNOWN_KEYS)}.")
+    for key in ("name", "arms", "seeds"):
+        if key not in data:
+            raise ValueError(f"The study file needs `{key}`.")
+    arms_data = data["arms"]
+    if not isinstance(arms_data, Mapping):
+        raise ValueError(f"`arms` must map arm names to overrides, got {type(arms_data).__name__}.")
+    arms = []
+    for name, arm in arms_data.items():
+        arm = dict(arm or {})
+        configs = arm.pop("config", [])
+        arms.append(Arm(name=str(name), configs=_paths(configs, root), overrides=expand_dotted(arm)))
+    seeds = data["seeds"]
+    seeds = tuple(seeds) if isinstance(seeds, (list, tuple)) else (seeds,)
+    wandb = data.get("wandb")
+    if wandb is not None and not isinstance(wandb, Mapping):
+        raise ValueError(f"`wandb` must be a mapping such as `{{project: my-project}}`, got {wandb!r}.")
+    target = data.get("target_accuracy")
+    return StudySpec(
+        name=data["name"],
+        arms=tuple(arms),
+        seeds=seeds,
+        base=_paths(data.get("base", []), root),
+        overrides=expand_dotted(data.get("overrides") or {}),
+        seed_keys=tuple(data.get("seed_keys", DEFAULT_SEED_KEYS)),
+        target_accuracy=float(target) if isinstance(target, int) and not isinstance(target, bool) else target,
+        metrics=_metrics(data.get("metrics") or {}),
+        workers=data.get("workers", 1),
+        directory=Path(data["directory"]) if data.get("directory") else None,
+        wandb=WandbSpec(**{**wandb, "tags": tuple(wandb.get("tags") or ())}) if wandb else None,
+        plots=bool(data.get("plots", True)),
+        source=source,
+    )
+
+
+def _paths(value: str | Sequence[str], root: Path) -> tuple[Path, ...]:
+    values = [value] if isinstance(value, (str, Path)) else list(value)
+    return tuple(p if (p := Path(v)).is_absolute() else root / p for v in values)
+
+
+def _metrics(value: Mapping[str, str] | Sequence[str]) -> dict[str, str]:
+    # A bare name is reported as its mean over rounds.
+    if isinstance(value, Mapping):
+        return {str(k): str(v) for k, v in value.items()}
+    return {str(name): "mean" for name in value}
