@@ -67,8 +67,8 @@ class FedALIGN(Algorithm):
     full-test-set accuracy.
 
     Args:
-        priority: priority client ids, or a count (the first ``n`` ids), or ``None`` to read the
-            data module's ``priority_clients``.
+        priority: priority client ids, or a count (the first ``n`` ids), or ``None`` to read
+            ``priority_clients`` from the data module or its training set.
         epsilon: :math:`\epsilon` or a schedule (:mod:`~fl_lightning.algorithms.epsilon_schedules`).
         algorithm: the aggregation algorithm wrapped (default :class:`FedAvg`).
         warmup_fraction: fraction of rounds in ``[0, 1)`` with priority clients only.
@@ -117,8 +117,9 @@ class FedALIGN(Algorithm):
 
     def _resolve_priority(self, federation: Federation) -> list[int]:
         spec = self.priority_spec
-        if spec is None:
-            spec = getattr(federation.data, "priority_clients", None)
+        if spec is None:  # a rule supplied by the data: the data module's, or its training set's
+            data = federation.data
+            spec = getattr(data, "priority_clients", None) or getattr(getattr(data, "train", None), "priority_clients", None)
             if spec is None:
                 raise ValueError("No priority set: pass `priority=` (ids or a count) or use data with `priority_clients`.")
         ids = list(range(spec)) if isinstance(spec, int) else sorted(set(int(c) for c in spec))
