@@ -13,11 +13,13 @@ from fl_lightning.algorithms.base import Algorithm
 from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.callbacks.client_loss import ClientLossRecorder
 from fl_lightning.callbacks.progress import FederatedProgressBar
+from fl_lightning.loops.async_fit_loop import AsyncFitLoop
 from fl_lightning.loops.federated_fit_loop import FederatedFitLoop
 
 
 class FederatedTrainer(pl.Trainer):
-    """A ``Trainer`` for federated learning: ``max_epochs`` is the number of rounds.
+    """A ``Trainer`` for federated learning: ``max_epochs`` is the number of rounds (for an
+    asynchronous algorithm such as FedBuff, the number of server aggregations).
 
     Everything else is Lightning's: accelerator, precision, callbacks (``on_train_epoch_end``,
     ``EarlyStopping`` and ``ModelCheckpoint(every_n_epochs)`` count rounds), loggers (the
@@ -69,8 +71,6 @@ class FederatedTrainer(pl.Trainer):
         if seed < 0:
             raise ValueError(f"`seed` must be >= 0, got {seed}.")
         algorithm = algorithm if algorithm is not None else FedAvg()
-        if algorithm.asynchronous:
-            raise ValueError(f"{type(algorithm).__name__} is asynchronous; the synchronous round loop cannot run it.")
 
         callbacks = kwargs.pop("callbacks", None) or []
         callbacks = [callbacks] if isinstance(callbacks, Callback) else list(callbacks)
@@ -80,7 +80,8 @@ class FederatedTrainer(pl.Trainer):
         super().__init__(callbacks=callbacks, **kwargs)
 
         previous = self.fit_loop
-        self.fit_loop = FederatedFitLoop(
+        loop_class = AsyncFitLoop if algorithm.asynchronous else FederatedFitLoop
+        self.fit_loop = loop_class(
             self,
             min_epochs=previous.min_epochs,
             max_epochs=previous.max_epochs,

@@ -92,12 +92,12 @@ def test_negative_seed() -> None:
         FederatedTrainer(seed=-1, **QUIET)
 
 
-def test_asynchronous_algorithm_is_rejected() -> None:
+def test_asynchronous_algorithm_must_be_buffered() -> None:
     class AsyncFedAvg(FedAvg):
         asynchronous = True
 
-    with pytest.raises(ValueError, match=r"AsyncFedAvg is asynchronous; the synchronous round loop cannot run it\."):
-        FederatedTrainer(algorithm=AsyncFedAvg(), **QUIET)
+    trainer = FederatedTrainer(algorithm=AsyncFedAvg(), **QUIET)
+    _fit_fails_before_training(trainer, TypeError, r"AsyncFitLoop runs buffered asynchronous algorithms .* got AsyncFedAvg")
 
 
 def test_fraction_above_one_fails_at_construction() -> None:

@@ -43,6 +43,8 @@ class ClientUpdate:
         payload: the tensors sent, by default the delta ``local - global`` of every tensor.
         upload_bytes: exact size of the payload on the wire.
         metrics: client-side metrics (e.g. mean training loss).
+        staleness: model versions between the client's dispatch and the aggregation that
+            uses its update (set by the asynchronous loop; 0 in synchronous rounds).
     """
 
     client_id: int
@@ -51,6 +53,7 @@ class ClientUpdate:
     payload: dict[str, Tensor]
     upload_bytes: int
     metrics: dict[str, float] = field(default_factory=dict)
+    staleness: int = 0
 
 
 class Algorithm(ABC):
@@ -78,7 +81,9 @@ class Algorithm(ABC):
         return sorted(order[: fed.clients_per_round].tolist())
 
     def configure_client(self, client: ClientContext, module: pl.LightningModule, global_state: State) -> None:
-        """Prepares the module for the client's local training (the global weights are already loaded)."""
+        """Prepares the module for the client's local training (the global weights are already
+        loaded and, with ``reset_optimizer``, the optimizer state cleared, so an algorithm may
+        load a client's own weights or optimizer state here)."""
 
     def client_update(self, client: ClientContext, module: pl.LightningModule, delta: State) -> ClientUpdate:
         """Packs what the client uploads; by default the uncompressed delta."""

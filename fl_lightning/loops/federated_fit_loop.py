@@ -44,8 +44,8 @@ class FederatedFitLoop(compat.FitLoopBase):
             clients = algorithm.select_clients(round)
             for client in clients:
                 module <- global weights (in place)               # param.copy_
-                algorithm.configure_client(client, module, global)
                 reset optimizer state
+                algorithm.configure_client(client, module, global)
                 ClientEpochLoop over the client's batches         # training_step, hooks, callbacks
                 update = algorithm.client_update(client, module, local - global)
             algorithm.aggregate(round, global, finite updates)   # >= float32 master copy
@@ -168,38 +168,52 @@ class FederatedFitLoop(compat.FitLoopBase):
         started = time.perf_counter()
         clients = self._select(round_idx)
         call_federated_hook(self.trainer, "on_clients_selected", round_idx, clients)
-
         self._in_round = True
-        updates, upload_bytes, losses = [], 0, []
-        for cid in clients:
-            update = self.train_client(round_idx, cid)
-            upload_bytes += update.upload_bytes
-            if "train_loss" in update.metrics:
-                losses.append(update.metrics["train_loss"])
+        received = [self.train_client(round_idx, cid) for cid in clients]
+        download_bytes = len(clients) * self.algorithm.download_bytes(self.global_state)
+        metrics = self.aggregate(round_idx, received)
+        self.end_round(round_idx, started, received, download_bytes, metrics)
+
+    def aggregate(self, round_idx: int, received: list[ClientUpdate]) -> dict[str, float]:
+        """Aggregates the finite updates into the global model and loads it into the module.
+
+        A non-finite update (NaN/Inf) is dropped with a warning; with none left, the global
+        model is unchanged. Returns the algorithm's metrics plus the aggregated/dropped counts.
+        """
+        updates = []
+        for update in received:
             if all_finite(update.payload):
                 updates.append(update)
             else:
-                rank_zero_warn(f"Round {round_idx}: client {cid} sent a non-finite update (NaN/Inf); it is dropped.")
-        download_bytes = len(clients) * self.algorithm.download_bytes(self.global_state)
-
-        metrics: dict[str, float] = {}
+                rank_zero_warn(
+                    f"Round {round_idx}: client {update.client_id} sent a non-finite update (NaN/Inf); it is dropped."
+                )
+        metrics: dict[str, float] = {
+            "aggregated_clients": float(len(updates)),
+            "dropped_clients": float(len(received) - len(updates)),
+        }
         if updates:
             metrics.update(self.algorithm.aggregate(round_idx, self.global_state, updates))
         else:
             rank_zero_warn(f"Round {round_idx}: no client update to aggregate; the global model is unchanged.")
         load_into(self._live, self.global_state)
         self._rounds_done = round_idx + 1
+        return metrics
+
+    def end_round(
+        self, round_idx: int, started: float, received: list[ClientUpdate], download_bytes: int, metrics: dict[str, float]
+    ) -> None:
+        """Epoch LR schedulers, server evaluation, and the round's metrics to every logger (step = round)."""
         self._in_round = False
+        upload_bytes = sum(u.upload_bytes for u in received)
+        losses = [u.metrics["train_loss"] for u in received if "train_loss" in u.metrics]
         self.total_upload_bytes += upload_bytes
         self.total_download_bytes += download_bytes
-
         compat.step_epoch_schedulers(self)
         metrics.update(self.algorithm.evaluate(round_idx, self.trainer.lightning_module))
         compat.run_server_validation(self)
         metrics = {
-            "round/clients": float(len(clients)),
-            "round/aggregated_clients": float(len(updates)),
-            "round/dropped_clients": float(len(clients) - len(updates)),
+            "round/clients": float(len(received)),
             "round/upload_bytes": float(upload_bytes),
             "round/download_bytes": float(download_bytes),
             "round/total_upload_bytes": float(self.total_upload_bytes),
@@ -223,8 +237,12 @@ class FederatedFitLoop(compat.FitLoopBase):
         self.history.append(clients)
         return clients
 
-    def train_client(self, round_idx: int, cid: int) -> ClientUpdate:
-        """Trains client ``cid`` from the current global weights and returns its update (the global state is unchanged)."""
+    def train_client(self, round_idx: int, cid: int, *, seed: int | None = None) -> ClientUpdate:
+        """Trains client ``cid`` from the current global weights and returns its update.
+
+        The global state is unchanged; the module is left holding the client's weights. The
+        client's data order comes from ``seed`` (default: derived from the round and client).
+        """
         trainer, module = self.trainer, self.trainer.lightning_module
         client = ClientContext(
             round_idx=round_idx,
@@ -232,13 +250,14 @@ class FederatedFitLoop(compat.FitLoopBase):
             num_samples=int(self.federation.num_samples[cid]),
             num_epochs=self.local_epochs,
             num_steps=self.local_steps,
-            seed=derive_seed(self.seed, "client", round_idx, cid),
+            seed=derive_seed(self.seed, "client", round_idx, cid) if seed is None else seed,
         )
         load_into(self._live, self.global_state)
-        self.algorithm.configure_client(client, module, self.global_state)
+        # Reset before configure_client, so that an algorithm may install per-client optimizer state.
         if self.reset_optimizer:
             for optimizer in trainer.optimizers:
                 optimizer.state.clear()
+        self.algorithm.configure_client(client, module, self.global_state)
         call_federated_hook(trainer, "on_client_start", client)
 
         steps_before = self.epoch_loop.global_step

@@ -1,0 +1,127 @@
+"""FedBuff (Nguyen et al. 2022): buffered asynchronous aggregation, as the FedStaleWeight paper
+uses it (§3.1, "buffered FedAvg"), run on :class:`~fl_lightning.loops.AsyncFitLoop`."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+
+from fl_lightning.algorithms.aggregation import apply_delta, weighted_sum
+from fl_lightning.algorithms.base import Algorithm, ClientUpdate
+from fl_lightning.federation import Federation
+from fl_lightning.model_state import State
+from fl_lightning.participation.speed import DelayModel, UniformDelay
+
+Discount = Literal["constant", "inverse", "inverse_sqrt"]
+PullPolicy = Literal["immediate", "wait_new_version"]
+
+_DISCOUNTS = {
+    "constant": lambda s: 1.0,
+    "inverse": lambda s: 1.0 / (1.0 + s),
+    "inverse_sqrt": lambda s: 1.0 / math.sqrt(1.0 + s),
+}
+
+
+class FedBuff(Algorithm):
+    r"""Buffered asynchronous FL: every ``buffer_size`` arrivals the server applies
+    :math:`w \leftarrow w + \eta_g \sum_{j \in B} \alpha_j \Delta_j` and the model version increments.
+
+    FedBuff's weights are :math:`\alpha_j = s(\tau_j)/b` with the staleness discount :math:`s`
+    (constant 1 by default, as the FedStaleWeight paper's baseline; or :math:`1/(1+\tau)`,
+    :math:`1/\sqrt{1+\tau}`), not renormalised, as in the original FedBuff; updates staler than
+    ``max_staleness`` get weight 0.
+
+    The simulation (on a virtual clock, see :class:`~fl_lightning.loops.AsyncFitLoop`):
+    ``concurrency`` clients are in flight; a client trains at dispatch from the current model
+    (its update is computed then) and arrives after a duration drawn from ``delays``. When a
+    client arrives it re-pulls (all clients in flight, the paper's setting) or, with
+    ``concurrency`` below the number of clients, a client drawn uniformly from the idle ones
+    is dispatched. ``pull_policy="wait_new_version"`` parks a client whose model is still
+    current until the next aggregation (afl-bench's rule).
+
+    Args:
+        buffer_size: :math:`b`, arrivals per aggregation.
+        concurrency: clients in flight (default: all clients).
+        delays: compute-speed model (default U(1, 2) for everyone).
+        server_lr: :math:`\eta_g`.
+        staleness_discount: ``"constant"``, ``"inverse"`` or ``"inverse_sqrt"``.
+        max_staleness: drop (weight 0) updates staler than this.
+        pull_policy: ``"immediate"`` or ``"wait_new_version"``.
+    """
+
+    asynchronous: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        *,
+        buffer_size: int = 5,
+        concurrency: int | None = None,
+        delays: DelayModel | None = None,
+        server_lr: float = 1.0,
+        staleness_discount: Discount = "constant",
+        max_staleness: int | None = None,
+        pull_policy: PullPolicy = "immediate",
+    ) -> None:
+        if buffer_size < 1:
+            raise ValueError(f"`buffer_size` must be >= 1, got {buffer_size}.")
+        if concurrency is not None and concurrency < 1:
+            raise ValueError(f"`concurrency` must be >= 1, got {concurrency}.")
+        if server_lr <= 0:
+            raise ValueError(f"`server_lr` must be > 0, got {server_lr}.")
+        if staleness_discount not in _DISCOUNTS:
+            raise ValueError(f"`staleness_discount` must be one of {sorted(_DISCOUNTS)}, got {staleness_discount!r}.")
+        if max_staleness is not None and max_staleness < 0:
+            raise ValueError(f"`max_staleness` must be >= 0, got {max_staleness}.")
+        if pull_policy not in ("immediate", "wait_new_version"):
+            raise ValueError(f"`pull_policy` must be 'immediate' or 'wait_new_version', got {pull_policy!r}.")
+        self.buffer_size, self.concurrency_arg = buffer_size, concurrency
+        self.delays = delays if delays is not None else UniformDelay(1.0, 2.0)
+        self.server_lr, self.staleness_discount = server_lr, staleness_discount
+        self.max_staleness, self.pull_policy = max_staleness, pull_policy
+        #: Sum of each client's aggregation weights so far (its influence).
+        self.influence = np.zeros(0)
+
+    def setup(self, federation: Federation) -> None:
+        super().setup(federation)
+        n = federation.num_clients
+        self.concurrency = self.concurrency_arg if self.concurrency_arg is not None else n
+        if self.concurrency > n:
+            raise ValueError(f"`concurrency={self.concurrency}` exceeds the {n} clients.")
+        if self.buffer_size > self.concurrency:
+            raise ValueError(f"`buffer_size={self.buffer_size}` exceeds `concurrency={self.concurrency}`.")
+        self.delays.setup(num_clients=n, seed=federation.seed)
+        if len(self.influence) != n:
+            self.influence = np.zeros(n)
+
+    def select_clients(self, round_idx: int) -> list[int]:
+        raise TypeError(f"{type(self).__name__} is asynchronous: clients are dispatched by the AsyncFitLoop.")
+
+    def buffer_weights(self, updates: Sequence[ClientUpdate]) -> list[float]:
+        """:math:`\\alpha_j` for the buffer's updates, in float64."""
+        b = len(updates)
+        return [
+            0.0 if self.max_staleness is not None and u.staleness > self.max_staleness else _DISCOUNTS[self.staleness_discount](u.staleness) / b
+            for u in updates
+        ]
+
+    def aggregate(self, round_idx: int, global_state: State, updates: list[ClientUpdate]) -> dict[str, float]:
+        weights = self.buffer_weights(updates)
+        for u, alpha in zip(updates, weights):
+            self.influence[u.client_id] += alpha
+        if any(weights):
+            apply_delta(global_state, weighted_sum([u.payload for u in updates], weights), scale=self.server_lr)
+        staleness = [u.staleness for u in updates]
+        return {
+            "mean_staleness": float(np.mean(staleness)),
+            "max_staleness": float(max(staleness)),
+            "max_weight": float(max(weights)),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"influence": self.influence.tolist()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.influence = np.asarray(state["influence"], dtype=np.float64)

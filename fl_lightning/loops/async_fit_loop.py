@@ -1,0 +1,187 @@
+"""Buffered asynchronous FL on a virtual clock, inside one Lightning ``fit``."""
+
+from __future__ import annotations
+
+import copy
+import heapq
+import time
+from typing import Any
+
+import torch
+from typing_extensions import override
+
+from fl_lightning.algorithms.base import ClientUpdate
+from fl_lightning.algorithms.fedbuff import FedBuff
+from fl_lightning.loops.federated_fit_loop import FederatedFitLoop
+from fl_lightning.model_state import load_into
+from fl_lightning.utils.seeding import derive_seed
+
+
+class AsyncFitLoop(FederatedFitLoop):
+    """One Lightning epoch is one server aggregation (model version); no threads, no sleeps.
+
+    Example::
+
+        dispatch `concurrency` clients at t = 0 with version 0
+        for version in range(max_epochs):                  # on_train_epoch_start
+            repeat:
+                pop the earliest arrival (time, client); clock <- time
+                buffer += its update (computed at dispatch from the model it pulled)
+                if |buffer| == buffer_size:
+                    staleness_j = version - pulled_version_j
+                    algorithm.aggregate(version, global, buffer); version += 1
+                    dispatch the parked clients (wait_new_version)
+                dispatch the next client (the arriving one, or an idle one) per the pull policy
+            until the buffer was aggregated
+            server evaluation, round metrics (+ virtual time)    # on_train_epoch_end
+
+    A dispatched client trains at once through the same Lightning client path as the
+    synchronous loop (:meth:`train_client`) and its update waits in the event queue until
+    it arrives at ``dispatch time + duration``; ties arrive in dispatch order. The ``j``-th
+    dispatch of a client at one model version draws its data order from
+    ``(seed, "client", version, client[, j])``, so with every client in flight and equal
+    speeds the first pass equals a synchronous round. The whole simulation state (clock,
+    queue, in-flight updates, buffer) is checkpointed; a checkpoint taken inside an epoch
+    holds the state at the epoch's start, which is replayed identically on resume.
+    """
+
+    @property
+    def async_algorithm(self) -> FedBuff:
+        assert isinstance(self.algorithm, FedBuff)
+        return self.algorithm
+
+    def _reset_simulation(self, n: int) -> None:
+        self.clock = 0.0
+        self._queue: list[tuple[float, int, int]] = []
+        self._in_flight: dict[int, tuple[ClientUpdate, int]] = {}
+        self._buffer: list[tuple[ClientUpdate, int]] = []
+        self._parked: list[int] = []
+        self._seq = 0
+        self._jobs = [0] * n
+        self._last_version = [-1] * n
+        self._repeats = [0] * n
+        #: Every arrival so far: (virtual time, client, version it pulled).
+        self.arrivals: list[tuple[float, int, int]] = []
+        self._started = False
+        self._epoch_start: dict[str, Any] | None = None
+
+    @override
+    def _setup_federation(self) -> None:
+        if not isinstance(self.algorithm, FedBuff):
+            raise TypeError(f"AsyncFitLoop runs buffered asynchronous algorithms (FedBuff, FedStaleWeight), got {type(self.algorithm).__name__}.")
+        self._reset_simulation(getattr(self.trainer.datamodule, "num_clients", 0))
+        super()._setup_federation()  # restores a checkpoint's simulation state, if any
+
+    @override
+    def on_advance_start(self) -> None:
+        super().on_advance_start()
+        self._epoch_start = self._checkpoint_state()
+
+    @override
+    def advance(self) -> None:
+        version = self.epoch_progress.current.processed
+        started = time.perf_counter()
+        self._in_round = True
+        dispatches = 0
+        if not self._started:
+            order = torch.randperm(self.federation.num_clients, generator=self.federation.generator("initial-dispatch"))
+            initial = sorted(order[: self.async_algorithm.concurrency].tolist())
+            for cid in initial:
+                self._dispatch(cid, version)
+            dispatches, self._started = len(initial), True
+        received: list[ClientUpdate] = []
+        while True:
+            self.clock, _, cid = heapq.heappop(self._queue)
+            update, pulled = self._in_flight.pop(cid)
+            self.arrivals.append((self.clock, cid, pulled))
+            self._buffer.append((update, pulled))
+            received.append(update)
+            full = len(self._buffer) == self.async_algorithm.buffer_size
+            if full:
+                buffer = [copy.copy(u) for u, _ in self._buffer]
+                for u, (_, pulled_version) in zip(buffer, self._buffer):
+                    u.staleness = version - pulled_version
+                self.history.append([u.client_id for u in buffer])
+                metrics = self.aggregate(version, buffer)
+                self._buffer = []
+                parked, self._parked = self._parked, []
+                for p in parked:
+                    self._dispatch(p, version + 1)
+                dispatches += len(parked)
+            dispatches += self._pull(self._next_client(cid), version + full)
+            if full:
+                break
+        load_into(self._live, self.global_state)
+        download_bytes = dispatches * self.algorithm.download_bytes(self.global_state)
+        metrics.update({"virtual_time": self.clock, "version": float(version + 1)})
+        self.end_round(version, started, received, download_bytes, metrics)
+
+    def _next_client(self, arrived: int) -> int:
+        """The client to dispatch into the freed slot: the arriving one when every client is in
+        flight (it re-pulls), else one drawn uniformly from the idle clients."""
+        if self.async_algorithm.concurrency == self.federation.num_clients:
+            return arrived
+        busy = set(self._in_flight) | set(self._parked)
+        idle = [c for c in range(self.federation.num_clients) if c not in busy]
+        return idle[int(torch.randint(len(idle), (), generator=self.federation.generator("dispatch", self._seq)))]
+
+    def _pull(self, cid: int, version: int) -> int:
+        """Dispatches ``cid`` now, or parks it until the next version (``wait_new_version``)."""
+        if self.async_algorithm.pull_policy == "wait_new_version" and self._last_version[cid] == version:
+            self._parked.append(cid)
+            return 0
+        self._dispatch(cid, version)
+        return 1
+
+    def _dispatch(self, cid: int, version: int) -> None:
+        self._repeats[cid] = self._repeats[cid] + 1 if self._last_version[cid] == version else 0
+        self._last_version[cid] = version
+        keys = (version, cid) if self._repeats[cid] == 0 else (version, cid, self._repeats[cid])
+        update = self.train_client(version, cid, seed=derive_seed(self.seed, "client", *keys))
+        duration = self.async_algorithm.delays.duration(cid, self._jobs[cid])
+        self._jobs[cid] += 1
+        self._in_flight[cid] = (update, version)
+        heapq.heappush(self._queue, (self.clock + duration, self._seq, cid))
+        self._seq += 1
+
+    def _checkpoint_state(self) -> dict[str, Any]:
+        return {
+            "clock": self.clock,
+            "queue": list(self._queue),
+            "in_flight": {c: (vars(u).copy(), v) for c, (u, v) in self._in_flight.items()},
+            "buffer": [(vars(u).copy(), v) for u, v in self._buffer],
+            "parked": list(self._parked),
+            "seq": self._seq,
+            "jobs": list(self._jobs),
+            "last_version": list(self._last_version),
+            "repeats": list(self._repeats),
+            "arrivals": list(self.arrivals),
+            "started": self._started,
+            "history": [list(h) for h in self.history],
+            "global_state": {k: v.clone() for k, v in self.global_state.items()},
+            "algorithm": copy.deepcopy(self.algorithm.state_dict()),
+        }
+
+    @override
+    def on_save_checkpoint(self) -> dict:
+        state = super().on_save_checkpoint()
+        federated = state["federated"]
+        simulation = self._epoch_start if self._in_round and self._epoch_start is not None else self._checkpoint_state()
+        federated["async"] = {k: v for k, v in simulation.items() if k not in ("global_state", "algorithm", "history")}
+        if self._in_round:  # replay the epoch from its start: its weights, server state and history
+            federated.update(global_state=simulation["global_state"], algorithm=simulation["algorithm"], history=simulation["history"])
+        return state
+
+    @override
+    def _restore(self, federated: dict[str, Any]) -> None:
+        super()._restore(federated)
+        state = federated["async"]
+        self.clock, self._seq, self._started = float(state["clock"]), int(state["seq"]), bool(state["started"])
+        self._queue = [tuple(e) for e in state["queue"]]  # type: ignore[misc]
+        heapq.heapify(self._queue)
+        self._in_flight = {int(c): (ClientUpdate(**u), int(v)) for c, (u, v) in state["in_flight"].items()}
+        self._buffer = [(ClientUpdate(**u), int(v)) for u, v in state["buffer"]]
+        self._parked = list(state["parked"])
+        self._jobs, self._last_version = list(state["jobs"]), list(state["last_version"])
+        self._repeats = list(state["repeats"])
+        self.arrivals = [tuple(a) for a in state["arrivals"]]  # type: ignore[misc]
