@@ -20,12 +20,13 @@ from fl_lightning.trainer import FederatedTrainer
 
 
 class LoggerSaveConfigCallback(SaveConfigCallback):
-    """Saves the resolved config in the log directory and sends it to every logger (e.g. the W&B run config)."""
+    """Saves the resolved config in the log directory and sends it to every logger under
+    ``config`` (e.g. the W&B run config), apart from the model's own hyper-parameters."""
 
     def save_config(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         config = yaml.safe_load(self.parser.dump(self.config, skip_none=False))
         for logger in trainer.loggers:
-            logger.log_hyperparams(config)
+            logger.log_hyperparams({"config": config})
 
 
 def fit_summary(trainer: Trainer, wall_time_s: float) -> Table:

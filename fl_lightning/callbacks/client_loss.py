@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import lightning.pytorch as pl
-import torch
 from torch import Tensor
 from typing_extensions import override
 

@@ -48,6 +48,9 @@ class ClassificationModule(pl.LightningModule):
         self.num_classes, self.lr, self.momentum = num_classes, lr, momentum
         self.weight_decay, self.optimizer_name = weight_decay, optimizer
         self.lr_scheduler_factory = lr_scheduler
+        # Called here, not in subclasses: Lightning then collects the arguments of every
+        # __init__ in the chain, so inherited defaults (lr, momentum, ...) are recorded too.
+        self.save_hyperparameters(ignore=["lr_scheduler"])
         self.val_acc = MulticlassAccuracy(num_classes=num_classes, average="micro")
         self.test_acc = MulticlassAccuracy(num_classes=num_classes, average="micro")
         self.net: nn.Module = nn.Identity()

@@ -18,7 +18,6 @@ class LogisticRegression(ProximalMixin, ClassificationModule):
 
     def __init__(self, *, in_features: int = 60, num_classes: int = 10, **kwargs: Any) -> None:
         super().__init__(num_classes=num_classes, **kwargs)
-        self.save_hyperparameters()
         self.net = nn.Sequential(nn.Flatten(), nn.Linear(in_features, num_classes))
 
 
@@ -29,7 +28,6 @@ class MLP(ProximalMixin, ClassificationModule):
         self, *, in_features: int = 784, hidden: tuple[int, ...] = (200, 200), num_classes: int = 10, **kwargs: Any
     ) -> None:
         super().__init__(num_classes=num_classes, **kwargs)
-        self.save_hyperparameters()
         layers: list[nn.Module] = [nn.Flatten()]
         for width_in, width_out in zip((in_features, *hidden), hidden):
             layers += [nn.Linear(width_in, width_out), nn.ReLU()]
@@ -59,7 +57,6 @@ class CNN(ProximalMixin, ClassificationModule):
         super().__init__(num_classes=num_classes, **kwargs)
         if image_size % 4:
             raise ValueError(f"`image_size` must be divisible by 4 (two 2x2 poolings), got {image_size}.")
-        self.save_hyperparameters()
 
         def block(c_in: int, c_out: int) -> list[nn.Module]:
             norm: list[nn.Module] = [nn.BatchNorm2d(c_out)] if batch_norm else []
