@@ -6,6 +6,7 @@ release changes one of the names or behaviours relied on here.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -18,6 +19,7 @@ from lightning.pytorch.loops.progress import _Progress
 from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
 from lightning.pytorch.trainer import call
 from lightning.pytorch.utilities.combined_loader import CombinedLoader
+from lightning.pytorch.utilities.signature_utils import is_param_in_hook_signature
 from typing_extensions import override
 
 __all__ = [
@@ -63,6 +65,20 @@ class ClientEpochLoop(_TrainingEpochLoop):
     def _num_ready_batches_reached(self) -> bool:
         # Outside a client (at round end) the round's "epoch" is always complete.
         return super()._num_ready_batches_reached() if self.in_client else True
+
+    @override
+    def _build_kwargs(self, kwargs: OrderedDict, batch: Any, batch_idx: int) -> OrderedDict:
+        # Lightning inspects training_step's signature on every step; once per function is enough.
+        step = self.trainer.lightning_module.training_step
+        key = getattr(step, "__func__", step)
+        if key is not self._step_signature[0]:
+            self._step_signature = (key, is_param_in_hook_signature(step, "batch_idx", min_args=2))
+        kwargs["batch"] = batch
+        if self._step_signature[1]:
+            kwargs["batch_idx"] = batch_idx
+        return kwargs
+
+    _step_signature: tuple[Any, bool] = (None, False)
 
     @property  # type: ignore[override]
     def _batches_that_stepped(self) -> int:

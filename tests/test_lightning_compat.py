@@ -103,8 +103,8 @@ def test_training_epoch_loop_shape(trainer: pl.Trainer) -> None:
 
 def test_client_epoch_loop_only_overrides_existing_methods() -> None:
     own = {name for name in vars(compat.ClientEpochLoop) if not name.startswith("__")}
-    methods = own - {"in_client", "_batches_that_stepped"}
-    assert {"_should_check_val_fx", "update_lr_schedulers", "_num_ready_batches_reached"} <= methods
+    methods = own - {"in_client", "_batches_that_stepped", "_step_signature"}
+    assert {"_should_check_val_fx", "update_lr_schedulers", "_num_ready_batches_reached", "_build_kwargs"} <= methods
     for name in methods:
         base = getattr(_TrainingEpochLoop, name, None)
         assert callable(base), f"ClientEpochLoop.{name} overrides nothing in _TrainingEpochLoop: {REVIEW}"
@@ -212,6 +212,15 @@ def test_call_hook_dispatch() -> None:
     assert order == ["callback", "module"], REVIEW
 
 
+class _LoggingLogisticRegression(LogisticRegression):
+    """Logs its training loss through Lightning's own on_epoch aggregation."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        loss = super().training_step(batch, batch_idx)
+        self.log("train_loss", loss, on_step=False, on_epoch=True, batch_size=len(batch[1]))
+        return loss
+
+
 def _tiny_fit(**trainer_kwargs: Any) -> tuple[FederatedTrainer, _RecordingLogger, LogisticRegression]:
     g = torch.Generator().manual_seed(0)
     train = InMemoryDataset(inputs=torch.randn(24, 4, generator=g), labels=torch.randint(0, 2, (24,), generator=g), num_classes=2)
@@ -220,7 +229,7 @@ def _tiny_fit(**trainer_kwargs: Any) -> tuple[FederatedTrainer, _RecordingLogger
     trainer = FederatedTrainer(
         **{**QUIET, "logger": logger, "log_every_n_steps": 1, "max_epochs": 3, "clients_per_round": 2, **trainer_kwargs}
     )
-    model = LogisticRegression(in_features=4, num_classes=2, lr=0.1)
+    model = _LoggingLogisticRegression(in_features=4, num_classes=2, lr=0.1)
     trainer.fit(model, datamodule=FederatedDataModule(train, test, num_clients=3, batch_size=4))
     return trainer, logger, model
 

@@ -15,8 +15,10 @@ from torchmetrics.classification import MulticlassAccuracy
 class ClassificationModule(pl.LightningModule):
     """Base for classifiers: subclasses build ``self.net``; batches are ``(x, y)``.
 
-    Logs ``train_loss`` (mean over the round's client steps), ``val_loss``/``val_acc`` (server
-    evaluation of the global model each round) and ``test_loss``/``test_acc``.
+    Logs ``val_loss``/``val_acc`` (server evaluation of the global model each round) and
+    ``test_loss``/``test_acc``. The training loss is not logged per step: the federated loop
+    already logs ``round/train_loss`` from the loss ``training_step`` returns, and Lightning's
+    ``self.log`` would add ~0.45 ms to every local step (``benchmarks/RESULTS.md``).
 
     Args:
         num_classes: number of classes.
@@ -60,9 +62,7 @@ class ClassificationModule(pl.LightningModule):
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         x, y = batch
-        loss = F.cross_entropy(self(x), y)
-        self.log("train_loss", loss, on_step=False, on_epoch=True, batch_size=len(y))
-        return loss
+        return F.cross_entropy(self(x), y)
 
     def sample_metrics(self, batch: tuple[Tensor, Tensor]) -> dict[str, Tensor]:
         """Per-sample cross-entropy and correctness, for loss probes (:mod:`fl_lightning.probe`)."""

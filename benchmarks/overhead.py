@@ -1,0 +1,594 @@
+"""Per-client overhead of fl_lightning's federated loop next to a plain PyTorch loop and a Trainer per client.
+
+The same client workload (FedAvg, ``clients_per_round`` clients of ~50 samples, ``local_steps``
+SGD steps of batch 10, no momentum) runs three ways, side by side in one process:
+
+(a) a plain PyTorch loop: per client ``param.copy_`` of the global weights, a fresh
+    ``torch.optim.SGD``, the steps, ``delta = local - global``; FedAvg of the deltas;
+(b) ``FederatedTrainer``: all rounds inside one Lightning ``fit`` (the library's default path);
+(c) a new ``lightning.pytorch.Trainer`` + ``fit(max_steps=local_steps)`` per client over a
+    ``DataLoader`` of the client's samples (how Flower-style simulations drive Lightning).
+
+(a) and (b) select the same clients and cut the same batches (same seeds, same rules as the
+library), so their final weights are compared: they should be identical bit for bit.
+
+Reported: milliseconds per client = median over the measured rounds (all repeats pooled) of
+``round time / clients per round``, aggregation included, on the process CPU clock (default)
+or the wall clock (``--clock wall``); the other clock is always shown alongside. Everything runs
+single-threaded in one process, so on an idle machine the two agree; CPU time is the default
+because it is not inflated when other processes share the machine (the header records the load
+average before and after). Also reported: ratios to (a), and the fixed per-client cost, from a
+least-squares line through ms/client at several ``local_steps`` values extrapolated to 0 steps.
+
+Run from the repository root::
+
+    PYTHONPATH=. python benchmarks/overhead.py              # default, ~2-3 min on 2 CPU cores
+    PYTHONPATH=. python benchmarks/overhead.py --quick      # ~20 s smoke run
+    PYTHONPATH=. python benchmarks/overhead.py --out results.md --clock wall --models digits
+    PYTHONPATH=. python benchmarks/overhead.py --profile    # cProfile of path (b), top functions
+
+``--threads N`` calls ``torch.set_num_threads(N)`` (default 1; ``0`` keeps torch's default).
+One thread is the default because on small 2-vCPU VMs torch's default of one intra-op
+thread per core made even the plain loop 10-50x slower and erratic for these tiny models.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import datetime
+import io
+import logging
+import os
+import platform
+import pstats
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import lightning
+import lightning.pytorch as pl
+
+from fl_lightning import FederatedTrainer
+from fl_lightning.data import FederatedDataModule, InMemoryDataset
+from fl_lightning.models import MLP
+from fl_lightning.utils.seeding import derive_seed, make_generator
+
+LR = 0.05
+BATCH_SIZE = 10
+SEED = 0  # FederatedTrainer(seed=...), also used by the baselines to pick the same clients/batches
+CLOCKS = ("wall", "cpu")
+
+
+def now() -> np.ndarray:
+    """(wall seconds, CPU seconds of this process): CPU time is not inflated while other processes run."""
+    return np.array([time.perf_counter(), time.process_time()])
+
+
+# --------------------------------------------------------------------------------------------
+# Workload
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    input_shape: tuple[int, ...]
+    hidden: tuple[int, ...]
+    num_classes: int = 10
+
+    @property
+    def in_features(self) -> int:
+        return int(np.prod(self.input_shape))
+
+
+MODELS = {
+    "digits": ModelSpec("MLP 64-64-10 (digits-sized input, 64 features)", (64,), (64,)),
+    "mnist": ModelSpec("MLP 784-200-200-10 (MNIST-shaped synthetic input, 1x28x28)", (1, 28, 28), (200, 200)),
+}
+
+
+class BareMLP(MLP):
+    """``fl_lightning.models.MLP`` whose ``training_step`` only returns the loss (no ``self.log``).
+
+    The plain loop does not log either, so this isolates the loop's own cost.
+    """
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        x, y = batch
+        return F.cross_entropy(self(x), y)
+
+
+def make_module(cls: type[MLP], spec: ModelSpec, init: dict[str, Tensor]) -> MLP:
+    module = cls(in_features=spec.in_features, hidden=spec.hidden, num_classes=spec.num_classes, lr=LR)
+    module.load_state_dict(init)
+    return module
+
+
+@dataclass
+class Workload:
+    spec: ModelSpec
+    num_clients: int
+    clients_per_round: int
+    dataset: InMemoryDataset
+    client_idx: list[Tensor]  # each client's dataset indices (int64)
+    init: dict[str, Tensor]  # initial weights, shared by every method
+
+    def datamodule(self) -> FederatedDataModule:
+        dm = FederatedDataModule(self.dataset, num_clients=self.num_clients, batch_size=BATCH_SIZE, seed=SEED)
+        dm.setup("fit")
+        return dm
+
+    def select(self, round_idx: int) -> list[int]:
+        """The clients of a round, by the same rule as ``Algorithm.select_clients``."""
+        order = torch.randperm(self.num_clients, generator=make_generator(SEED, "select", round_idx))
+        return sorted(order[: self.clients_per_round].tolist())
+
+
+def make_workload(spec: ModelSpec, num_clients: int, samples_per_client: int, clients_per_round: int) -> Workload:
+    g = torch.Generator().manual_seed(1234)
+    n = num_clients * samples_per_client
+    dataset = InMemoryDataset(
+        inputs=torch.randn(n, *spec.input_shape, generator=g),
+        labels=torch.randint(0, spec.num_classes, (n,), generator=g),
+        num_classes=spec.num_classes,
+    )
+    torch.manual_seed(0)
+    init = MLP(in_features=spec.in_features, hidden=spec.hidden, num_classes=spec.num_classes).state_dict()
+    work = Workload(spec, num_clients, clients_per_round, dataset, [], {k: v.clone() for k, v in init.items()})
+    dm = work.datamodule()
+    work.client_idx = [torch.tensor(dm.client_indices(c), dtype=torch.int64) for c in range(num_clients)]
+    return work
+
+
+# --------------------------------------------------------------------------------------------
+# (a) plain PyTorch loop
+# --------------------------------------------------------------------------------------------
+
+
+def run_plain(work: Workload, steps: int, total_rounds: int) -> tuple[np.ndarray, dict[str, Tensor]]:
+    """Returns the (wall, CPU) seconds of every round and the final global weights."""
+    spec = work.spec
+    layers: list[nn.Module] = [nn.Flatten()]
+    for w_in, w_out in zip((spec.in_features, *spec.hidden), spec.hidden):
+        layers += [nn.Linear(w_in, w_out), nn.ReLU()]
+    layers.append(nn.Linear(spec.hidden[-1], spec.num_classes))
+    net = nn.Sequential(*layers)
+    net.load_state_dict({k.removeprefix("net."): v for k, v in work.init.items()})
+    live = dict(net.state_dict(keep_vars=True))
+    global_state = {k: v.detach().clone() for k, v in live.items()}
+    x_all, y_all = work.dataset.tensors
+
+    times = []
+    for r in range(total_rounds):
+        t0 = now()
+        acc = {k: torch.zeros_like(v) for k, v in global_state.items()}
+        total = 0.0
+        for cid in work.select(r):
+            with torch.no_grad():
+                for k, p in live.items():
+                    p.copy_(global_state[k])
+            opt = torch.optim.SGD(net.parameters(), lr=LR, momentum=0.0)
+            idx = work.client_idx[cid]
+            n = len(idx)
+            g = torch.Generator().manual_seed(derive_seed(SEED, "client", r, cid))
+            done = 0
+            while done < steps:  # epochs of fresh permutations, cut into batches, last one partial
+                order = torch.randperm(n, generator=g)
+                for start in range(0, n, BATCH_SIZE):
+                    b = idx[order[start : start + BATCH_SIZE]]
+                    x, y = x_all[b], y_all[b]
+                    opt.zero_grad()
+                    F.cross_entropy(net(x), y).backward()
+                    opt.step()
+                    done += 1
+                    if done == steps:
+                        break
+            with torch.no_grad():
+                for k, p in live.items():
+                    acc[k].add_(p - global_state[k], alpha=float(n))
+            total += n
+        with torch.no_grad():
+            for k, v in global_state.items():
+                v.add_(acc[k].div_(total))
+        times.append(now() - t0)
+    return np.stack(times), {"net." + k: v for k, v in global_state.items()}
+
+
+# --------------------------------------------------------------------------------------------
+# (b) FederatedTrainer
+# --------------------------------------------------------------------------------------------
+
+
+class RoundTimer(pl.Callback):
+    """Clocks at each round (epoch) start and at the end of training."""
+
+    def __init__(self) -> None:
+        self.marks: list[np.ndarray] = []
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.marks.append(now())
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.marks.append(now())
+
+
+def federated_trainer(work: Workload, steps: int, total_rounds: int, callbacks: list[pl.Callback]) -> FederatedTrainer:
+    return FederatedTrainer(
+        local_steps=steps,
+        clients_per_round=work.clients_per_round,
+        seed=SEED,
+        max_epochs=total_rounds,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        callbacks=callbacks,
+    )
+
+
+def run_federated(
+    work: Workload, steps: int, total_rounds: int, module_cls: type[MLP]
+) -> tuple[np.ndarray, dict[str, Tensor], float]:
+    """Returns the (wall, CPU) seconds of every round, the final weights and the fit's start-up wall time (s)."""
+    module = make_module(module_cls, work.spec, work.init)
+    dm = work.datamodule()
+    timer = RoundTimer()
+    t0 = now()
+    trainer = federated_trainer(work, steps, total_rounds, [timer])
+    trainer.fit(module, datamodule=dm)
+    marks = timer.marks
+    assert len(marks) == total_rounds + 1, f"expected {total_rounds} rounds, saw {len(marks) - 1}"
+    weights = {k: v.detach().clone() for k, v in module.state_dict().items()}
+    return np.diff(np.stack(marks), axis=0), weights, float(marks[0][0] - t0[0])
+
+
+# --------------------------------------------------------------------------------------------
+# (c) a new Trainer + fit per client
+# --------------------------------------------------------------------------------------------
+
+
+def run_trainer_per_client(work: Workload, steps: int, total_rounds: int) -> np.ndarray:
+    """Returns the (wall, CPU) seconds of every round."""
+    module = make_module(BareMLP, work.spec, work.init)
+    live = dict(module.state_dict(keep_vars=True))
+    global_state = {k: v.detach().clone() for k, v in live.items()}
+    x_all, y_all = work.dataset.tensors
+    times = []
+    for r in range(total_rounds):
+        t0 = now()
+        acc = {k: torch.zeros_like(v) for k, v in global_state.items()}
+        total = 0.0
+        for cid in work.select(r):
+            with torch.no_grad():
+                for k, p in live.items():
+                    p.copy_(global_state[k])
+            idx = work.client_idx[cid]
+            loader = DataLoader(
+                TensorDataset(x_all[idx], y_all[idx]),
+                batch_size=BATCH_SIZE,
+                shuffle=True,
+                generator=torch.Generator().manual_seed(derive_seed(SEED, "client", r, cid)),
+            )
+            trainer = pl.Trainer(
+                max_steps=steps,
+                accelerator="cpu",
+                devices=1,
+                logger=False,
+                enable_checkpointing=False,
+                enable_progress_bar=False,
+                enable_model_summary=False,
+                num_sanity_val_steps=0,
+                limit_val_batches=0,
+            )
+            trainer.fit(module, train_dataloaders=loader)
+            assert trainer.global_step == steps
+            with torch.no_grad():
+                for k, p in live.items():
+                    acc[k].add_(p - global_state[k], alpha=float(len(idx)))
+            total += len(idx)
+        with torch.no_grad():
+            for k, v in global_state.items():
+                v.add_(acc[k].div_(total))
+        times.append(now() - t0)
+    return np.stack(times)
+
+
+# --------------------------------------------------------------------------------------------
+# Measurement plumbing
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Series:
+    """Per-client times (ms) of the measured rounds, pooled over repeats, on both clocks."""
+
+    values: dict[str, list[float]] = field(default_factory=lambda: {c: [] for c in CLOCKS})
+
+    def add(self, rounds: np.ndarray, warmup: int, clients_per_round: int) -> None:
+        for i, clock in enumerate(CLOCKS):
+            self.values[clock] += [1e3 * float(s) / clients_per_round for s in rounds[warmup:, i]]
+
+    def __bool__(self) -> bool:
+        return bool(self.values["wall"])
+
+    def median(self, clock: str) -> float:
+        return statistics.median(self.values[clock])
+
+    def quartiles(self, clock: str) -> tuple[float, float]:
+        q = np.percentile(self.values[clock], [25, 75])
+        return float(q[0]), float(q[1])
+
+
+def max_abs_diff(a: dict[str, Tensor], b: dict[str, Tensor]) -> float:
+    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+
+
+def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    """Least-squares ``y = intercept + slope * x`` (NaNs with fewer than two step counts)."""
+    if len(set(xs)) < 2:
+        return float("nan"), float("nan")
+    slope, intercept = np.polyfit(np.asarray(xs, dtype=float), np.asarray(ys, dtype=float), 1)
+    return float(intercept), float(slope)
+
+
+@dataclass
+class Config:
+    steps: int
+    warmup: int
+    rounds: int
+    repeats: int
+    tpc_warmup: int
+    tpc_rounds: int
+    fixed_steps: tuple[int, ...]
+    num_clients: int
+    samples_per_client: int
+    clients_per_round: int
+
+
+def bench_model(spec: ModelSpec, cfg: Config, log: Callable[[str], None]) -> dict[str, Any]:
+    work = make_workload(spec, cfg.num_clients, cfg.samples_per_client, cfg.clients_per_round)
+    total = cfg.warmup + cfg.rounds
+    cpr = cfg.clients_per_round
+    step_values = sorted(set(cfg.fixed_steps) | {cfg.steps})
+    plain = {s: Series() for s in step_values}
+    fed = {s: Series() for s in step_values}
+    tpc = {s: Series() for s in step_values}
+    fed_logging = Series()
+    startup: list[float] = []
+    exact: list[float] = []
+
+    for rep in range(cfg.repeats):
+        log(f"  [{spec.name.split(' (')[0]}] repeat {rep + 1}/{cfg.repeats}")
+        for s in step_values:  # (a) and (b) interleaved, so slow drift hits both alike
+            times, w_plain = run_plain(work, s, total)
+            plain[s].add(times, cfg.warmup, cpr)
+            times, w_fed, start = run_federated(work, s, total, BareMLP)
+            fed[s].add(times, cfg.warmup, cpr)
+            exact.append(max_abs_diff(w_plain, w_fed))
+            if s == cfg.steps:
+                startup.append(start)
+                times, w_log, _ = run_federated(work, s, total, MLP)
+                fed_logging.add(times, cfg.warmup, cpr)
+                exact.append(max_abs_diff(w_plain, w_log))
+            if s in (min(step_values), cfg.steps):  # (c) at two step counts only: it is slow
+                tpc[s].add(run_trainer_per_client(work, s, cfg.tpc_warmup + cfg.tpc_rounds), cfg.tpc_warmup, cpr)
+
+    return {
+        "spec": spec,
+        "steps": cfg.steps,
+        "plain": plain,
+        "fed": fed,
+        "tpc": {k: v for k, v in tpc.items() if v},
+        "fed_logging": fed_logging,
+        "max_diff": max(exact),
+        "startup_ms": 1e3 * statistics.median(startup),
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Report
+# --------------------------------------------------------------------------------------------
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def machine_lines(threads: int) -> list[str]:
+    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return [
+        f"- machine: {platform.node() or '?'}; {os.cpu_count()} CPUs ({affinity} usable); {cpu_model()}; {platform.platform()}",
+        f"- python {platform.python_version()}, torch {torch.__version__}, lightning {lightning.__version__}, numpy {np.__version__}",
+        f"- torch threads: {torch.get_num_threads()}"
+        + (" (set by --threads)" if threads > 0 else " (torch default; --threads 0)"),
+    ]
+
+
+def fmt(x: float) -> str:
+    return f"{x:.2f}" if x < 100 else f"{x:.0f}"
+
+
+def render(
+    results: list[dict[str, Any]], cfg: Config, argv: list[str], threads: int, clock: str, load: str, elapsed: float
+) -> str:
+    other = CLOCKS[1 - CLOCKS.index(clock)]
+    out = [
+        "## Per-client overhead: plain loop vs FederatedTrainer vs a Trainer per client",
+        "",
+        f"- command: `{' '.join(argv)}`",
+        f"- date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",
+        *machine_lines(threads),
+        f"- load average (1 min) before / after: {load}",
+        f"- workload: {cfg.num_clients} clients x {cfg.samples_per_client} samples (IID), {cfg.clients_per_round} "
+        f"clients/round, {cfg.steps} SGD steps of batch {BATCH_SIZE} per client (lr {LR}, no momentum), FedAvg",
+        f"- (a)/(b): {cfg.warmup} warm-up + {cfg.rounds} measured rounds per run x {cfg.repeats} repeats; "
+        f"(c): {cfg.tpc_warmup} warm-up + {cfg.tpc_rounds} measured rounds x {cfg.repeats} repeats",
+        f"- ms / client = median over measured rounds (repeats pooled) of round time / clients per round, on the "
+        f"**{clock}** clock (`--clock`; the {other} clock is shown alongside); aggregation included, "
+        "Trainer construction and fit start-up of (b) excluded (listed separately)",
+        f"- total benchmark wall time: {elapsed:.0f} s",
+        "",
+    ]
+    for res in results:
+        steps = res["steps"]
+        plain, fed, tpc = res["plain"], res["fed"], res["tpc"]
+        p, f, c, f_log = plain[steps], fed[steps], tpc[steps], res["fed_logging"]
+        base, base_other = p.median(clock), p.median(other)
+        rows = [
+            ("(a) plain PyTorch loop (copy_ weights, fresh SGD, delta, FedAvg)", p),
+            ("(b) FederatedTrainer, one fit; module's training_step only returns the loss", f),
+            ("(b') same, `fl_lightning.models.MLP` (also `self.log('train_loss')` each step)", f_log),
+            ("(c) new `Trainer` + `fit(max_steps)` per client, DataLoader over the client's data", c),
+        ]
+        out += [
+            f"### {res['spec'].name}",
+            "",
+            f"| way of running a client | ms / client | p25-p75 | vs plain loop | {other} ms / client | vs plain ({other}) |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
+        for label, series in rows:
+            lo, hi = series.quartiles(clock)
+            m, mo = series.median(clock), series.median(other)
+            out.append(f"| {label} | {fmt(m)} | {fmt(lo)}-{fmt(hi)} | {m / base:.2f}x | {fmt(mo)} | {mo / base_other:.2f}x |")
+
+        xs = sorted(plain)
+        lines = {
+            "(a) plain loop": (plain, xs),
+            "(b) FederatedTrainer": (fed, xs),
+            "(c) Trainer per client": (tpc, sorted(tpc)),
+        }
+        fits = {name: fit_line(ks, [ser[k].median(clock) for k in ks]) for name, (ser, ks) in lines.items()}
+        out += [
+            "",
+            f"Fixed per-client cost ({clock} clock): least-squares line through ms / client at each local step count, "
+            "extrapolated to 0 steps ((c) is run at two step counts only):",
+            "",
+            "| | " + " | ".join(f"{k} step{'s' if k > 1 else ''}" for k in xs) + " | 0 steps (intercept) | per step (slope) |",
+            "|---|" + "---:|" * (len(xs) + 2),
+        ]
+        (i0, s0), (i1, s1) = fits["(a) plain loop"], fits["(b) FederatedTrainer"]
+        for name, (ser, _) in lines.items():
+            cells = [fmt(ser[k].median(clock)) if k in ser else "-" for k in xs]
+            out.append(f"| {name} | " + " | ".join(cells) + f" | {fits[name][0]:.2f} | {fits[name][1]:.3f} |")
+            if name.startswith("(b)"):
+                diffs = [fmt(fed[k].median(clock) - plain[k].median(clock)) for k in xs]
+                out.append("| (b) - (a) | " + " | ".join(diffs) + f" | {i1 - i0:.2f} | {s1 - s0:.3f} |")
+
+        ratio, speedup = f.median(clock) / base, c.median(clock) / f.median(clock)
+        out += [
+            "",
+            f"- contract: (b) <= 1.5x plain: **{ratio:.2f}x** ({'met' if ratio <= 1.5 else 'NOT met'}); "
+            f"(b) >= 10x faster than (c): **{speedup:.1f}x** ({'met' if speedup >= 10 else 'NOT met'}; "
+            f"the plain loop itself is {c.median(clock) / base:.1f}x faster than (c)); "
+            f"fixed cost <= 0.5 ms: **{i1:.2f} ms** ("
+            + ("met" if 0 <= i1 <= 0.5 else "NOT met" if i1 > 0.5 else "negative: too noisy to judge, rerun")
+            + ")",
+            f"- (b) fit start-up (FederatedTrainer() + fit() until round 0 starts): {res['startup_ms']:.0f} ms wall, once per run",
+            f"- final global weights, (b)/(b') vs (a), every run: max |diff| = {res['max_diff']:.3g}"
+            + (" (bit-identical)" if res["max_diff"] == 0 else ""),
+            "",
+        ]
+    return "\n".join(out)
+
+
+def profile_federated(spec: ModelSpec, cfg: Config, top: int = 30) -> str:
+    """cProfile of path (b) for ``cfg.warmup + cfg.rounds`` rounds; the top functions by own and cumulative time."""
+    work = make_workload(spec, cfg.num_clients, cfg.samples_per_client, cfg.clients_per_round)
+    run_federated(work, cfg.steps, 2, BareMLP)  # warm caches and lazy imports outside the profile
+    profiler = cProfile.Profile()
+    profiler.enable()
+    run_federated(work, cfg.steps, cfg.warmup + cfg.rounds, BareMLP)
+    profiler.disable()
+    buf = io.StringIO()
+    stats = pstats.Stats(profiler, stream=buf).strip_dirs()
+    clients = (cfg.warmup + cfg.rounds) * cfg.clients_per_round
+    buf.write(f"cProfile of (b), {spec.name}: {clients} clients x {cfg.steps} steps\n")
+    stats.sort_stats("tottime").print_stats(top)
+    stats.sort_stats("cumulative").print_stats(top)
+    return buf.getvalue()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="~20 s smoke run (few rounds, one repeat)")
+    parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads(N); 0 keeps torch's default")
+    parser.add_argument("--out", help="also write the Markdown report to this file")
+    parser.add_argument(
+        "--clock", choices=CLOCKS, default="cpu",
+        help="clock of the tables: cpu (default; process CPU time, robust to other processes on the machine) or wall",
+    )
+    parser.add_argument("--models", default="digits,mnist", help=f"comma-separated subset of {sorted(MODELS)}")
+    parser.add_argument("--steps", type=int, default=10, help="local SGD steps per client")
+    parser.add_argument("--warmup", type=int, help="warm-up rounds per run (default 5; quick 2)")
+    parser.add_argument("--rounds", type=int, help="measured rounds per run (default 20; quick 5)")
+    parser.add_argument("--repeats", type=int, help="repeats of every run (default 3; quick 1)")
+    parser.add_argument("--profile", action="store_true", help="print a cProfile of path (b) instead of benchmarking")
+    args = parser.parse_args(argv)
+
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    # Lightning prints a few lines per Trainer; (c) builds hundreds of them.
+    for name in ("lightning.pytorch", "lightning.fabric", "lightning"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
+    warnings.filterwarnings("ignore", message=r".*GPU available but not used.*")
+
+    quick = args.quick
+    cfg = Config(
+        steps=args.steps,
+        warmup=args.warmup if args.warmup is not None else (2 if quick else 5),
+        rounds=args.rounds if args.rounds is not None else (5 if quick else 20),
+        repeats=args.repeats if args.repeats is not None else (1 if quick else 3),
+        tpc_warmup=1 if quick else 2,
+        tpc_rounds=2 if quick else 10,
+        fixed_steps=(1, 10) if quick else (1, 2, 5, 10),
+        num_clients=100,
+        samples_per_client=50,
+        clients_per_round=10,
+    )
+    specs = [MODELS[m.strip()] for m in args.models.split(",") if m.strip()]
+
+    if args.profile:
+        for spec in specs:
+            print(profile_federated(spec, cfg))
+        return
+
+    started = time.perf_counter()
+    load_before = os.getloadavg()[0]
+    results = []
+    for spec in specs:
+        print(f"benchmarking {spec.name} ...", file=sys.stderr, flush=True)
+        results.append(bench_model(spec, cfg, lambda msg: print(msg, file=sys.stderr, flush=True)))
+    cmd = ["python", "benchmarks/overhead.py", *(argv if argv is not None else sys.argv[1:])]
+    load = f"{load_before:.2f} / {os.getloadavg()[0]:.2f} (nproc {os.cpu_count()})"
+    report = render(results, cfg, cmd, args.threads, args.clock, load, time.perf_counter() - started)
+    print(report)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(report + "\n")
+
+
+if __name__ == "__main__":
+    main()
