@@ -7,11 +7,12 @@ release changes one of the names or behaviours relied on here.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from torch import Tensor
 from lightning.pytorch.loops.fetchers import _DataFetcher
 from lightning.pytorch.loops.fit_loop import _FitLoop
 from lightning.pytorch.loops.loop import _Loop
@@ -30,6 +31,7 @@ __all__ = [
     "log_metrics",
     "reload_validation_data",
     "run_client_epoch",
+    "run_lean_client",
     "run_server_validation",
     "step_epoch_schedulers",
     "set_completed_epochs",
@@ -89,8 +91,8 @@ class ClientEpochLoop(_TrainingEpochLoop):
         """Ignored: the logging step is derived from the round."""
 
 
-def run_client_epoch(fit_loop: _FitLoop, batches: Iterable[Any]) -> None:
-    """Runs Lightning's epoch loop over one client's batch stream.
+def run_client_epoch(fit_loop: _FitLoop, batches: Iterable[Any]) -> int:
+    """Runs Lightning's epoch loop over one client's batch stream; returns the optimizer steps taken.
 
     Replaces ``setup_data()``, whose barrier and dataloader-length reduce must not run per
     client; the batches go through the usual precision conversion, ``batch_to_device`` and hooks.
@@ -105,10 +107,49 @@ def run_client_epoch(fit_loop: _FitLoop, batches: Iterable[Any]) -> None:
     epoch_loop = fit_loop.epoch_loop
     assert isinstance(epoch_loop, ClientEpochLoop)
     epoch_loop.in_client = True
+    steps_before = epoch_loop.global_step
     try:
         epoch_loop.run(fetcher)
     finally:
         epoch_loop.in_client = False
+    return epoch_loop.global_step - steps_before
+
+
+def run_lean_client(fit_loop: _FitLoop, batches: Iterable[Any], on_loss: Callable[[Tensor], None]) -> int:
+    """Runs one client's batches through ``training_step`` directly: the opt-in lean executor.
+
+    Per batch: precision conversion, ``batch_to_device``, ``zero_grad``, ``training_step``
+    (in the precision plugin's context), ``backward``, ``optimizer.step``: the same arithmetic
+    as Lightning's automatic optimization, without its per-step hooks. ``self.log(on_epoch=True)``
+    still aggregates into the round. Returns the number of optimizer steps taken.
+    """
+    trainer = fit_loop.trainer
+    module = trainer.lightning_module
+    if not module.automatic_optimization or len(trainer.optimizers) != 1:
+        raise ValueError("The lean client executor needs automatic optimization with exactly one optimizer.")
+    if getattr(trainer.precision_plugin, "scaler", None) is not None:
+        raise ValueError(f"The lean client executor does not scale gradients: precision={trainer.precision!r} is not supported.")
+    optimizer, strategy, precision = trainer.optimizers[0], trainer.strategy, trainer.precision_plugin
+    takes_batch_idx = is_param_in_hook_signature(module.training_step, "batch_idx", min_args=2)
+    previous, module._current_fx_name = module._current_fx_name, "training_step"
+    steps = 0
+    try:
+        for batch_idx, batch in enumerate(batches):
+            batch = strategy.batch_to_device(precision.convert_input(batch))
+            trainer._logger_connector.on_batch_start(batch)
+            optimizer.zero_grad(set_to_none=True)
+            with precision.train_step_context():
+                output = module.training_step(batch, batch_idx) if takes_batch_idx else module.training_step(batch)
+            loss = output["loss"] if isinstance(output, Mapping) else output
+            if loss is None:  # Lightning skips the step too
+                continue
+            loss.backward()
+            optimizer.step()
+            on_loss(loss.detach())
+            steps += 1
+    finally:
+        module._current_fx_name = previous
+    return steps
 
 
 def set_completed_epochs(progress: _Progress, count: int) -> None:

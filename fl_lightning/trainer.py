@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
@@ -32,6 +32,14 @@ class FederatedTrainer(pl.Trainer):
         local_steps: local optimizer steps per client per round, instead of epochs.
         seed: seed of client selection and of the clients' data order.
         reset_optimizer: clear optimizer state (momentum, Adam moments) before every client.
+        client_executor: ``"lightning"`` runs each client through Lightning's training-epoch loop
+            (every hook and callback). ``"lean"`` calls the module's ``training_step`` and the
+            optimizer directly, for speed, with the same weights; it skips the per-batch
+            hooks of callbacks and module (``on_train_batch_start/end``, ``on_before/after_backward``,
+            ``on_before_optimizer_step``, ``on_before_zero_grad``, ``on_before/after_batch_transfer``),
+            gradient clipping and accumulation, step-interval LR schedulers, per-step (``on_step``)
+            logging and ``trainer.global_step``; it needs one optimizer, automatic optimization
+            and a precision without gradient scaling. ``self.log(on_epoch=True)`` still works.
         **kwargs: forwarded to :class:`lightning.pytorch.Trainer`.
 
     Example::
@@ -49,6 +57,7 @@ class FederatedTrainer(pl.Trainer):
         local_steps: int | None = None,
         seed: int = 0,
         reset_optimizer: bool = True,
+        client_executor: Literal["lightning", "lean"] = "lightning",
         **kwargs: Any,
     ) -> None:
         if local_epochs is not None and local_steps is not None:
@@ -68,6 +77,8 @@ class FederatedTrainer(pl.Trainer):
             raise ValueError(
                 f"`clients_per_round` must be a positive count or a fraction in (0, 1], got {clients_per_round!r}."
             )
+        if client_executor not in ("lightning", "lean"):
+            raise ValueError(f"`client_executor` must be 'lightning' or 'lean', got {client_executor!r}.")
         if seed < 0:
             raise ValueError(f"`seed` must be >= 0, got {seed}.")
         algorithm = algorithm if algorithm is not None else FedAvg()
@@ -91,6 +102,7 @@ class FederatedTrainer(pl.Trainer):
             local_steps=local_steps,
             seed=seed,
             reset_optimizer=reset_optimizer,
+            client_executor=client_executor,
         )
         self.fit_loop.epoch_loop = compat.ClientEpochLoop(
             self, min_steps=previous.epoch_loop.min_steps, max_steps=previous.epoch_loop.max_steps

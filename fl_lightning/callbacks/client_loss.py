@@ -25,9 +25,13 @@ class ClientLossRecorder(FederatedCallback):
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if isinstance(loss, Tensor):
-            loss = loss.detach().float()
-            self._sum = loss if self._sum is None else self._sum + loss
-            self._count += 1
+            self.record(loss)
+
+    def record(self, loss: Tensor) -> None:
+        """Adds one step's loss (no device sync)."""
+        loss = loss.detach().float()
+        self._sum = loss if self._sum is None else self._sum + loss
+        self._count += 1
 
     def pop_mean(self) -> float | None:
         """The mean loss since the last call (``None`` if no step ran), and resets."""

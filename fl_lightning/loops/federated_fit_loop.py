@@ -64,6 +64,8 @@ class FederatedFitLoop(compat.FitLoopBase):
         local_steps: local optimizer steps per client.
         seed: root seed of client selection and of every client's data order.
         reset_optimizer: clear the optimizer state (momentum, Adam moments) before each client.
+        client_executor: ``"lightning"`` (Lightning's epoch loop) or ``"lean"``
+            (:func:`~fl_lightning._lightning_compat.run_lean_client`).
     """
 
     def __init__(
@@ -78,6 +80,7 @@ class FederatedFitLoop(compat.FitLoopBase):
         local_steps: int | None,
         seed: int,
         reset_optimizer: bool,
+        client_executor: str = "lightning",
     ) -> None:
         super().__init__(trainer, min_epochs=min_epochs, max_epochs=max_epochs)
         self.algorithm = algorithm
@@ -86,6 +89,7 @@ class FederatedFitLoop(compat.FitLoopBase):
         self.local_steps = local_steps
         self.seed = seed
         self.reset_optimizer = reset_optimizer
+        self.client_executor = client_executor
         self.global_state: State = {}
         #: Client ids selected in each round so far.
         self.history: list[list[int]] = []
@@ -260,7 +264,6 @@ class FederatedFitLoop(compat.FitLoopBase):
         self.algorithm.configure_client(client, module, self.global_state)
         call_federated_hook(trainer, "on_client_start", client)
 
-        steps_before = self.epoch_loop.global_step
         num_batches = None if client.num_steps is None else client.num_steps * trainer.accumulate_grad_batches
         batches = self.federation.data.client_batches(
             cid,
@@ -268,10 +271,14 @@ class FederatedFitLoop(compat.FitLoopBase):
             num_batches=num_batches,
             generator=torch.Generator().manual_seed(client.seed),
         )
-        if len(batches):  # type: ignore[arg-type]
-            compat.run_client_epoch(self, batches)
-        client.completed_steps = self.epoch_loop.global_step - steps_before
-        loss = self._loss_recorder().pop_mean()
+        recorder = self._loss_recorder()
+        if not len(batches):  # type: ignore[arg-type]
+            client.completed_steps = 0
+        elif self.client_executor == "lean":
+            client.completed_steps = compat.run_lean_client(self, batches, recorder.record)
+        else:
+            client.completed_steps = compat.run_client_epoch(self, batches)
+        loss = recorder.pop_mean()
         if loss is not None:
             client.metrics["train_loss"] = loss
 
