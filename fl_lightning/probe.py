@@ -1,20 +1,22 @@
 """Loss probes: the global model's loss on a client's data, without training.
 
-FedALIGN compares clients' losses with the priority loss; FedSoft and IFCA assign samples to
-the cluster centre with the lowest loss. Both use :func:`probe`, a no-grad, eval-mode pass
-that leaves BatchNorm statistics and the module's training mode as they were.
+FedALIGN compares clients' losses with the priority loss (:func:`probe`); FedSoft and IFCA
+assign samples to the cluster centre with the lowest loss, scoring all centres in one pass
+(:func:`sample_metrics_many`). Both are no-grad, eval-mode passes that leave BatchNorm
+statistics and the module's training mode as they were.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import lightning.pytorch as pl
 import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
-from torch import Tensor
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+from torch import Tensor, nn
 
 
 @runtime_checkable
@@ -71,3 +73,80 @@ def probe(module: pl.LightningModule, batches: Iterable[Any]) -> ProbeResult:
     correct = metrics.get("correct")
     accuracy = None if correct is None else float(correct.mean())
     return ProbeResult(loss=float(losses.mean()), accuracy=accuracy, num_samples=len(losses))
+
+
+class _Scorer(nn.Module):
+    """``forward(batch) = module.sample_metrics(batch)``, so ``torch.func.functional_call`` can swap the weights."""
+
+    def __init__(self, module: pl.LightningModule) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, batch: Any) -> dict[str, Tensor]:
+        return self.module.sample_metrics(batch)  # type: ignore[operator]
+
+
+_VMAP_FAILED: set[type] = set()
+
+
+@torch.no_grad()
+def sample_metrics_many(
+    module: pl.LightningModule,
+    states: Sequence[Mapping[str, Tensor]],
+    batches: Iterable[Any],
+    *,
+    batched: bool = True,
+) -> dict[str, Tensor]:
+    """Per-sample metrics of ``module`` under each of ``M`` weight sets, in one pass over ``batches``.
+
+    Each state maps ``state_dict`` names to tensors (parameters and buffers; missing names keep
+    the module's own). With ``batched`` the ``M`` states are stacked and scored together with
+    ``torch.func.vmap`` over ``torch.func.functional_call`` (one forward per batch for all
+    states); a ``sample_metrics`` that ``vmap`` cannot trace (e.g. data-dependent control flow)
+    falls back, with one warning, to ``M`` calls per batch. The module's own weights, its
+    BatchNorm statistics and training mode are left as they were.
+
+    Returns:
+        ``{key: Tensor[M, num_samples]}`` on the module's device, e.g. ``"loss"`` and ``"correct"``.
+    """
+    _check(module)
+    if not states:
+        raise ValueError("sample_metrics_many needs at least one weight set.")
+    live = dict(module.state_dict(keep_vars=True))
+    names = [n for n in states[0] if n in live]
+    prepared = [
+        {f"module.{n}": s[n].detach().to(device=live[n].device, dtype=live[n].dtype) for n in names} for s in states
+    ]
+    scorer = _Scorer(module)
+    use_vmap = batched and len(states) > 1 and type(module) not in _VMAP_FAILED
+    stacked = {k: torch.stack([p[k] for p in prepared]) for k in prepared[0]} if use_vmap else {}
+    modes = {m: m.training for m in module.modules()}
+    module.eval()
+    try:
+        parts: dict[str, list[Tensor]] = {}
+        for batch in batches:
+            batch = move_data_to_device(batch, module.device)
+            out: dict[str, Tensor] | None = None
+            if use_vmap:
+                try:
+                    out = torch.func.vmap(lambda w, b: torch.func.functional_call(scorer, w, (b,)), in_dims=(0, None))(
+                        stacked, batch
+                    )
+                except RuntimeError as err:
+                    _VMAP_FAILED.add(type(module))
+                    use_vmap = False
+                    rank_zero_warn(
+                        f"{type(module).__name__}.sample_metrics cannot be vmapped ({err}); scoring the "
+                        f"{len(states)} weight sets one after the other."
+                    )
+            if out is None:
+                per_state = [torch.func.functional_call(scorer, p, (batch,)) for p in prepared]
+                out = {key: torch.stack([o[key] for o in per_state]) for key in per_state[0]}
+            for key, value in out.items():
+                parts.setdefault(key, []).append(value.detach().float())
+        if not parts:
+            raise ValueError("Probing found no samples: the batches are empty.")
+        return {key: torch.cat(values, dim=1) for key, values in parts.items()}
+    finally:
+        for m, training in modes.items():
+            m.training = training

@@ -7,8 +7,13 @@ from fl_lightning.algorithms.epsilon_schedules import ConstantEpsilon, EpsilonSc
 from fl_lightning.algorithms.fedalign import AllClients, FedALIGN, PriorityOnly, alignment_decision
 from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.algorithms.fedmrn import FedMRN, FedMRNS
+from fl_lightning.algorithms.fedbuff import FedBuff
 from fl_lightning.algorithms.fedprox import FedProx
+from fl_lightning.algorithms.fedstaleweight import FedStaleWeight
+from fl_lightning.algorithms.fedsoft import FedSoft
+from fl_lightning.algorithms.ifca import IFCA
 from fl_lightning.algorithms.flexible import FlexibleParticipation, scheme_coefficients
+from fl_lightning.algorithms.staleness import StalenessTracker
 from fl_lightning.algorithms.server_optimizers import (
     ServerAdagrad,
     ServerAdam,
@@ -27,10 +32,14 @@ __all__ = [
     "EpsilonSchedule",
     "FedALIGN",
     "FedAvg",
+    "FedBuff",
     "FedMRN",
     "FedMRNS",
     "FedProx",
+    "FedStaleWeight",
+    "FedSoft",
     "FlexibleParticipation",
+    "IFCA",
     "LinearEpsilon",
     "PriorityOnly",
     "ServerAdagrad",
@@ -38,6 +47,7 @@ __all__ = [
     "ServerOptimizer",
     "ServerSGD",
     "ServerYogi",
+    "StalenessTracker",
     "StepEpsilon",
     "alignment_decision",
     "apply_delta",

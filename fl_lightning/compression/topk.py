@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from fl_lightning.compression.base import UpdateCodec
-from fl_lightning.compression.wire import PayloadError, TensorSpec, bytes_tensor, tensor_bytes
+from fl_lightning.compression.wire import PayloadError, TensorSpec, from_le_bytes, to_le_bytes
 
 
 class TopKCodec(UpdateCodec):
@@ -40,12 +40,12 @@ class TopKCodec(UpdateCodec):
     def encode_tensor(self, x: Tensor, generator: torch.Generator | None) -> bytes:
         flat = x.reshape(-1)
         indices = torch.topk(flat.abs(), self.k(flat.numel()), sorted=False).indices.sort().values
-        return tensor_bytes(flat[indices], "<f4") + tensor_bytes(indices, "<u4")
+        return to_le_bytes(flat[indices], "<f4") + to_le_bytes(indices, "<u4")
 
     def decode_tensor(self, section: bytes, spec: TensorSpec, device: torch.device | str) -> Tensor:
         k = self.k(spec.numel)
-        values = bytes_tensor(section[: 4 * k], "<f4", device)
-        indices = bytes_tensor(section[4 * k :], "<u4", "cpu").long()
+        values = from_le_bytes(section[: 4 * k], "<f4", device)
+        indices = from_le_bytes(section[4 * k :], "<u4", "cpu").long()
         if k and (indices[-1] >= spec.numel or (indices.diff() <= 0).any()):
             raise PayloadError(f"Top-k indices of {spec.name!r} must increase strictly and stay below {spec.numel}.")
         out = torch.zeros(spec.numel, device=device)

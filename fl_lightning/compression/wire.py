@@ -125,13 +125,13 @@ def unpack_bits(packed: Tensor, numel: int) -> Tensor:
     return bits[:numel]
 
 
-def tensor_bytes(x: Tensor, dtype: str) -> bytes:
+def to_le_bytes(x: Tensor, dtype: str) -> bytes:
     """``x`` flattened in C order as little-endian NumPy ``dtype`` (e.g. ``"<f4"``)."""
     return x.detach().reshape(-1).cpu().numpy().astype(dtype, copy=False).tobytes()
 
 
-def bytes_tensor(data: bytes, dtype: str, device: torch.device | str) -> Tensor:
-    """Inverse of :func:`tensor_bytes` (a flat tensor on ``device``)."""
+def from_le_bytes(data: bytes, dtype: str, device: torch.device | str) -> Tensor:
+    """Inverse of :func:`to_le_bytes` (a flat tensor on ``device``)."""
     return torch.from_numpy(np.frombuffer(data, dtype=dtype).copy()).to(device)
 
 
@@ -147,11 +147,11 @@ def encode_dense(tensors: Mapping[str, Tensor], specs: Iterable[TensorSpec]) -> 
         if tuple(x.shape) != spec.shape:
             raise ValueError(f"Tensor {spec.name!r} has shape {tuple(x.shape)}, the layout says {spec.shape}.")
         if x.is_floating_point():
-            chunks.append(tensor_bytes(x.float(), "<f4"))
+            chunks.append(to_le_bytes(x.float(), "<f4"))
             continue
         if x.numel() and (x.min() < -(2**31) or x.max() >= 2**31):
             raise ValueError(f"Integer tensor {spec.name!r} has values outside int32: [{x.min()}, {x.max()}].")
-        chunks.append(tensor_bytes(x, "<i4"))
+        chunks.append(to_le_bytes(x, "<i4"))
     return b"".join(chunks)
 
 
@@ -163,7 +163,7 @@ def decode_dense(data: bytes, specs: Iterable[TensorSpec], device: torch.device 
         chunk = data[offset : offset + size]
         if len(chunk) != size:
             raise PayloadError(f"Dense section ends inside tensor {spec.name!r}.")
-        flat = bytes_tensor(chunk, "<f4" if spec.dtype.is_floating_point else "<i4", device)
+        flat = from_le_bytes(chunk, "<f4" if spec.dtype.is_floating_point else "<i4", device)
         out[spec.name] = (flat if spec.dtype.is_floating_point else flat.long()).reshape(spec.shape)
         offset += size
     return out

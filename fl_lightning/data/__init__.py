@@ -12,8 +12,13 @@ from fl_lightning.data.datasets import (
     FashionMNIST,
     FedProxSynthetic,
     InMemoryDataset,
+    RotatedMixture,
+    SourceMixture,
+    SyntheticRegressionMixture,
+    PrioritizedSynthetic,
 )
 from fl_lightning.data.partitioners import IID, Dirichlet, LabelsPerClient, Natural, ParetoSizes, Partitioner, Shards
+from fl_lightning.data.label_groups import LabelGroups
 
 __all__ = [
     "CIFAR10",
@@ -29,10 +34,15 @@ __all__ = [
     "FedProxSynthetic",
     "FederatedDataModule",
     "InMemoryDataset",
+    "LabelGroups",
     "LabelsPerClient",
     "Natural",
     "ParetoSizes",
     "Partitioner",
+    "RotatedMixture",
+    "SourceMixture",
+    "SyntheticRegressionMixture",
+    "PrioritizedSynthetic",
     "Shards",
     "client_batches",
 ]

@@ -188,6 +188,7 @@ class MaskedNoiseMixin:
             raise ValueError(f"Noise is given for {sorted(noise)}, the masked parameters are {sorted(self._masked_owners)}.")
         state = _Round(total_steps, check_mask_type(mask), stochastic, progressive, generator)
         self._check_optimized()
+        self._close_round()  # a previous round that never ended (e.g. training raised)
         with torch.no_grad():
             for name, (owner, local, holder) in self._masked_owners.items():
                 weight = owner.get_parameter(local)
@@ -208,13 +209,21 @@ class MaskedNoiseMixin:
             raise RuntimeError("end_masked_noise_round() called without begin_masked_noise_round().")
         bits = {}
         with torch.no_grad():
-            for name, (owner, local, holder) in self._masked_owners.items():
+            for name, (_, local, holder) in self._masked_owners.items():
                 u, n = holder.get_parameter(local), holder.noise(local)
                 bits[name] = sample_mask(u, n, state.mask, generator) if state.stochastic else deterministic_mask(u, n)
-                holder.effective.clear()
-                owner.get_parameter(local).requires_grad_(state.requires_grad[name])
-        self._masked_round = None
+        self._close_round()
         return bits
+
+    def _close_round(self) -> None:
+        """Makes the module plain again: no effective weights, masked weights' ``requires_grad`` restored."""
+        state = self._masked_round
+        if state is None or self._masked_owners is None:
+            return
+        for name, (owner, local, holder) in self._masked_owners.items():
+            holder.effective.clear()
+            owner.get_parameter(local).requires_grad_(state.requires_grad[name])
+        self._masked_round = None
 
     def latent_updates(self) -> dict[str, Tensor]:
         """The latent updates :math:`u` by masked parameter name (live tensors)."""

@@ -1,8 +1,8 @@
-"""FedProx's proximal term as a LightningModule mixin."""
+"""Proximal terms as a LightningModule mixin: FedProx's single centre, FedSoft's several."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -19,26 +19,72 @@ class ProximalMixin:
     The centre :math:`w^t` (the round's global weights) is detached and set by the algorithm
     before local training; with :math:`\mu = 0` nothing is added, so training equals FedAvg's
     bit for bit. Works with ``training_step`` returning a loss tensor or a dict with ``"loss"``.
+
+    :meth:`set_proximal_centers` pulls towards several weighted centres instead (FedSoft's
+    :math:`\frac{\lambda}{2}\sum_s u_s \lVert w - c_s \rVert^2`, Ruan & Joe-Wong 2022, eq. 4).
     """
 
     _proximal_mu: float = 0.0
     _proximal_pairs: list[tuple[Tensor, Tensor]] = []
+    #: Constant part of a multi-centre term (0 for a single centre); it carries no gradient.
+    _proximal_offset: Tensor | None = None
 
     def set_proximal_center(self, center: Mapping[str, Tensor], mu: float) -> None:
         """Sets :math:`w^t` (tensors by parameter name) and :math:`\\mu` for the coming local training."""
         if mu < 0:
             raise ValueError(f"Proximal coefficient `mu` must be >= 0, got {mu}.")
         self._proximal_mu = float(mu)
+        self._proximal_offset = None
         self._proximal_pairs = [
             (param, center[name].detach())
             for name, param in self.named_parameters()  # type: ignore[attr-defined]
             if param.requires_grad
         ]
 
+    @torch.no_grad()
+    def set_proximal_centers(
+        self, centers: Sequence[Mapping[str, Tensor]], weights: Sequence[float] | Tensor, lam: float
+    ) -> None:
+        r"""Sets :math:`S` centres :math:`c_s` with weights :math:`u_s \ge 0`: the term becomes
+        :math:`\frac{\lambda}{2}\sum_s u_s \lVert w - c_s \rVert^2`.
+
+        It is kept as one mixed centre :math:`\bar c = \sum_s u_s c_s / U`, :math:`U = \sum_s u_s`,
+        with coefficient :math:`\mu = \lambda U`, plus the constant
+        :math:`\frac{\lambda}{2}\sum_s u_s \lVert c_s - \bar c \rVert^2`; since
+        :math:`\sum_s u_s \lVert w - c_s\rVert^2 = U\lVert w - \bar c\rVert^2 + \sum_s u_s\lVert c_s - \bar c\rVert^2`,
+        the value and the gradient :math:`\lambda \sum_s u_s (w - c_s)` are exact while one
+        centre is held on the device. ``lam = 0`` (or all weights 0) adds nothing.
+        """
+        weights = [float(u) for u in (weights.tolist() if isinstance(weights, Tensor) else weights)]
+        if lam < 0:
+            raise ValueError(f"Proximal coefficient `lam` must be >= 0, got {lam}.")
+        if not centers or len(weights) != len(centers):
+            raise ValueError(f"Need one weight per centre and at least one centre; got {len(centers)} centres, {len(weights)} weights.")
+        if any(not u >= 0 for u in weights):
+            raise ValueError(f"Centre weights must be >= 0, got {weights}.")
+        total = sum(weights)
+        if lam == 0 or total == 0:
+            self.set_proximal_center(centers[0], 0.0)
+            return
+        mixed: dict[str, Tensor] = {}
+        offset = None
+        for name, param in self.named_parameters():  # type: ignore[attr-defined]
+            if not param.requires_grad:
+                continue
+            stack = [c[name].detach().to(device=param.device, dtype=torch.promote_types(param.dtype, torch.float32)) for c in centers]
+            mean = sum(u * c for u, c in zip(weights, stack)) / total
+            spread = sum(u * ((c - mean) ** 2).sum() for u, c in zip(weights, stack))
+            mixed[name] = mean
+            offset = spread if offset is None else offset + spread
+        self.set_proximal_center(mixed, lam * total)
+        self._proximal_offset = None if offset is None else 0.5 * lam * offset
+
     def proximal_term(self) -> Tensor:
-        r""":math:`\frac{\mu}{2}\sum_i \lVert w_i - w_i^t \rVert^2` over trainable parameters."""
+        r""":math:`\frac{\mu}{2}\sum_i \lVert w_i - w_i^t \rVert^2` over trainable parameters
+        (plus the constant of a multi-centre term)."""
         sq = sum(((p - c.to(p.dtype)) ** 2).sum() for p, c in self._proximal_pairs)
-        return 0.5 * self._proximal_mu * torch.as_tensor(sq)
+        term = 0.5 * self._proximal_mu * torch.as_tensor(sq)
+        return term if self._proximal_offset is None else term + self._proximal_offset
 
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
         output = super().training_step(*args, **kwargs)  # type: ignore[misc]

@@ -2,5 +2,6 @@
 
 from fl_lightning.models.classifier import ClassificationModule
 from fl_lightning.models.reference import CNN, MLP, LogisticRegression
+from fl_lightning.models.regression import LinearRegression
 
-__all__ = ["CNN", "ClassificationModule", "LogisticRegression", "MLP"]
+__all__ = ["CNN", "ClassificationModule", "LinearRegression", "LogisticRegression", "MLP"]

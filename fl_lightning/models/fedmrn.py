@@ -7,6 +7,7 @@ trains under FedAvg or a compression baseline.
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Any
 
 import torch
@@ -54,7 +55,7 @@ class CNN4(_PaperCNN):
         super().__init__(num_classes=num_classes, **kwargs)
         self.save_hyperparameters()
         channels = (in_channels, 32, 64, 128, 256)
-        blocks = [m for c_in, c_out in zip(channels, channels[1:]) for m in _conv_block(c_in, c_out, pool=True)]
+        blocks = [m for c_in, c_out in pairwise(channels) for m in _conv_block(c_in, c_out, pool=True)]
         self._build(blocks, in_channels, image_size, num_classes)
 
 
@@ -70,11 +71,24 @@ class CNN8(_PaperCNN):
         self.save_hyperparameters()
         channels = (in_channels, 32, 32, 64, 64, 128, 128, 256, 256)
         blocks = [
-            m for i, (c_in, c_out) in enumerate(zip(channels, channels[1:])) for m in _conv_block(c_in, c_out, pool=i % 2 == 1)
+            m for i, (c_in, c_out) in enumerate(pairwise(channels)) for m in _conv_block(c_in, c_out, pool=i % 2 == 1)
         ]
         self._build(blocks, in_channels, image_size, num_classes)
 
 
 class MaskedMLP(MaskedNoiseMixin, MLP):
     """:class:`~fl_lightning.models.MLP` with :class:`~fl_lightning.mixins.MaskedNoiseMixin` (Linear
-    weights masked, biases sent in full precision); for small offline runs such as the digits."""
+    weights masked); for small offline runs such as the digits.
+
+    Args:
+        bias: keep the Linear biases (sent in full precision under FedMRN); ``False`` makes the
+            upload pure mask bits, like the paper's bias-free CNNs.
+        **kwargs: :class:`~fl_lightning.models.MLP` arguments.
+    """
+
+    def __init__(self, *, bias: bool = True, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if not bias:
+            for m in self.net.modules():
+                if isinstance(m, nn.Linear):
+                    m.bias = None

@@ -7,6 +7,15 @@ al., "Towards Flexible Device Participation in Federated Learning" (AISTATS 2021
 from fl_lightning.participation.base import ParticipationModel
 from fl_lightning.participation.events import Arrival, Departure, ObjectiveSchedule, should_exclude
 from fl_lightning.participation.inactivity import Inactivity
+from fl_lightning.participation.speed import (
+    ConstantDelay,
+    DelayGroups,
+    DelayModel,
+    ExponentialDelay,
+    LogNormalDelay,
+    TraceDelay,
+    UniformDelay,
+)
 from fl_lightning.participation.steps import BinomialSteps, FixedSteps, FullParticipation
 from fl_lightning.participation.traces import PAPER_TRACE_SUBSTITUTE, TraceParticipation, percentage_to_steps
 
@@ -16,11 +25,18 @@ __all__ = [
     "Departure",
     "ObjectiveSchedule",
     "BinomialSteps",
+    "ConstantDelay",
+    "DelayGroups",
+    "DelayModel",
+    "ExponentialDelay",
     "FixedSteps",
     "FullParticipation",
     "Inactivity",
+    "LogNormalDelay",
     "ParticipationModel",
+    "TraceDelay",
     "TraceParticipation",
+    "UniformDelay",
     "percentage_to_steps",
     "should_exclude",
 ]

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from jsonargparse import get_loader
 
 #: How a run's per-round series of a metric becomes one number in the summary table.
 REDUCTIONS = ("final", "mean", "min", "max", "sum")
@@ -199,12 +200,35 @@ def _is_class_spec(value: Mapping[str, Any]) -> bool:
     return "class_path" in value
 
 
+def load_yaml(text: str) -> Any:
+    """YAML read as ``fl-lightning``'s parser (jsonargparse) reads it: ``1e-3`` is a float, dates stay strings."""
+    return get_loader("yaml")(text)
+
+
+class _ConfigDumper(yaml.SafeDumper):
+    pass
+
+
+def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    # PyYAML leaves e.g. "1e5" (a W&B id) unquoted, and jsonargparse would read it as a float.
+    quote = load_yaml(value) != value
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style='"' if quote else None)
+
+
+_ConfigDumper.add_representer(str, _represent_str)
+
+
+def dump_yaml(data: Any) -> str:
+    """YAML that ``fl-lightning``'s parser reads back as ``data``."""
+    return yaml.dump(data, Dumper=_ConfigDumper, sort_keys=False, allow_unicode=True)
+
+
 def load_study(path: str | Path) -> StudySpec:
     """Reads a study file (see ``docs/comparing.md``); config paths in it are relative to the file."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"Study file {str(path)!r} does not exist.")
-    data = yaml.safe_load(path.read_text()) or {}
+    data = load_yaml(path.read_text()) or {}
     if not isinstance(data, dict):
         raise ValueError(f"Study file {str(path)!r} must hold a mapping, got {type(data).__name__}.")
     return study_from_dict(data, root=path.parent, source=path)
@@ -257,7 +281,7 @@ def study_from_dict(data: Mapping[str, Any], *, root: Path = Path("."), source: 
 
 def _paths(value: str | Sequence[str], root: Path) -> tuple[Path, ...]:
     values = [value] if isinstance(value, (str, Path)) else list(value)
-    return tuple(p if (p := Path(v)).is_absolute() else root / p for v in values)
+    return tuple((root / v).resolve() for v in values)
 
 
 def _metrics(value: Mapping[str, str] | Sequence[str]) -> dict[str, str]:

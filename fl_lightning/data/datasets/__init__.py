@@ -2,6 +2,8 @@
 
 from fl_lightning.data.datasets.base import InMemoryDataset
 from fl_lightning.data.datasets.digits import Digits
+from fl_lightning.data.datasets.mixture import RotatedMixture, SourceMixture, SyntheticRegressionMixture
+from fl_lightning.data.datasets.prioritized_synthetic import PrioritizedSynthetic
 from fl_lightning.data.datasets.synthetic import FedProxSynthetic
 from fl_lightning.data.datasets.vision import CIFAR10, CIFAR100, EMNIST, MNIST, SVHN, FashionMNIST
 
@@ -15,4 +17,8 @@ __all__ = [
     "FashionMNIST",
     "FedProxSynthetic",
     "InMemoryDataset",
+    "RotatedMixture",
+    "SourceMixture",
+    "SyntheticRegressionMixture",
+    "PrioritizedSynthetic",
 ]

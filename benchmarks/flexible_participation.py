@@ -1,0 +1,386 @@
+"""Schemes A/B/C of flexible device participation on Synthetic(1, 1) (Ruan et al., AISTATS 2021, §5.2).
+
+Reproduces the paper's qualitative result: with heterogeneous participation (devices assigned
+traces of different completion rates, some with inactivity), the debiased scheme C reaches a
+lower test loss than scheme B (accept partial work, fixed weights) and scheme A (drop
+incomplete devices). Every run goes through the real :class:`~fl_lightning.FederatedTrainer`
+with :class:`~fl_lightning.FlexibleParticipation` and
+:class:`~fl_lightning.participation.TraceParticipation` (our substitute for the paper's
+unpublished traces, see ``fl_lightning/participation/traces.py``).
+
+Per seed, the dataset (FedProx generator), the trace assignment, the clients' batch order and
+the model initialisation all change; within a seed the three schemes see exactly the same data,
+the same traces and the same per-round completed steps ``s_k``, so the comparison is paired.
+
+Reported per (|T|, scheme): mean ± sample std over seeds of the final test loss and accuracy
+(global model after the last round, on the pooled test split of all devices) and of the mean
+test loss over the last ``--tail`` rounds; then the paired differences C - B and C - A with the
+number of seeds where C is lower.
+
+Run from the repository root::
+
+    PYTHONPATH=. python benchmarks/flexible_participation.py            # default, ~6-7 min on 2 CPU cores
+    PYTHONPATH=. python benchmarks/flexible_participation.py --quick    # ~1 min smoke run
+    PYTHONPATH=. python benchmarks/flexible_participation.py --devices 50 --rounds 200 --seeds 0 1 2  # the paper's size
+    PYTHONPATH=. python benchmarks/flexible_participation.py --out table.md --jobs 1
+
+Runs are spread over ``--jobs`` worker processes (default: the number of CPU cores, at most
+the number of runs), each with one torch thread: on small CPU machines torch's default
+intra-op threads make these tiny models several times slower.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import logging
+import os
+import platform
+import signal
+import statistics
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from multiprocessing import get_context
+
+import lightning.pytorch as pl
+
+SCHEMES = ("A", "B", "C")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """One benchmark configuration (shared by all its runs)."""
+
+    devices: int
+    rounds: int
+    local_steps: int
+    batch_size: int
+    lr: float
+    alpha: float
+    beta: float
+    tail: int
+    rounding: str
+    samples_per_client: int | None  # None: the FedProx generator's lognormal sizes
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    scheme: str
+    num_traces: int
+    seed: int
+    settings: Settings
+
+
+@dataclass
+class RunResult:
+    spec: RunSpec
+    final_loss: float
+    final_acc: float
+    tail_loss: float
+    complete_fraction: float  # mean over rounds of (complete devices / devices)
+    inactive_fraction: float
+    discarded_rounds: int
+    wall_s: float
+    cpu_s: float  # CPU time of the worker process during the run (not inflated by other processes)
+    losses: list[float] = field(default_factory=list)  # test loss after each round
+
+
+def _quiet() -> None:
+    warnings.filterwarnings("ignore")
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def _init_worker(threads: int) -> None:
+    import torch
+
+    if threads > 0:
+        torch.set_num_threads(threads)
+    _quiet()
+    # Lightning turns SIGTERM into an exception that the pool hands back as the run's result, and
+    # the worker then takes the next run; `kill` should stop the worker instead. Lightning keeps
+    # this handler and calls it after its own.
+    signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(128 + signum))
+    # A worker whose parent died (killed) would otherwise finish its queued runs for nobody.
+    parent = os.getppid()
+
+    def watch_parent() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch_parent, daemon=True).start()
+
+
+def run_one(spec: RunSpec) -> RunResult:
+    """Trains one (scheme, |T|, seed) configuration through ``FederatedTrainer``."""
+    import torch
+
+    from fl_lightning import FederatedCallback, FederatedTrainer, FlexibleParticipation
+    from fl_lightning.data import FederatedDataModule, FedProxSynthetic, Natural
+    from fl_lightning.models import LogisticRegression
+    from fl_lightning.participation import TraceParticipation
+    from fl_lightning.schedulers import StaircaseLR
+
+    s = spec.settings
+
+    class Recorder(FederatedCallback):
+        """Test metrics after each evaluated round, and the round's participation counts."""
+
+        def __init__(self) -> None:
+            self.loss: list[float] = []
+            self.acc: list[float] = []
+            self.rounds: list[dict[str, float]] = []
+
+        def on_round_aggregated(
+            self, trainer: pl.Trainer, pl_module: pl.LightningModule, round_idx: int, metrics: dict[str, float]
+        ) -> None:
+            self.rounds.append(dict(metrics))
+            if round_idx >= s.rounds - s.tail:
+                self.loss.append(float(trainer.callback_metrics["val_loss"]))
+                self.acc.append(float(trainer.callback_metrics["val_acc"]))
+
+    class TailValidation(pl.Callback):
+        """Server evaluation in the last ``tail`` rounds only: the benchmark needs no earlier curve."""
+
+        def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+            trainer.check_val_every_n_epoch = 1 if trainer.current_epoch >= s.rounds - s.tail else s.rounds + 1
+
+    def synthetic(split: str) -> FedProxSynthetic:
+        return FedProxSynthetic(
+            alpha=s.alpha,
+            beta=s.beta,
+            num_clients=s.devices,
+            split=split,
+            seed=spec.seed,
+            samples_per_client=s.samples_per_client,
+        )
+
+    data = FederatedDataModule(
+        synthetic("train"),
+        synthetic("test"),
+        partitioner=Natural(),
+        num_clients=s.devices,
+        batch_size=s.batch_size,
+        seed=spec.seed,
+    )
+    torch.manual_seed(spec.seed)
+    model = LogisticRegression(in_features=60, num_classes=10, lr=s.lr, lr_scheduler=StaircaseLR)
+    algorithm = FlexibleParticipation(
+        scheme=spec.scheme,  # type: ignore[arg-type]
+        participation=TraceParticipation(num_traces=spec.num_traces, rounding=s.rounding),  # type: ignore[arg-type]
+    )
+    recorder = Recorder()
+    trainer = FederatedTrainer(
+        algorithm=algorithm,
+        local_steps=s.local_steps,
+        max_epochs=s.rounds,
+        seed=spec.seed,
+        accelerator="cpu",
+        devices=1,
+        callbacks=[recorder, TailValidation()],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        logger=False,
+        num_sanity_val_steps=0,
+    )
+    started, cpu_started = time.perf_counter(), time.process_time()
+    trainer.fit(model, datamodule=data)
+    wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+    rounds = recorder.rounds
+    return RunResult(
+        spec=spec,
+        final_loss=recorder.loss[-1],
+        final_acc=recorder.acc[-1],
+        tail_loss=statistics.fmean(recorder.loss),
+        complete_fraction=statistics.fmean(r["round/complete_clients"] / s.devices for r in rounds),
+        inactive_fraction=statistics.fmean(r["round/inactive_clients"] / s.devices for r in rounds),
+        discarded_rounds=int(sum(r["round/discarded"] for r in rounds)),
+        wall_s=wall,
+        cpu_s=cpu,
+        losses=recorder.loss,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Report
+# --------------------------------------------------------------------------------------------
+
+
+def _mean_std(values: Sequence[float], digits: int = 3) -> str:
+    mean = statistics.fmean(values)
+    std = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def machine() -> str:
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{os.cpu_count()} CPU cores (nproc), {model}, Python {platform.python_version()}, {platform.system()}"
+
+
+def load() -> str:
+    try:
+        return ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    except OSError:
+        return "unknown"
+
+
+def report(results: list[RunResult], settings: Settings, args: argparse.Namespace, wall_s: float) -> str:
+    import lightning
+    import torch
+
+    by = {(r.spec.num_traces, r.spec.scheme, r.spec.seed): r for r in results}
+    traces = sorted({r.spec.num_traces for r in results}, reverse=True)
+    schemes = [s for s in SCHEMES if any(r.spec.scheme == s for r in results)]
+    seeds = sorted({r.spec.seed for r in results})
+    sizes = (
+        "lognormal sizes"
+        if settings.samples_per_client is None
+        else f"{settings.samples_per_client} samples per device"
+    )
+    lines = [
+        f"Command: `{' '.join(['python', *sys.argv])}`",
+        (
+            f"Date: {datetime.datetime.now().isoformat(timespec='seconds')}; machine: {machine()}; "
+            f"torch {torch.__version__}, lightning {lightning.__version__}; {args.jobs} worker process(es), "
+            f"{args.threads} torch thread(s) each; total wall time {wall_s:.0f} s."
+        ),
+        "",
+        (
+            f"Settings: Synthetic({settings.alpha:g}, {settings.beta:g}) (FedProx generator, {sizes}, 90/10 "
+            f"train/test per device), {settings.devices} devices (all train every round), multinomial logistic "
+            f"regression 60 -> 10, plain SGD, batch {settings.batch_size}, E = {settings.local_steps} local steps, "
+            f"eta_tau = {settings.lr:g} / tau (StaircaseLR), {settings.rounds} rounds, TraceParticipation "
+            f"(PAPER_TRACE_SUBSTITUTE, rounding={settings.rounding!r}); seeds {seeds}. Final = global model after "
+            f"the last round on the pooled test split; tail = mean test loss over the last {settings.tail} rounds."
+        ),
+        "",
+        "| \\|T\\| | scheme | final test loss | final test acc | tail test loss | complete / inactive devices per round | discarded rounds |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for t in traces:
+        for scheme in schemes:
+            runs = [by[(t, scheme, seed)] for seed in seeds if (t, scheme, seed) in by]
+            lines.append(
+                f"| {t} | {scheme} | {_mean_std([r.final_loss for r in runs])} | {_mean_std([r.final_acc for r in runs])} "
+                f"| {_mean_std([r.tail_loss for r in runs])} "
+                f"| {statistics.fmean(r.complete_fraction for r in runs):.0%} / {statistics.fmean(r.inactive_fraction for r in runs):.0%} "
+                f"| {statistics.fmean(r.discarded_rounds for r in runs):.1f} |"
+            )
+    if "C" in schemes:
+        lines += [
+            "",
+            "Paired differences (same seed: same data, traces and completed steps), final test loss:",
+            "",
+            "| \\|T\\| | C - B | C lower than B | C - A | C lower than A |",
+            "|---|---|---|---|---|",
+        ]
+        for t in traces:
+            cells = [str(t)]
+            for other in ("B", "A"):
+                pairs = [
+                    (by[(t, "C", s)], by[(t, other, s)]) for s in seeds if (t, "C", s) in by and (t, other, s) in by
+                ]
+                if not pairs:
+                    cells += ["-", "-"]
+                    continue
+                diffs = [c.final_loss - o.final_loss for c, o in pairs]
+                cells += [_mean_std(diffs), f"{sum(d < 0 for d in diffs)}/{len(diffs)}"]
+            lines.append("| " + " | ".join(cells) + " |")
+    cpu = sum(r.cpu_s for r in results)
+    lines += [
+        "",
+        (
+            f"Per run (mean): {statistics.fmean(r.wall_s for r in results):.1f} s wall, "
+            f"{statistics.fmean(r.cpu_s for r in results):.1f} s CPU; all runs: {cpu:.0f} CPU-seconds, i.e. about "
+            f"{cpu / args.jobs:.0f} s of wall time on {args.jobs} idle core(s) (load average at the end: {load()})."
+        ),
+    ]
+    return "\n".join(lines)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="~1 minute smoke run (small, 2 seeds, |T| = 8 only)")
+    parser.add_argument("--schemes", nargs="+", default=list(SCHEMES), choices=SCHEMES, help="aggregation schemes")
+    parser.add_argument("--traces", nargs="+", type=int, default=[8, 5], help="the paper's |T| values")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4], help="data, traces, batches and init")
+    parser.add_argument("--devices", type=int, default=30, help="devices (all train every round)")
+    parser.add_argument("--rounds", type=int, default=100, help="rounds (the paper: 200)")
+    parser.add_argument("--local-steps", type=int, default=10, help="E (the paper does not state it)")
+    parser.add_argument("--batch-size", type=int, default=20, help="local batch size")
+    parser.add_argument("--lr", type=float, default=1.0, help="eta_0 of eta_tau = eta_0 / tau")
+    parser.add_argument("--alpha", type=float, default=1.0, help="Synthetic(alpha, beta)")
+    parser.add_argument("--beta", type=float, default=1.0, help="Synthetic(alpha, beta)")
+    parser.add_argument(
+        "--rounding", default="round", choices=["round", "floor", "ceil"], help="s = rounding(pct * E / 100)"
+    )
+    parser.add_argument(
+        "--samples-per-client",
+        type=int,
+        help="equal device sizes (p_k = 1/N) instead of the generator's lognormal ones",
+    )
+    parser.add_argument("--tail", type=int, default=10, help="evaluate the global model in the last TAIL rounds")
+    parser.add_argument("--jobs", type=int, default=0, help="worker processes (0: the number of CPU cores)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per worker (0: torch's default)")
+    parser.add_argument("--out", help="also write the Markdown report to this file")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.devices, args.rounds, args.seeds, args.traces, args.tail = 20, 30, [0, 1], [8], 5
+    if args.tail < 1 or args.tail > args.rounds:
+        parser.error(f"--tail must be in [1, --rounds={args.rounds}], got {args.tail}.")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    settings = Settings(
+        devices=args.devices,
+        rounds=args.rounds,
+        local_steps=args.local_steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        alpha=args.alpha,
+        beta=args.beta,
+        tail=args.tail,
+        rounding=args.rounding,
+        samples_per_client=args.samples_per_client,
+    )
+    specs = [RunSpec(scheme, t, seed, settings) for t in args.traces for seed in args.seeds for scheme in args.schemes]
+    args.jobs = min(args.jobs or os.cpu_count() or 1, len(specs))
+    print(f"{len(specs)} runs on {args.jobs} worker(s): {asdict(settings)}", flush=True)
+    started = time.perf_counter()
+    results: list[RunResult] = []
+    with ProcessPoolExecutor(
+        args.jobs, mp_context=get_context("spawn"), initializer=_init_worker, initargs=(args.threads,)
+    ) as pool:
+        for result in pool.map(run_one, specs):
+            sp = result.spec
+            print(
+                f"|T|={sp.num_traces} scheme={sp.scheme} seed={sp.seed}: final loss {result.final_loss:.4f} "
+                f"acc {result.final_acc:.4f} tail loss {result.tail_loss:.4f} ({result.wall_s:.1f} s wall, {result.cpu_s:.1f} s CPU)",
+                flush=True,
+            )
+            results.append(result)
+    text = report(results, settings, args, time.perf_counter() - started)
+    print("\n" + text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,230 @@
+"""FedSoft (Ruan & Joe-Wong, "FedSoft: Soft Clustered Federated Learning with Proximal Local
+Updating", AAAI 2022): soft clustering with proximal local updates toward several centres."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from torch import Tensor
+
+from fl_lightning.algorithms.base import ClientContext, ClientUpdate
+from fl_lightning.algorithms.client_state import (
+    ClientStates,
+    cpu_copy,
+    load_optimizer_state,
+    optimizer_state_to_cpu,
+)
+from fl_lightning.algorithms.clustered import ClusteredAlgorithm
+from fl_lightning.algorithms.clustering import (
+    aggregation_weights,
+    average_states,
+    importance_weights,
+    select_per_cluster,
+)
+from fl_lightning.federation import Federation
+from fl_lightning.mixins.proximal import ProximalMixin
+from fl_lightning.model_state import State, load_into, tensor_bytes
+
+
+class FedSoft(ClusteredAlgorithm):
+    r"""Soft clustered FL (Ruan & Joe-Wong 2022, Algorithm 1).
+
+    Every client's data is a mixture of :math:`S` source distributions with unknown proportions
+    :math:`u_{ks}`. The server keeps :math:`S` centres :math:`c_s` and every client keeps its own
+    personalised model :math:`w_k`. Round :math:`t`:
+
+    1. **Importance** (every :math:`\tau` rounds, over all :math:`N` clients): each client scores
+       its samples with every centre (one ``vmap``-ed pass over the :math:`S` centres,
+       :func:`~fl_lightning.probe.sample_metrics_many`), assigns each sample to the centre with
+       the lowest loss and sends :math:`u_{ks} = \max(n_{ks}/n_k, \sigma)`, not renormalised
+       (:func:`~fl_lightning.algorithms.clustering.importance_weights`).
+    2. **Selection**: :math:`v_{sk} = u_{ks} n_k / \sum_{j=1}^N u_{js} n_j` (eq. 6 normalised over
+       *all* clients, as the proof and the authors' code; the printed sum over
+       :math:`Sel_s^t` is a typo); per cluster, :math:`K` clients drawn :math:`\propto v_{sk}`,
+       without replacement by default (the authors' code; ``replace=True`` follows the analysis).
+       The union trains, each client once even when several clusters picked it.
+    3. **Local update** from the client's own :math:`w_k` (the common initial model before its
+       first round): :math:`\min_w f_k(w) + \frac{\lambda}{2}\sum_s u_{ks}\lVert w - c_s^t\rVert^2`
+       (eq. 4) through :meth:`~fl_lightning.ProximalMixin.set_proximal_centers`; the result is
+       the new :math:`w_k`, uploaded whole.
+    4. **Aggregation** (line 18): :math:`c_s^{t+1} = \frac{1}{|Sel_s|}\sum_{k \in Sel_s} w_k^{t+1}`,
+       a uniform average over the clients drawn for :math:`s` (a client drawn twice with
+       ``replace=True`` counts twice; a dropped, non-finite client is left out). Buffers are
+       averaged too (integer counters rounded), as the authors average full ``state_dict``\ s.
+
+    State: the centres, :math:`u` (``[N, S]``), the common initial model and every client's
+    :math:`w_k` (and, with ``persist_optimizer_state``, its optimizer state, as the authors
+    carry Adam's moments across rounds) are CPU tensors; only the :math:`S` centres of the
+    round and the training client's model are on the device, so accelerator memory does not
+    grow with :math:`N`. All of it is in :meth:`state_dict`.
+
+    The loop's global model is centre 0 (see :class:`ClusteredAlgorithm`); ``clients_per_round``
+    is not used (``K`` per cluster is). Round metrics: ``distinct_clients``, ``estimated``
+    (1 in importance rounds), ``importance_download_bytes`` (the :math:`S` centres sent to all
+    :math:`N` clients for estimation; ``round/download_bytes`` counts the :math:`S` centres sent
+    to each training client), ``u_mean_c{s}``, ``client_state_mib``, and from :meth:`evaluate` the per-source
+    centre matrix ``src{d}_c{s}_loss/acc``, ``u_error`` (mean :math:`|\hat u - u|` after the
+    best relabelling, when the data carries ``source_ids``) and ``personal_{train,heldout}_*``.
+
+    Args:
+        num_clusters: :math:`S \ge 1`.
+        clients_per_cluster: :math:`K`, at most the number of clients (paper: 60 of 100).
+        lam: :math:`\lambda \ge 0` (paper: 1 synthetic, 0.1 EMNIST, 0.01 CIFAR-10).
+        tau: importance re-estimation interval :math:`\tau \ge 1` (paper: 2).
+        sigma: floor :math:`\sigma \in (0, 1/S]` (paper: 1e-4).
+        replace: sample :math:`Sel_s` with replacement.
+        persist_optimizer_state: keep each client's optimizer state across its rounds (the
+            authors' Adam); otherwise the trainer's ``reset_optimizer`` applies.
+        centres, batched_probe, personal_eval_every, probe_batch_size: see :class:`ClusteredAlgorithm`.
+    """
+
+    def __init__(
+        self,
+        *,
+        num_clusters: int = 2,
+        clients_per_cluster: int = 60,
+        lam: float = 1.0,
+        tau: int = 2,
+        sigma: float = 1e-4,
+        replace: bool = False,
+        persist_optimizer_state: bool = False,
+        centres: Sequence[Mapping[str, Tensor]] | None = None,
+        batched_probe: bool = True,
+        personal_eval_every: int = 1,
+        probe_batch_size: int = 512,
+    ) -> None:
+        super().__init__(
+            num_clusters=num_clusters,
+            centres=centres,
+            batched_probe=batched_probe,
+            personal_eval_every=personal_eval_every,
+            probe_batch_size=probe_batch_size,
+        )
+        if isinstance(tau, bool) or not isinstance(tau, int) or tau < 1:
+            raise ValueError(f"The importance re-estimation interval `tau` must be an int >= 1, got {tau!r}.")
+        if not 0 < sigma <= 1 / num_clusters:
+            raise ValueError(
+                f"`sigma` must be in (0, 1/S] = (0, {1 / num_clusters:.6g}] for S={num_clusters}, got {sigma!r}."
+            )
+        if not lam >= 0:
+            raise ValueError(f"The proximal coefficient `lam` (lambda) must be >= 0, got {lam!r}.")
+        if isinstance(clients_per_cluster, bool) or not isinstance(clients_per_cluster, int) or clients_per_cluster < 1:
+            raise ValueError(f"`clients_per_cluster` (K) must be an int >= 1, got {clients_per_cluster!r}.")
+        self.clients_per_cluster = clients_per_cluster
+        self.lam, self.tau, self.sigma = float(lam), tau, float(sigma)
+        self.replace, self.persist_optimizer_state = replace, persist_optimizer_state
+        self.u = torch.empty(0, num_clusters, dtype=torch.float64)
+        self.initial: State = {}
+        self.clients = ClientStates()
+        #: :math:`Sel_s` of every round (``S`` lists per round).
+        self.selection_history: list[list[list[int]]] = []
+        self._pending_optimizer: dict[int, list[dict[int, dict[str, Any]]]] = {}
+        self._round_metrics: dict[str, float] = {}
+
+    def setup(self, federation: Federation) -> None:
+        if not isinstance(federation.module, ProximalMixin):
+            raise TypeError(
+                f"FedSoft needs a LightningModule that inherits `fl_lightning.ProximalMixin`; got "
+                f"{type(federation.module).__name__}. Declare `class MyModel(ProximalMixin, {type(federation.module).__name__})`."
+            )
+        if self.clients_per_cluster > federation.num_clients:
+            raise ValueError(
+                f"FedSoft selects K={self.clients_per_cluster} clients per cluster but there are only "
+                f"{federation.num_clients} clients: set `clients_per_cluster` <= {federation.num_clients}."
+            )
+        super().setup(federation)
+        self.initial = cpu_copy(self._live)  # every client's model before its first round
+        self.u = torch.full((federation.num_clients, self.num_clusters), 1.0 / self.num_clusters, dtype=torch.float64)
+        self._pending_optimizer = {}
+
+    # --- round ---------------------------------------------------------------------------
+
+    def estimate_importance(self) -> Tensor:
+        """Re-estimates :math:`u` (``[N, S]``) for every client with the current centres."""
+        rows = [importance_weights(self.centre_losses(cid), self.sigma) for cid in range(self.federation.num_clients)]
+        self.u = torch.stack(rows).cpu()
+        return self.u
+
+    def select_clients(self, round_idx: int) -> list[int]:
+        estimated = round_idx % self.tau == 0
+        if estimated:
+            self.estimate_importance()
+        v = aggregation_weights(self.u, self.federation.num_samples)
+        generator = self.federation.generator("select", round_idx)
+        selected = select_per_cluster(v, self.clients_per_cluster, generator, replace=self.replace)
+        del self.selection_history[round_idx:]
+        self.selection_history.append(selected)
+        clients = sorted({c for sel in selected for c in sel})
+        broadcast = self.federation.num_clients * self.num_clusters * tensor_bytes(self.centres[0]) if estimated else 0
+        self._round_metrics = {
+            "distinct_clients": float(len(clients)),
+            "estimated": float(estimated),
+            "importance_download_bytes": float(broadcast),
+            **{f"u_mean_c{s}": float(self.u[:, s].mean()) for s in range(self.num_clusters)},
+        }
+        return clients
+
+    def configure_client(self, client: ClientContext, module: pl.LightningModule, global_state: State) -> None:
+        cid = client.client_id
+        load_into(self._live, self.clients.models.get(cid, self.initial))
+        module.set_proximal_centers(self.centres_on_device(), self.u[cid], self.lam)  # type: ignore[attr-defined]
+        if self.persist_optimizer_state:
+            saved = self.clients.optimizers.get(cid)
+            for i, optimizer in enumerate(module.trainer.optimizers):
+                load_optimizer_state(optimizer, saved[i] if saved else None)
+
+    def client_update(self, client: ClientContext, module: pl.LightningModule, delta: State) -> ClientUpdate:
+        """The client uploads its whole new model :math:`w_k^{t+1}` (kept on the CPU)."""
+        model = cpu_copy(self._live)
+        if self.persist_optimizer_state:
+            self._pending_optimizer[client.client_id] = [optimizer_state_to_cpu(o) for o in module.trainer.optimizers]
+        return ClientUpdate(
+            client_id=client.client_id,
+            num_samples=client.num_samples,
+            num_steps=client.completed_steps,
+            payload=model,
+            upload_bytes=tensor_bytes(model),
+            metrics=dict(client.metrics),
+        )
+
+    def aggregate(self, round_idx: int, global_state: State, updates: list[ClientUpdate]) -> dict[str, float]:
+        models = {u.client_id: u.payload for u in updates}
+        for cid, model in models.items():
+            self.clients.models[cid] = model
+            if cid in self._pending_optimizer:
+                self.clients.optimizers[cid] = self._pending_optimizer[cid]
+        self._pending_optimizer = {}
+        centres = []
+        for s, sel in enumerate(self.selection_history[round_idx]):
+            members = [models[c] for c in sel if c in models]
+            centres.append(average_states(members) if members else self.centres[s])
+        self.set_centres(centres, global_state)
+        return {**self._round_metrics, "client_state_mib": self.clients.nbytes() / 2**20}
+
+    # --- evaluation and state ------------------------------------------------------------
+
+    def estimated_importance(self) -> Tensor | None:
+        return self.u
+
+    def personal_models(self) -> dict[int, Mapping[str, Tensor]]:
+        """The personalised models of the clients that have trained at least once."""
+        return dict(self.clients.models)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            **super().state_dict(),
+            "u": self.u.clone(),
+            "initial": dict(self.initial),
+            "clients": self.clients.state_dict(),
+            "selection_history": [[list(s) for s in r] for r in self.selection_history],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.u = state["u"].cpu().clone()
+        self.initial = {k: v.cpu() for k, v in state["initial"].items()}
+        self.clients.load_state_dict(state["clients"])
+        self.selection_history = [[list(s) for s in r] for r in state["selection_history"]]

@@ -1,0 +1,74 @@
+"""``fl-lightning-compare``: run a study of arms x seeds and compare them.
+
+    fl-lightning-compare configs/studies/fedavg_vs_fedprox_digits.yaml
+    fl-lightning-compare configs/studies/fedavg_vs_fedprox_digits.yaml --workers 3 --seeds '[0, 1]'
+    fl-lightning-compare configs/studies/fedavg_vs_fedprox_digits.yaml --report_only true
+
+A sibling of ``fl-lightning`` rather than one of its subcommands: LightningCLI's subcommands
+are ``Trainer`` methods sharing one model/data/trainer parser, and a study is many fits,
+each run by ``fl-lightning fit`` in its own process.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from dataclasses import replace
+from typing import Literal
+
+from jsonargparse import auto_cli
+
+from fl_lightning.study.compare import run_study
+from fl_lightning.study.spec import WandbSpec, load_study
+
+
+def compare(
+    study: str,
+    *,
+    workers: int | None = None,
+    seeds: list[int] | None = None,
+    arms: list[str] | None = None,
+    directory: str | None = None,
+    wandb_project: str | None = None,
+    wandb_mode: Literal["online", "offline", "disabled"] | None = None,
+    plots: bool | None = None,
+    report_only: bool = False,
+) -> None:
+    """Runs every (arm, seed) of a study that has not finished, then writes its summary table and plots.
+
+    Args:
+        study: the study file (see docs/comparing.md).
+        workers: runs at once, each its own process (default: the study's ``workers``, else 1).
+        seeds: run these seeds instead of the study's.
+        arms: run only these arms.
+        directory: the study directory (default: the study's, else studies/<name>).
+        wandb_project: log to this W&B project (turns W&B on if the study file does not).
+        wandb_mode: online, offline or disabled (default: the study's, else WANDB_MODE, else online).
+        plots: draw the PNG plots (needs matplotlib, the `plots` extra).
+        report_only: run nothing; rewrite the tables and plots from the runs so far.
+    """
+    spec = load_study(study)
+    wandb = spec.wandb
+    if wandb_project is not None:
+        wandb = replace(wandb, project=wandb_project) if wandb is not None else WandbSpec(project=wandb_project)
+    if wandb_mode is not None:
+        if wandb is None:
+            raise ValueError("`--wandb_mode` needs W&B on: add `wandb: {project: ...}` to the study or pass `--wandb_project`.")
+        wandb = replace(wandb, mode=wandb_mode)
+    spec = spec.with_options(arms=arms, workers=workers, seeds=seeds, directory=directory, plots=plots)
+    spec = replace(spec, wandb=wandb)
+    run_study(spec, report_only=report_only)
+
+
+def main(args: list[str] | None = None) -> None:
+    """Console-script entry point."""
+    # Stopped by SIGTERM (a scheduler, `kill`), a study stops its runs too, as on Ctrl-C.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        auto_cli(compare, args=args, as_positional=True)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

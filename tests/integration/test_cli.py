@@ -1,0 +1,136 @@
+"""The ``fl-lightning`` CLI end to end: fit, print_config round trips, every shipped config, errors, validate/test."""
+
+from __future__ import annotations
+
+import csv
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fl_lightning.cli import FederatedCLI, main
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+QUICKSTART = str(CONFIGS / "quickstart.yaml")
+ALL_CONFIGS = sorted(CONFIGS.rglob("*.yaml"))
+
+
+@pytest.fixture(autouse=True)
+def in_tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Runs in ``tmp_path`` (relative log and checkpoint paths land there)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["fl-lightning"])  # pytest's own arguments are not the CLI's
+    yield
+
+
+def print_config(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main([*args, "--print_config"])
+    assert exit_info.value.code in (0, None)
+    return capsys.readouterr().out
+
+
+def test_fit_quickstart_logs_and_prints_the_summary(tmp_path, capsys):
+    main(["fit", "--config", QUICKSTART, "--trainer.max_epochs", "2", "--trainer.enable_progress_bar", "false"])
+
+    out = capsys.readouterr().out
+    assert "Federated fit summary" in out
+    assert "rounds run" in out and "global test accuracy" in out
+    summary = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in out.splitlines() if line.count("│") == 3}
+    assert summary["rounds run"] == "2"
+    assert 0.1 < float(summary["global test accuracy"]) <= 1.0
+    # The config's CSVLogger has a relative save_dir: the run's logs land in the working directory.
+    run_dir = tmp_path / "logs" / "quickstart" / "version_0"
+    rows = list(csv.DictReader((run_dir / "metrics.csv").read_text().splitlines()))
+    assert sorted(int(r["step"]) for r in rows if r.get("round/clients")) == [0, 1]
+    assert sorted(int(r["step"]) for r in rows if r.get("val_acc")) == [0, 1]
+    hparams = yaml.safe_load((run_dir / "hparams.yaml").read_text())
+    assert hparams["fl/algorithm"] == "FedAvg" and hparams["fl/clients_per_round"] == 10
+    # The resolved config is saved beside the logs and sent to the logger.
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["trainer"]["max_epochs"] == 2
+    resolved = hparams["config"]  # the CLI logs its resolved config under `config`
+    assert resolved["trainer"]["max_epochs"] == 2 and resolved["model"]["class_path"] == "fl_lightning.models.MLP"
+
+
+def test_printed_config_round_trips_and_runs(tmp_path, capsys):
+    printed = print_config(["fit", "--config", QUICKSTART, "--trainer.max_epochs", "1"], capsys)
+    config = yaml.safe_load(printed)
+    assert config["trainer"]["max_epochs"] == 1
+    assert config["trainer"]["algorithm"]["class_path"] == "fl_lightning.FedAvg"
+    assert config["model"]["init_args"]["hidden"] == [128]
+    assert config["data"]["init_args"]["partitioner"] == {
+        "class_path": "fl_lightning.data.Dirichlet",
+        "init_args": {"alpha": 0.5, "min_samples": 1},
+    }
+    path = tmp_path / "printed.yaml"
+    path.write_text(printed)
+
+    assert print_config(["fit", "--config", str(path)], capsys) == printed
+
+    cli = FederatedCLI(args=["fit", "--config", str(path), "--trainer.logger", "false", "--trainer.enable_progress_bar", "false"])
+    assert cli.trainer.current_epoch == 1
+    assert "val_acc" in cli.trainer.callback_metrics
+
+
+def fit_config_layers(path: Path, tmp_path: Path) -> dict[str, list[str]]:
+    """The ``--config`` files of every ``fl-lightning fit`` that ``path`` describes, by name.
+
+    A study file (``fl-lightning-compare``; it has ``arms``) describes one fit per arm: its
+    base configs, the arm's configs, then the study's and the arm's overrides, as its runner
+    layers them. Any other file is itself a fit config.
+    """
+    if "arms" not in (yaml.safe_load(path.read_text()) or {}):
+        return {path.name: [str(path)]}
+    from fl_lightning.study.spec import load_study, merge
+
+    spec = load_study(path)
+    layers = {}
+    for arm in spec.arms:
+        overrides = tmp_path / f"{arm.name}.yaml"
+        overrides.write_text(yaml.safe_dump(merge(spec.overrides, arm.overrides)))
+        layers[arm.name] = [str(p) for p in (*spec.base, *arm.configs, overrides)]
+    return layers
+
+
+@pytest.mark.parametrize("path", ALL_CONFIGS, ids=[str(p.relative_to(CONFIGS)) for p in ALL_CONFIGS])
+def test_every_shipped_config_parses(path, tmp_path, capsys):
+    # Parsing only: it resolves every class_path and checks every argument's type, without
+    # instantiating datasets that a paper config may need to download.
+    for name, layers in fit_config_layers(path, tmp_path).items():
+        args = ["fit"] + [arg for layer in layers for arg in ("--config", layer)]
+        config = yaml.safe_load(print_config(args, capsys))
+        assert {"trainer", "model", "data"} <= config.keys(), name
+        assert config["trainer"]["algorithm"]["class_path"], name
+
+
+def test_unknown_class_path_fails_naming_it(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", QUICKSTART, "--trainer.algorithm.class_path", "fl_lightning.NoSuchAlgo"])
+    assert exit_info.value.code not in (0, None)
+    err = capsys.readouterr().err
+    assert "fl_lightning.NoSuchAlgo" in err and "has no attribute 'NoSuchAlgo'" in err
+
+
+def test_unknown_argument_fails(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", QUICKSTART, "--trainer.clients_per_rnd", "3"])
+    assert exit_info.value.code not in (0, None)
+    assert "clients_per_rnd" in capsys.readouterr().err
+
+
+def test_validate_and_test_a_fitted_checkpoint(tmp_path):
+    common = ["--config", QUICKSTART, "--trainer.logger", "false", "--trainer.enable_progress_bar", "false"]
+    fitted = FederatedCLI(args=["fit", *common, "--trainer.max_epochs", "2"])
+    fit_acc = float(fitted.trainer.callback_metrics["val_acc"])
+    (checkpoint,) = (tmp_path / "checkpoints").glob("*.ckpt")
+
+    for subcommand, metric in (("validate", "val_acc"), ("test", "test_acc")):
+        cli = FederatedCLI(
+            args=[subcommand, *common, "--trainer.limit_val_batches", "2", "--trainer.limit_test_batches", "2", "--ckpt_path", str(checkpoint)]
+        )
+        assert cli.trainer.state.fn == subcommand
+        # The checkpoint holds the global model after round 2; validation and test both use the test split.
+        assert float(cli.trainer.callback_metrics[metric]) == pytest.approx(fit_acc)
