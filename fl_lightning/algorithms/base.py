@@ -67,6 +67,9 @@ class Algorithm(ABC):
 
     #: Asynchronous algorithms run on the virtual-clock loop instead of synchronous rounds.
     asynchronous: ClassVar[bool] = False
+    #: Round metrics that comparison studies add to their summary table, with a reduction
+    #: over rounds (``"final"`` or a NumPy reduction such as ``"mean"``, ``"max"``).
+    summary_metrics: ClassVar[dict[str, str]] = {}
 
     federation: Federation
 

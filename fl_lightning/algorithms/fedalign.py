@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import lightning.pytorch as pl
 import numpy as np
@@ -77,6 +77,11 @@ class FedALIGN(Algorithm):
         metric: ``"loss"`` (default) or ``"accuracy"`` (compares error rates :math:`1 - acc`).
         evaluate_priority: log the priority-weighted test metrics each round.
     """
+
+    summary_metrics: ClassVar[dict[str, str]] = {
+        "round/priority_test_acc": "final",
+        "round/accepted_nonpriority": "mean",
+    }
 
     def __init__(
         self,

@@ -53,6 +53,7 @@ class FedBuff(Algorithm):
     """
 
     asynchronous: ClassVar[bool] = True
+    summary_metrics: ClassVar[dict[str, str]] = {"round/virtual_time": "final", "round/mean_staleness": "mean"}
 
     def __init__(
         self,

@@ -5,7 +5,7 @@ and the debiased aggregation scheme C."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import lightning.pytorch as pl
 import numpy as np
@@ -91,6 +91,8 @@ class FlexibleParticipation(Algorithm):
         reboot_boost: :math:`b` above.
         debias_inactivity: the extension above.
     """
+
+    summary_metrics: ClassVar[dict[str, str]] = {"round/inactive_clients": "mean", "round/coefficient_sum": "mean"}
 
     def __init__(
         self,

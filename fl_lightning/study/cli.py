@@ -11,6 +11,7 @@ each run by ``fl-lightning fit`` in its own process.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from dataclasses import replace
@@ -43,7 +44,7 @@ def compare(
         arms: run only these arms.
         directory: the study directory (default: the study's, else studies/<name>).
         wandb_project: log to this W&B project (turns W&B on if the study file does not).
-        wandb_mode: online, offline or disabled (default: the study's, else WANDB_MODE, else online).
+        wandb_mode: online, offline or disabled (default: WANDB_MODE, else the study's, else online).
         plots: draw the PNG plots (needs matplotlib, the `plots` extra).
         report_only: run nothing; rewrite the tables and plots from the runs so far.
     """
@@ -55,6 +56,7 @@ def compare(
         if wandb is None:
             raise ValueError("`--wandb_mode` needs W&B on: add `wandb: {project: ...}` to the study or pass `--wandb_project`.")
         wandb = replace(wandb, mode=wandb_mode)
+        os.environ["WANDB_MODE"] = wandb_mode  # over WANDB_MODE, for the runs and the summary run
     spec = spec.with_options(arms=arms, workers=workers, seeds=seeds, directory=directory, plots=plots)
     spec = replace(spec, wandb=wandb)
     run_study(spec, report_only=report_only)
@@ -63,11 +65,13 @@ def compare(
 def main(args: list[str] | None = None) -> None:
     """Console-script entry point."""
     # Stopped by SIGTERM (a scheduler, `kill`), a study stops its runs too, as on Ctrl-C.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         auto_cli(compare, args=args, as_positional=True)
     except KeyboardInterrupt:
         sys.exit(130)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

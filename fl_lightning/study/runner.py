@@ -240,7 +240,7 @@ class Launcher:
     def environment(self) -> dict[str, str]:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         if self.spec.wandb is not None and self.spec.wandb.mode is not None:
-            env["WANDB_MODE"] = self.spec.wandb.mode
+            env.setdefault("WANDB_MODE", self.spec.wandb.mode)  # the environment's wins
         if self.workers > 1 and "OMP_NUM_THREADS" not in env:
             # Concurrent runs would otherwise each start one intra-op thread per core.
             env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // self.workers))

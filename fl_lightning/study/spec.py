@@ -30,7 +30,7 @@ class WandbSpec:
         project: the W&B project.
         entity: the W&B team or user (default: the logged-in user's default entity).
         tags: tags on every run of the study (the arm's name and ``seed:<n>`` are added).
-        mode: ``online``, ``offline`` or ``disabled``; by default W&B's own (``WANDB_MODE``, else online).
+        mode: ``online``, ``offline`` or ``disabled``; ``WANDB_MODE`` in the environment overrides it (default: online).
     """
 
     project: str

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import secrets
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from fl_lightning.study.spec import StudySpec
+
+
+def wandb_mode(spec: StudySpec) -> str | None:
+    """The W&B mode of the study's runs: ``WANDB_MODE`` if set, else the study's ``wandb.mode`` (else W&B's default)."""
+    return os.environ.get("WANDB_MODE") or (spec.wandb.mode if spec.wandb is not None else None)
 
 
 def wandb_logger_config(spec: StudySpec, arm: str, seed: int, run_id: str, directory: Path) -> dict[str, Any]:
@@ -62,8 +68,8 @@ def log_summary_run(
     }
     if spec.wandb.entity is not None:
         init["entity"] = spec.wandb.entity
-    if spec.wandb.mode is not None:
-        init["mode"] = spec.wandb.mode
+    if (mode := wandb_mode(spec)) is not None:
+        init["mode"] = mode
     run = wandb.init(**init)
     try:
         payload: dict[str, Any] = {"summary_table": wandb.Table(columns=list(columns), data=[list(r) for r in rows])}

@@ -198,3 +198,16 @@ def test_stopping_the_launcher_stops_its_runs(monkeypatch, tmp_path):
     thread.join(timeout=30)
     assert time.monotonic() - started < 10
     assert [(s.status, s.attempts[0]["returncode"]) for s in states] == [("interrupted", -15)]
+
+
+def test_wandb_mode_comes_from_the_environment_before_the_study(monkeypatch, tmp_path):
+    from fl_lightning.study.runner import Launcher
+    from fl_lightning.study.tracking import wandb_mode
+
+    spec = make_spec(tmp_path, wandb={"project": "p", "mode": "offline"}, workers=2)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    env = Launcher(spec).environment()
+    assert env["WANDB_MODE"] == wandb_mode(spec) == "offline" and int(env["OMP_NUM_THREADS"]) >= 1
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert Launcher(spec).environment()["WANDB_MODE"] == wandb_mode(spec) == "disabled"
