@@ -40,6 +40,8 @@ class FederatedTrainer(pl.Trainer):
             gradient clipping and accumulation, step-interval LR schedulers, per-step (``on_step``)
             logging and ``trainer.global_step``; it needs one optimizer, automatic optimization
             and a precision without gradient scaling. ``self.log(on_epoch=True)`` still works.
+        callbacks: Lightning callbacks; the trainer adds its progress bar (unless one is given
+            or ``enable_progress_bar=False``) and the client-loss recorder.
         **kwargs: forwarded to :class:`lightning.pytorch.Trainer`.
 
     Example::
@@ -58,6 +60,7 @@ class FederatedTrainer(pl.Trainer):
         seed: int = 0,
         reset_optimizer: bool = True,
         client_executor: Literal["lightning", "lean"] = "lightning",
+        callbacks: list[Callback] | Callback | None = None,
         **kwargs: Any,
     ) -> None:
         if local_epochs is not None and local_steps is not None:
@@ -83,8 +86,7 @@ class FederatedTrainer(pl.Trainer):
             raise ValueError(f"`seed` must be >= 0, got {seed}.")
         algorithm = algorithm if algorithm is not None else FedAvg()
 
-        callbacks = kwargs.pop("callbacks", None) or []
-        callbacks = [callbacks] if isinstance(callbacks, Callback) else list(callbacks)
+        callbacks = [callbacks] if isinstance(callbacks, Callback) else list(callbacks or [])
         if kwargs.get("enable_progress_bar", True) is not False and not any(isinstance(c, ProgressBar) for c in callbacks):
             callbacks.append(FederatedProgressBar())
         callbacks.append(ClientLossRecorder())
