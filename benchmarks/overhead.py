@@ -98,17 +98,6 @@ MODELS = {
 }
 
 
-class BareMLP(MLP):
-    """``fl_lightning.models.MLP`` whose ``training_step`` only returns the loss (no ``self.log``).
-
-    The plain loop does not log either, so this isolates the loop's own cost.
-    """
-
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        x, y = batch
-        return F.cross_entropy(self(x), y)
-
-
 def make_module(cls: type[MLP], spec: ModelSpec, init: dict[str, Tensor]) -> MLP:
     module = cls(in_features=spec.in_features, hidden=spec.hidden, num_classes=spec.num_classes, lr=LR)
     module.load_state_dict(init)
@@ -267,7 +256,7 @@ def run_federated(
 
 def run_trainer_per_client(work: Workload, steps: int, total_rounds: int) -> np.ndarray:
     """Returns the (wall, CPU) seconds of every round."""
-    module = make_module(BareMLP, work.spec, work.init)
+    module = make_module(MLP, work.spec, work.init)
     live = dict(module.state_dict(keep_vars=True))
     global_state = {k: v.detach().clone() for k, v in live.items()}
     x_all, y_all = work.dataset.tensors
@@ -380,12 +369,12 @@ def bench_model(spec: ModelSpec, cfg: Config, log: Callable[[str], None]) -> dic
         for s in step_values:  # (a) and (b) interleaved, so slow drift hits both alike
             times, w_plain = run_plain(work, s, total)
             plain[s].add(times, cfg.warmup, cpr)
-            times, w_fed, start = run_federated(work, s, total, BareMLP)
+            times, w_fed, start = run_federated(work, s, total, MLP)
             fed[s].add(times, cfg.warmup, cpr)
             exact.append(max_abs_diff(w_plain, w_fed))
             if s == cfg.steps:
                 startup.append(start)
-                times, w_log, _ = run_federated(work, s, total, BareMLP, executor="lean")
+                times, w_log, _ = run_federated(work, s, total, MLP, executor="lean")
                 fed_logging.add(times, cfg.warmup, cpr)
                 exact.append(max_abs_diff(w_plain, w_log))
             if s in (min(step_values), cfg.steps):  # (c) at two step counts only: it is slow
@@ -461,7 +450,7 @@ def render(
         base, base_other = p.median(clock), p.median(other)
         rows = [
             ("(a) plain PyTorch loop (copy_ weights, fresh SGD, delta, FedAvg)", p),
-            ("(b) FederatedTrainer, one fit; module's training_step only returns the loss", f),
+            ("(b) FederatedTrainer, one fit, `fl_lightning.models.MLP`", f),
             ("(b') same with `client_executor=\"lean\"` (training_step + optimizer directly)", f_log),
             ("(c) new `Trainer` + `fit(max_steps)` per client, DataLoader over the client's data", c),
         ]
@@ -519,10 +508,10 @@ def render(
 def profile_federated(spec: ModelSpec, cfg: Config, top: int = 30) -> str:
     """cProfile of path (b) for ``cfg.warmup + cfg.rounds`` rounds; the top functions by own and cumulative time."""
     work = make_workload(spec, cfg.num_clients, cfg.samples_per_client, cfg.clients_per_round)
-    run_federated(work, cfg.steps, 2, BareMLP)  # warm caches and lazy imports outside the profile
+    run_federated(work, cfg.steps, 2, MLP)  # warm caches and lazy imports outside the profile
     profiler = cProfile.Profile()
     profiler.enable()
-    run_federated(work, cfg.steps, cfg.warmup + cfg.rounds, BareMLP)
+    run_federated(work, cfg.steps, cfg.warmup + cfg.rounds, MLP)
     profiler.disable()
     buf = io.StringIO()
     stats = pstats.Stats(profiler, stream=buf).strip_dirs()
