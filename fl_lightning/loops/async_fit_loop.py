@@ -75,7 +75,9 @@ class AsyncFitLoop(FederatedFitLoop):
     @override
     def on_advance_start(self) -> None:
         super().on_advance_start()
-        self._epoch_start = self._checkpoint_state()
+        # The append-only records are kept by length, not copied: a snapshot per aggregation
+        # must cost O(state), not O(run length).
+        self._epoch_start = self._checkpoint_state(records=False)
 
     @override
     def advance(self) -> None:
@@ -144,7 +146,8 @@ class AsyncFitLoop(FederatedFitLoop):
         heapq.heappush(self._queue, (self.clock + duration, self._seq, cid))
         self._seq += 1
 
-    def _checkpoint_state(self) -> dict[str, Any]:
+    def _checkpoint_state(self, records: bool = True) -> dict[str, Any]:
+        """The simulation state; ``records=False`` stores the lengths of ``arrivals`` and ``history``."""
         return {
             "clock": self.clock,
             "queue": list(self._queue),
@@ -155,9 +158,9 @@ class AsyncFitLoop(FederatedFitLoop):
             "jobs": list(self._jobs),
             "last_version": list(self._last_version),
             "repeats": list(self._repeats),
-            "arrivals": list(self.arrivals),
+            "arrivals": list(self.arrivals) if records else len(self.arrivals),
             "started": self._started,
-            "history": [list(h) for h in self.history],
+            "history": [list(h) for h in self.history] if records else len(self.history),
             "global_state": {k: v.clone() for k, v in self.global_state.items()},
             "algorithm": copy.deepcopy(self.algorithm.state_dict()),
         }
@@ -166,10 +169,14 @@ class AsyncFitLoop(FederatedFitLoop):
     def on_save_checkpoint(self) -> dict:
         state = super().on_save_checkpoint()
         federated = state["federated"]
-        simulation = self._epoch_start if self._in_round and self._epoch_start is not None else self._checkpoint_state()
-        federated["async"] = {k: v for k, v in simulation.items() if k not in ("global_state", "algorithm", "history")}
-        if self._in_round:  # replay the epoch from its start: its weights, server state and history
+        if self._in_round and self._epoch_start is not None:  # replay the epoch from its start
+            simulation = dict(self._epoch_start)
+            simulation["arrivals"] = self.arrivals[: simulation["arrivals"]]
+            simulation["history"] = [list(h) for h in self.history[: simulation["history"]]]
             federated.update(global_state=simulation["global_state"], algorithm=simulation["algorithm"], history=simulation["history"])
+        else:
+            simulation = self._checkpoint_state()
+        federated["async"] = {k: v for k, v in simulation.items() if k not in ("global_state", "algorithm", "history")}
         return state
 
     @override

@@ -35,11 +35,15 @@ class DelayModel(ABC):
 
     num_clients = 0
     seed = 0
+    #: Attributes that may hold one value per client, checked against the federation at setup.
+    per_client_fields: tuple[str, ...] = ()
 
     def setup(self, *, num_clients: int, seed: int) -> None:
         """Binds the model to the federation once, before the first dispatch."""
         self.num_clients = check_int("num_clients", num_clients, minimum=1)
         self.seed = seed
+        for name in self.per_client_fields:
+            per_client(type(self).__name__, name, getattr(self, name), num_clients)
 
     def duration(self, client: int, job: int) -> float:
         """Duration of client ``client``'s ``job``-th job (both 0-based)."""
@@ -59,6 +63,8 @@ class DelayModel(ABC):
 class ConstantDelay(DelayModel):
     """Fixed durations, one value or one per client."""
 
+    per_client_fields = ("value",)
+
     def __init__(self, duration: Value = 1.0) -> None:
         self.value = _positive("ConstantDelay", "duration", duration)
 
@@ -68,6 +74,8 @@ class ConstantDelay(DelayModel):
 
 class UniformDelay(DelayModel):
     """Durations uniform in ``[low, high]`` (the paper: fast clients U(1, 2), slow U(8, 12))."""
+
+    per_client_fields = ("low", "high")
 
     def __init__(self, low: Value = 1.0, high: Value = 2.0) -> None:
         self.low = _positive("UniformDelay", "low", low)
@@ -87,6 +95,8 @@ class UniformDelay(DelayModel):
 class ExponentialDelay(DelayModel):
     """Exponential durations with the given mean (memoryless client availability)."""
 
+    per_client_fields = ("mean",)
+
     def __init__(self, mean: Value = 1.0) -> None:
         self.mean = _positive("ExponentialDelay", "mean", mean)
 
@@ -97,6 +107,8 @@ class ExponentialDelay(DelayModel):
 
 class LogNormalDelay(DelayModel):
     """Log-normal durations: ``exp(N(mu, sigma^2))`` (heavy-tailed stragglers)."""
+
+    per_client_fields = ("mu", "sigma")
 
     def __init__(self, mu: Value = 0.0, sigma: Value = 0.5) -> None:
         self.mu = mu if isinstance(mu, numbers.Real) else tuple(float(m) for m in mu)

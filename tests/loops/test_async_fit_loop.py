@@ -156,3 +156,12 @@ def test_bad_federation_input_fails_before_training(kwargs, match):
 def test_non_positive_durations_are_rejected(make, match):
     with pytest.raises(ValueError, match=match):
         make()
+
+
+def test_per_client_delay_lists_are_checked_before_training():
+    model = Quadratic()
+    with pytest.raises(ValueError, match="ConstantDelay: got 2 per-client values of `value` for num_clients=4"):
+        quadratic_trainer(max_epochs=1, algorithm=FedBuff(buffer_size=2, delays=ConstantDelay([1.0, 2.0]))).fit(
+            model, datamodule=quadratic_data()
+        )
+    assert model.optimizer_steps == 0
