@@ -41,7 +41,6 @@ import argparse
 import datetime
 import logging
 import os
-import platform
 import statistics
 import sys
 import time
@@ -53,6 +52,7 @@ from multiprocessing import get_context
 from typing import Any
 
 import numpy as np
+from reporting import load, machine, mean_std  # benchmarks/ is on sys.path when run as a script
 
 ALGORITHMS = ("FedBuff", "FedStaleWeight")
 NUM_FAST, NUM_SLOW, BUFFER = 10, 5, 5
@@ -353,30 +353,6 @@ def time_one(mode: str, aggregations: int, settings: Settings) -> Timing:
 # --------------------------------------------------------------------------------------------
 
 
-def _mean_std(values: Sequence[float], digits: int = 3, scale: float = 1.0) -> str:
-    values = [v * scale for v in values]
-    mean = statistics.fmean(values)
-    std = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{mean:.{digits}f} ± {std:.{digits}f}"
-
-
-def machine() -> str:
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{os.cpu_count()} CPU cores (nproc), {model}, Python {platform.python_version()}, {platform.system()}"
-
-
-def load() -> str:
-    try:
-        return ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    except OSError:
-        return "unknown"
-
-
 def shares_table(results: list[RunResult], settings: Settings) -> list[str]:
     n = NUM_FAST + NUM_SLOW
     seeds = sorted({r.spec.seed for r in results})
@@ -414,17 +390,17 @@ def shares_table(results: list[RunResult], settings: Settings) -> list[str]:
     for variant, values in rows.items():
         shares = [v / v.sum() for v in values]
         lines.append(
-            f"| {labels[variant]} | {_mean_std([s[NUM_FAST:].sum() for s in shares], 4)} "
-            f"| {_mean_std([s[:NUM_FAST].mean() for s in shares], 4)} | {_mean_std([s[NUM_FAST:].mean() for s in shares], 4)} "
+            f"| {labels[variant]} | {mean_std([s[NUM_FAST:].sum() for s in shares], 4)} "
+            f"| {mean_std([s[:NUM_FAST].mean() for s in shares], 4)} | {mean_std([s[NUM_FAST:].mean() for s in shares], 4)} "
             f"| {NOTES_SHARE[variant]:.4f} |"
         )
     lines += [
         (f"| Theory: FedBuff (Eq. 2) / mechanism ideal 1/n | {fedbuff_share:.4f} / {NUM_SLOW / n:.4f} | {(1 - fedbuff_share) / NUM_FAST:.4f} / {1 / n:.4f} "
          f"| {fedbuff_share / NUM_SLOW:.4f} / {1 / n:.4f} | |"),
         "",
-        (f"Mean staleness of aggregated updates, fast / slow group: {_mean_std([f for f, _ in staleness], 3)} / "
-         f"{_mean_std([s for _, s in staleness], 2)} (Eq. 6: {tau_fast:.3f} / {tau_slow:.2f}). Virtual time of the last "
-         f"aggregation: {_mean_std(times, 0)} s (Eq. 6: {settings.aggregations * seconds:.0f} s). FedBuff and FedStaleWeight "
+        (f"Mean staleness of aggregated updates, fast / slow group: {mean_std([f for f, _ in staleness], 3)} / "
+         f"{mean_std([s for _, s in staleness], 2)} (Eq. 6: {tau_fast:.3f} / {tau_slow:.2f}). Virtual time of the last "
+         f"aggregation: {mean_std(times, 0)} s (Eq. 6: {settings.aggregations * seconds:.0f} s). FedBuff and FedStaleWeight "
          f"traces identical for every seed: {'yes' if paired else 'NO'}. NumPy reference replay vs the loop's "
          f"`influence`: max abs difference {check:.1e}."),
     ]
@@ -465,10 +441,10 @@ def learning_table(results: list[RunResult], settings: Settings) -> list[str]:
         d_all = [b.overall[v] - a.overall[v] for a, b in zip(fb, fsw)]
         lines.append(
             f"| {v} | {statistics.fmean(r.virtual_time[v] for r in fb):.0f} "
-            f"| {_mean_std([slow(r, v) for r in fb], 1, 100)} | {_mean_std([slow(r, v) for r in fsw], 1, 100)} "
-            f"| {_mean_std([fast(r, v) for r in fb], 1, 100)} | {_mean_std([fast(r, v) for r in fsw], 1, 100)} "
-            f"| {_mean_std([r.overall[v] for r in fb], 1, 100)} | {_mean_std([r.overall[v] for r in fsw], 1, 100)} "
-            f"| {_mean_std(d_slow, 1, 100)} | {_mean_std(d_all, 1, 100)} | {sum(d > 0 for d in d_slow)}/{len(d_slow)} |"
+            f"| {mean_std([slow(r, v) for r in fb], 1, 100)} | {mean_std([slow(r, v) for r in fsw], 1, 100)} "
+            f"| {mean_std([fast(r, v) for r in fb], 1, 100)} | {mean_std([fast(r, v) for r in fsw], 1, 100)} "
+            f"| {mean_std([r.overall[v] for r in fb], 1, 100)} | {mean_std([r.overall[v] for r in fsw], 1, 100)} "
+            f"| {mean_std(d_slow, 1, 100)} | {mean_std(d_all, 1, 100)} | {sum(d > 0 for d in d_slow)}/{len(d_slow)} |"
         )
     return lines
 
@@ -531,7 +507,7 @@ def report(results: list[RunResult], timings: list[Timing], settings: Settings, 
         "",
         (f"Inside the {settings.aggregations}-aggregation async runs of (a)/(b) (all {len(results)}, in parallel workers, "
          f"with the evaluation every {settings.eval_every}): CPU ms per client update over the first {tenth} aggregations "
-         f"{_mean_std([r.first_ms for r in results], 3)}, over the last {tenth} {_mean_std([r.last_ms for r in results], 3)}."),
+         f"{mean_std([r.first_ms for r in results], 3)}, over the last {tenth} {mean_std([r.last_ms for r in results], 3)}."),
         (f"(a)/(b) per run: {statistics.fmean(r.wall_s for r in results):.1f} s wall, {statistics.fmean(r.cpu_s for r in results):.1f} s CPU "
          f"(mean of {len(results)} runs, {cpu:.0f} CPU-seconds in all)."),
     ]

@@ -248,6 +248,11 @@ def _mean_std(values: Sequence[float], digits: int = 3) -> str:
     return f"{mean:.{digits}f} ± {std:.{digits}f}"
 
 
+def _tally(differences: Sequence[float]) -> str:
+    """``better/tied/worse`` counts of paired differences where larger is better."""
+    return f"{sum(x > 0 for x in differences)}/{sum(x == 0 for x in differences)}/{sum(x < 0 for x in differences)}"
+
+
 def machine() -> str:
     model = platform.processor() or platform.machine()
     try:
@@ -312,9 +317,10 @@ def report(results: list[RunResult], settings: Settings, args: argparse.Namespac
     if "FedALIGN" in methods:
         lines += [
             "",
-            "Paired differences (same seed: same data and initial weights), FedALIGN minus baseline; wins = seeds where FedALIGN is better:",
+            "Paired differences (same seed: same data and initial weights), FedALIGN minus baseline, with the number of seeds "
+            "where FedALIGN is better / tied / worse:",
             "",
-            "| dataset | baseline | tail acc diff | wins (acc) | tail loss diff | wins (loss) |",
+            "| dataset | baseline | tail acc diff | better/tied/worse (acc) | tail loss diff | better/tied/worse (loss) |",
             "|---|---|---|---|---|---|",
         ]
         for d in datasets:
@@ -324,10 +330,7 @@ def report(results: list[RunResult], settings: Settings, args: argparse.Namespac
                     continue
                 acc = [a.tail_acc - o.tail_acc for a, o in pairs]
                 loss = [a.tail_loss - o.tail_loss for a, o in pairs]
-                lines.append(
-                    f"| {d} | {other} | {_mean_std(acc)} | {sum(x > 0 for x in acc)}/{len(acc)} "
-                    f"| {_mean_std(loss)} | {sum(x < 0 for x in loss)}/{len(loss)} |"
-                )
+                lines.append(f"| {d} | {other} | {_mean_std(acc)} | {_tally(acc)} | {_mean_std(loss)} | {_tally([-x for x in loss])} |")
     cpu = sum(r.cpu_s for r in results)
     lines += [
         "",

@@ -21,9 +21,10 @@ and the exact uploaded bytes (from ``ClientUpdate.upload_bytes``) with the ratio
 
 Run from the repository root::
 
-    PYTHONPATH=. python benchmarks/fedmrn.py                 # default, a few minutes on 2 CPU cores
+    PYTHONPATH=. python benchmarks/fedmrn.py                 # default, ~9 min on 2 CPU cores
     PYTHONPATH=. python benchmarks/fedmrn.py --quick         # ~1 min smoke run
-    PYTHONPATH=. python benchmarks/fedmrn.py --seeds 0 1 2 3 4 --rounds 100 --out table.md
+    PYTHONPATH=. python benchmarks/fedmrn.py --rounds 100 --methods FedAvg FedMRN FedMRNS   # ~20 min
+    PYTHONPATH=. python benchmarks/fedmrn.py --lr SignSGD=0.05 --alpha 0.08 --out table.md
     PYTHONPATH=. python benchmarks/fedmrn.py --speed --accelerator gpu   # rounds/s, CNN4 on FMNIST-shaped tensors
 
 Runs are spread over ``--jobs`` worker processes (default: the CPU count), each with one torch
@@ -282,7 +283,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         for future in futures:
             results.append(future.result())
             r = results[-1]
-            print(f"{r.method} seed {r.seed}: acc {r.accuracy[-1]:.3f}, upload {r.upload_bytes:,} B, {r.wall_s:.0f} s", flush=True)
+            tail = statistics.mean(r.accuracy[-args.tail :])
+            print(
+                f"{r.method} seed {r.seed}: acc {r.accuracy[-1]:.3f} (last-{args.tail} {tail:.4f}), "
+                f"upload {r.upload_bytes:,} B, {r.wall_s:.0f} s",
+                flush=True,
+            )
     table = report(results, args, time.perf_counter() - started)
     print(table)
     if args.out:

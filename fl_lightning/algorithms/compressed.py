@@ -6,6 +6,7 @@ from dataclasses import replace
 from typing import Literal
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from fl_lightning.algorithms.base import ClientContext, ClientUpdate
@@ -78,10 +79,10 @@ class CompressedFedAvg(FedAvg):
         generator = device_generator(derive_seed(client.seed, "compress"), module.device)
         return self.codec.encode(delta, self.layout, generator=generator)
 
-    def decode(self, update: ClientUpdate, device: object) -> State | None:
+    def decode(self, update: ClientUpdate, device: torch.device) -> State | None:
         """The update's dense delta, or ``None`` (with a warning) if its payload is unusable."""
         try:
-            delta = self.codec.decode(from_wire(update.payload), self.layout, device=device)  # type: ignore[arg-type]
+            delta = self.codec.decode(from_wire(update.payload), self.layout, device=device)
         except PayloadError as err:
             rank_zero_warn(f"Client {update.client_id}: undecodable payload ({err}); its update is dropped.")
             return None

@@ -186,8 +186,10 @@ class FlexibleParticipation(Algorithm):
         boosted = [weights[u.client_id] * self.boost(u.client_id, round_idx) for u in updates]
         coefficients = scheme_coefficients(self.scheme, steps, boosted, self.requested, len(weights))
         if self.debias_inactivity:
+            # An inactive device sends a zero delta: its coefficient is 0 (scheme B would
+            # otherwise divide by an active count of 0 and turn that zero delta into NaN).
             coefficients = [
-                c * self._present_rounds[u.client_id] / self._active_rounds[u.client_id] if c else 0.0
+                c * self._present_rounds[u.client_id] / self._active_rounds[u.client_id] if c and u.num_steps else 0.0
                 for c, u in zip(coefficients, updates)
             ]
         metrics = {

@@ -195,3 +195,14 @@ def test_mixin_is_inert_under_fedavg():
     trainer(max_epochs=1, clients_per_round=2, local_steps=2, algorithm=FedAvg()).fit(masked, datamodule=digits())
     assert not torch.equal(masked.net[0].weight, plain_net[0].weight)  # masked weights train normally
     assert WIRE_KEY not in masked.state_dict()
+
+
+def test_lean_client_executor_gives_the_same_model():
+    models = []
+    for executor in ("lightning", "lean"):
+        model = tiny(batch_norm=True)
+        trainer(max_epochs=2, clients_per_round=3, local_epochs=1, algorithm=FedMRN(), client_executor=executor).fit(
+            model, datamodule=digits()
+        )
+        models.append(model.state_dict())
+    assert all(torch.equal(v, models[1][k]) for k, v in models[0].items())

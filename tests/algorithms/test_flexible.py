@@ -216,3 +216,10 @@ def test_resume_gives_the_same_weights(tmp_path):
     resumed = Quadratic(lr=0.3, lr_scheduler=StaircaseLR)
     quadratic_trainer(max_epochs=5, algorithm=make()).fit(resumed, datamodule=quadratic_data(), ckpt_path=tmp_path / "epoch=2.ckpt")
     assert torch.equal(straight.w, resumed.w)
+
+
+def test_debias_extension_with_an_always_inactive_device_stays_finite():
+    model = Quadratic(lr=LR)
+    algorithm = FlexibleParticipation(scheme="B", participation=FixedSteps(steps=[0, 5, 5, 5]), debias_inactivity=True)
+    quadratic_trainer(max_epochs=3, algorithm=algorithm).fit(model, datamodule=quadratic_data())
+    assert torch.isfinite(model.w).all()

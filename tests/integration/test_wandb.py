@@ -3,75 +3,22 @@ resolved config all reach the run, read back from the run's transaction log."""
 
 from __future__ import annotations
 
-import json
-import struct
 import sys
-import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 
 wandb = pytest.importorskip("wandb")
 from lightning.pytorch.loggers import WandbLogger  # noqa: E402
-from wandb.proto import wandb_internal_pb2  # noqa: E402
 
 from fl_lightning.cli import main  # noqa: E402
 from fl_lightning.models import MLP  # noqa: E402
 
+from ..wandb_offline import OfflineRun, offline_runs  # noqa: E402
+
 QUICKSTART = str(Path(__file__).resolve().parents[2] / "configs" / "quickstart.yaml")
-
-# The .wandb transaction log is LevelDB's log format: a 7-byte file header, then 32 KiB blocks
-# of records, each with a 7-byte header (CRC-32 of type + data, length, type) and a chunk of a
-# serialised `Record`. wandb 0.31 writes neither config.yaml nor wandb-summary.json for an
-# offline run, and no longer ships a Python reader for the log.
-_FILE_HEADER = struct.Struct("<4sHB")
-_RECORD_HEADER = struct.Struct("<IHB")
-_BLOCK = 32768
-_FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
-
-
-def _records(path: Path) -> Iterator[Any]:
-    data = path.read_bytes()
-    ident, magic, _ = _FILE_HEADER.unpack_from(data)
-    assert (ident, magic) == (b":W&B", 0xBEE1), f"{path} is not a W&B transaction log"
-    pos, chunks = _FILE_HEADER.size, []
-    while pos + _RECORD_HEADER.size <= len(data):
-        if _BLOCK - pos % _BLOCK < _RECORD_HEADER.size:  # a block's tail too short for a header is padding
-            pos += _BLOCK - pos % _BLOCK
-            continue
-        crc, length, kind = _RECORD_HEADER.unpack_from(data, pos)
-        if kind == 0:  # zero padding at the end of the file
-            break
-        chunk = data[pos + _RECORD_HEADER.size : pos + _RECORD_HEADER.size + length]
-        assert zlib.crc32(bytes([kind]) + chunk) == crc, f"corrupt record at byte {pos} of {path}"
-        pos += _RECORD_HEADER.size + length
-        chunks.append(chunk)
-        if kind in (_FULL, _LAST):
-            record = wandb_internal_pb2.Record()
-            record.ParseFromString(b"".join(chunks))
-            chunks = []
-            yield record
-
-
-def _key(item: Any) -> str:
-    return item.key or "/".join(item.nested_key)
-
-
-@dataclass
-class OfflineRun:
-    project: str = ""
-    group: str = ""
-    config: dict[str, Any] = field(default_factory=dict)
-    history: list[dict[str, Any]] = field(default_factory=list)
-
-    def steps(self, key: str) -> list[int]:
-        """The ``trainer/global_step`` (the round) of every history row that has ``key``."""
-        return [row["trainer/global_step"] for row in self.history if key in row]
-
 
 def finish_offline_run() -> None:
     """Finishes the run and waits until its log is on disk.
@@ -84,19 +31,7 @@ def finish_offline_run() -> None:
 
 
 def read_offline_run(wandb_dir: Path) -> OfflineRun:
-    (path,) = wandb_dir.glob("offline-run-*/run-*.wandb")
-    run = OfflineRun()
-    for record in _records(path):
-        kind = record.WhichOneof("record_type")
-        if kind == "run":
-            run.project, run.group = record.run.project, record.run.run_group
-            run.config.update({_key(i): json.loads(i.value_json) for i in record.run.config.update})
-        elif kind == "config":
-            run.config.update({_key(i): json.loads(i.value_json) for i in record.config.update})
-            for item in record.config.remove:
-                run.config.pop(_key(item), None)
-        elif kind == "history":
-            run.history.append({_key(i): json.loads(i.value_json) for i in record.history.item})
+    (run,) = offline_runs(wandb_dir)
     return run
 
 

@@ -13,7 +13,7 @@ from fl_lightning.study import load_study, run_study
 from fl_lightning.study.metrics import metrics_files, read_history
 from fl_lightning.study.plots import PLOTS, draw
 
-from .wandb_offline import offline_runs
+from ..wandb_offline import offline_runs
 
 FEDPROX = {"trainer.algorithm": {"class_path": "fl_lightning.FedProx", "init_args": {"mu": 0.1}}}
 

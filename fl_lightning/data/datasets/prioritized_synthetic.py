@@ -204,25 +204,17 @@ class PrioritizedSynthetic(InMemoryDataset):
                 ys.append(np.concatenate([blocks[k][2 + j][1] for k in range(num_priority)])[order])
             ids = [np.full(n, c, dtype=np.int64) for c, n in enumerate(np.r_[priority_sizes, free_sizes])]
             flipped_parts = [np.zeros(n, dtype=bool) for n in np.r_[priority_sizes, free_sizes]]
-            irrelevant_parts = [np.zeros(n, dtype=bool) for n in np.r_[priority_sizes, free_sizes]]
+            irrelevant_parts = [part.copy() for part in flipped_parts]
             noisy_sizes = free_sizes[num_clean:]
             # Features of irrelevant points: one fresh, unrelated device per noisy client.
             unrelated = generate_synthetic(
                 alpha=alpha, beta=beta, sizes=noisy_sizes, num_classes=num_classes, dim=dim, iid=False, rng=rng
             )
-            for j, n in enumerate(noisy_sizes):
+            for j in range(len(noisy_sizes)):
                 c = num_priority + num_clean + j
-                random_order, flip_order = rng.permutation(n), rng.permutation(n)
-                random_labels, flip_shift = rng.integers(0, num_classes, n), rng.integers(1, num_classes, n)
-                x, y = xs[c].copy(), ys[c].copy()
-                replaced = random_order[: round(random_levels[j] * n)]
-                x[replaced], y[replaced] = unrelated[j][0][: len(replaced)], random_labels[: len(replaced)]
-                irrelevant_parts[c][replaced] = True
-                relevant = flip_order[~irrelevant_parts[c][flip_order]]
-                flips = relevant[: round(flip_levels[j] * len(relevant))]
-                y[flips] = (y[flips] + flip_shift[flips]) % num_classes
-                flipped_parts[c][flips] = True
-                xs[c], ys[c] = x, y
+                xs[c], ys[c], irrelevant_parts[c], flipped_parts[c] = _corrupt(
+                    xs[c], ys[c], unrelated[j][0], random_levels[j], flip_levels[j], num_classes, rng
+                )
             flipped, irrelevant = np.concatenate(flipped_parts), np.concatenate(irrelevant_parts)
 
         super().__init__(
@@ -239,6 +231,35 @@ class PrioritizedSynthetic(InMemoryDataset):
         self.random_fractions: np.ndarray = np.r_[zeros, random_levels]
         self.flipped: np.ndarray = flipped
         self.irrelevant: np.ndarray = irrelevant
+
+
+def _corrupt(
+    x: np.ndarray,
+    y: np.ndarray,
+    unrelated_x: np.ndarray,
+    random_level: float,
+    flip_level: float,
+    num_classes: int,
+    rng: np.random.Generator,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One noisy client's two noise forms (OUR RECONSTRUCTION): irrelevant points, then label flips.
+
+    Every draw has a shape that depends on ``len(y)`` only, so the noisy sets are nested across
+    levels. Returns the new ``x``, ``y`` and the ``irrelevant`` and ``flipped`` masks.
+    """
+    n = len(y)
+    random_order, flip_order = rng.permutation(n), rng.permutation(n)
+    random_labels, flip_shift = rng.integers(0, num_classes, n), rng.integers(1, num_classes, n)
+    x, y = x.copy(), y.copy()
+    irrelevant, flipped = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+    replaced = random_order[: round(random_level * n)]
+    x[replaced], y[replaced] = unrelated_x[: len(replaced)], random_labels[: len(replaced)]
+    irrelevant[replaced] = True
+    relevant = flip_order[~irrelevant[flip_order]]
+    flips = relevant[: round(flip_level * len(relevant))]
+    y[flips] = (y[flips] + flip_shift[flips]) % num_classes  # a shift in 1..C-1: always a wrong label
+    flipped[flips] = True
+    return x, y, irrelevant, flipped
 
 
 def _sizes(name: str, value: int | Sequence[int] | None, default: np.ndarray) -> np.ndarray:

@@ -107,12 +107,16 @@ def label_distribution(labels: np.ndarray) -> np.ndarray:
     return np.bincount(labels, minlength=10) / len(labels)
 
 
+def tv(a: np.ndarray, b: np.ndarray) -> float:
+    """Total-variation distance between two distributions."""
+    return float(0.5 * np.abs(a - b).sum())
+
+
 def test_free_clients_draw_from_the_priority_mixture() -> None:
     data = make(num_priority=4, num_clean=4, num_noisy=0, priority_samples=[200, 100, 50, 50], nonpriority_samples=500, test_samples=2000)
     test = make(num_priority=4, num_clean=4, num_noisy=0, priority_samples=[200, 100, 50, 50], nonpriority_samples=500, test_samples=2000, split="test")
     pooled = label_distribution(data.targets[np.isin(data.client_ids, data.clean_clients)])
     priority = label_distribution(data.targets[np.isin(data.client_ids, data.priority_clients)])
-    tv = lambda a, b: 0.5 * np.abs(a - b).sum()  # noqa: E731
     assert tv(pooled, label_distribution(test.targets)) < 0.05
     assert tv(pooled, priority) < 0.08
     first_device = label_distribution(data.targets[client(data, 0)])

@@ -57,6 +57,10 @@ class OfflineRun:
     #: metric name -> step metric, from `define_metric`.
     step_metrics: dict[str, str] = field(default_factory=dict)
 
+    def steps(self, key: str) -> list[int]:
+        """The ``trainer/global_step`` (the round) of every history row that has ``key``."""
+        return [row["trainer/global_step"] for row in self.history if key in row]
+
 
 def read_offline_run(path: Path) -> OfflineRun:
     """``path``: a ``run-*.wandb`` file."""
@@ -69,6 +73,8 @@ def read_offline_run(path: Path) -> OfflineRun:
             run.config.update({_key(i): json.loads(i.value_json) for i in record.run.config.update})
         elif kind == "config":
             run.config.update({_key(i): json.loads(i.value_json) for i in record.config.update})
+            for item in record.config.remove:
+                run.config.pop(_key(item), None)
         elif kind == "history":
             run.history.append({_key(i): json.loads(i.value_json) for i in record.history.item})
         elif kind == "summary":
