@@ -173,7 +173,7 @@ class FederatedFitLoop(compat.FitLoopBase):
         clients = self._select(round_idx)
         call_federated_hook(self.trainer, "on_clients_selected", round_idx, clients)
         self._in_round = True
-        received = [self.train_client(round_idx, cid) for cid in clients]
+        received = self.train_clients(round_idx, clients)
         download_bytes = len(clients) * self.algorithm.download_bytes(self.global_state)
         metrics = self.aggregate(round_idx, received)
         self.end_round(round_idx, started, received, download_bytes, metrics)
@@ -241,6 +241,10 @@ class FederatedFitLoop(compat.FitLoopBase):
         self.history.append(clients)
         return clients
 
+    def train_clients(self, round_idx: int, clients: list[int]) -> list[ClientUpdate]:
+        """Trains the round's clients from the current global weights, one after another, in order."""
+        return [self.train_client(round_idx, cid) for cid in clients]
+
     def train_client(self, round_idx: int, cid: int, *, seed: int | None = None) -> ClientUpdate:
         """Trains client ``cid`` from the current global weights and returns its update.
 
@@ -248,14 +252,7 @@ class FederatedFitLoop(compat.FitLoopBase):
         client's data order comes from ``seed`` (default: derived from the round and client).
         """
         trainer, module = self.trainer, self.trainer.lightning_module
-        client = ClientContext(
-            round_idx=round_idx,
-            client_id=cid,
-            num_samples=int(self.federation.num_samples[cid]),
-            num_epochs=self.local_epochs,
-            num_steps=self.local_steps,
-            seed=derive_seed(self.seed, "client", round_idx, cid) if seed is None else seed,
-        )
+        client = self.client_context(round_idx, cid, seed=seed)
         load_into(self._live, self.global_state)
         # Reset before configure_client, so that an algorithm may install per-client optimizer state.
         if self.reset_optimizer:
@@ -264,13 +261,7 @@ class FederatedFitLoop(compat.FitLoopBase):
         self.algorithm.configure_client(client, module, self.global_state)
         call_federated_hook(trainer, "on_client_start", client)
 
-        num_batches = None if client.num_steps is None else client.num_steps * trainer.accumulate_grad_batches
-        batches = self.federation.data.client_batches(
-            cid,
-            num_epochs=client.num_epochs,
-            num_batches=num_batches,
-            generator=torch.Generator().manual_seed(client.seed),
-        )
+        batches = self.client_batches(client)
         recorder = self._loss_recorder()
         if not len(batches):  # type: ignore[arg-type]
             client.completed_steps = 0
@@ -285,6 +276,27 @@ class FederatedFitLoop(compat.FitLoopBase):
         update = self.algorithm.client_update(client, module, compute_delta(self._live, self.global_state))
         call_federated_hook(trainer, "on_client_end", client, update)
         return update
+
+    def client_context(self, round_idx: int, cid: int, *, seed: int | None = None) -> ClientContext:
+        """The context of client ``cid`` in round ``round_idx``; its data seed defaults to one derived from both."""
+        return ClientContext(
+            round_idx=round_idx,
+            client_id=cid,
+            num_samples=int(self.federation.num_samples[cid]),
+            num_epochs=self.local_epochs,
+            num_steps=self.local_steps,
+            seed=derive_seed(self.seed, "client", round_idx, cid) if seed is None else seed,
+        )
+
+    def client_batches(self, client: ClientContext) -> Any:
+        """The client's local batch stream for this round, ordered by ``client.seed``."""
+        num_batches = None if client.num_steps is None else client.num_steps * self.trainer.accumulate_grad_batches
+        return self.federation.data.client_batches(
+            client.client_id,
+            num_epochs=client.num_epochs,
+            num_batches=num_batches,
+            generator=torch.Generator().manual_seed(client.seed),
+        )
 
     def _loss_recorder(self) -> ClientLossRecorder:
         for callback in self.trainer.callbacks:  # type: ignore[attr-defined]
