@@ -18,6 +18,7 @@ from lightning.pytorch.loops.fit_loop import _FitLoop
 from lightning.pytorch.loops.loop import _Loop
 from lightning.pytorch.loops.progress import _Progress
 from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
+from lightning.pytorch.overrides.distributed import _sync_module_states
 from lightning.pytorch.trainer import call
 from lightning.pytorch.utilities.combined_loader import CombinedLoader
 from lightning.pytorch.utilities.signature_utils import is_param_in_hook_signature
@@ -35,6 +36,7 @@ __all__ = [
     "run_server_validation",
     "step_epoch_schedulers",
     "set_completed_epochs",
+    "sync_module_states",
 ]
 
 #: Lightning only accepts fit loops of this class (its logger connector checks the type).
@@ -44,11 +46,13 @@ FitLoopBase = _FitLoop
 class ClientEpochLoop(_TrainingEpochLoop):
     """Lightning's training-epoch loop, run once per client inside a round.
 
-    It differs from Lightning's in three ways only:
+    It differs from Lightning's in four ways only:
 
     * no validation inside a client: the server evaluates the global model at round end;
     * ``interval="epoch"`` LR schedulers step once per round, not once per client;
-    * the logging step is the round index, so every logger's x-axis counts rounds.
+    * the logging step is the round index, so every logger's x-axis counts rounds;
+    * no per-step SIGTERM broadcast across processes: ranks train different clients (and
+      numbers of steps), so the flag travels in the round's all-reduce instead.
     """
 
     in_client: bool = False
@@ -62,6 +66,10 @@ class ClientEpochLoop(_TrainingEpochLoop):
         if interval == "epoch" and self.in_client:
             return
         super().update_lr_schedulers(interval, update_plateau_schedulers)
+
+    @override
+    def _broadcast_sigterm_tensor(self) -> None:
+        """Not per step: :class:`~fl_lightning.distributed.ClientSharding` carries the flag once per round."""
 
     @override
     def _num_ready_batches_reached(self) -> bool:
@@ -150,6 +158,11 @@ def run_lean_client(fit_loop: _FitLoop, batches: Iterable[Any], on_loss: Callabl
     finally:
         module._current_fx_name = previous
     return steps
+
+
+def sync_module_states(module: torch.nn.Module) -> None:
+    """Broadcasts rank 0's parameters and buffers to every process of the default process group."""
+    _sync_module_states(module)
 
 
 def set_completed_epochs(progress: _Progress, count: int) -> None:

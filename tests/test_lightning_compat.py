@@ -104,7 +104,13 @@ def test_training_epoch_loop_shape(trainer: pl.Trainer) -> None:
 def test_client_epoch_loop_only_overrides_existing_methods() -> None:
     own = {name for name in vars(compat.ClientEpochLoop) if not name.startswith("__")}
     methods = own - {"in_client", "_batches_that_stepped", "_step_signature"}
-    assert {"_should_check_val_fx", "update_lr_schedulers", "_num_ready_batches_reached", "_build_kwargs"} <= methods
+    assert {
+        "_should_check_val_fx",
+        "update_lr_schedulers",
+        "_num_ready_batches_reached",
+        "_build_kwargs",
+        "_broadcast_sigterm_tensor",
+    } <= methods
     for name in methods:
         base = getattr(_TrainingEpochLoop, name, None)
         assert callable(base), f"ClientEpochLoop.{name} overrides nothing in _TrainingEpochLoop: {REVIEW}"

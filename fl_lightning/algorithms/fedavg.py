@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from fl_lightning.algorithms.aggregation import weighted_average
-from fl_lightning.algorithms.base import Algorithm, ClientUpdate
+from fl_lightning.algorithms.base import ClientUpdate
 from fl_lightning.algorithms.server_optimizers import ServerOptimizer, ServerSGD
+from fl_lightning.algorithms.summable import SummableAggregation
 from fl_lightning.model_state import State
 
 
-class FedAvg(Algorithm):
+class FedAvg(SummableAggregation):
     r"""Federated Averaging.
 
     The round's delta is :math:`\Delta_t = \sum_k n_k \Delta_k / \sum_k n_k` over the clients
@@ -34,9 +34,13 @@ class FedAvg(Algorithm):
         self.server_optimizer = server_optimizer if server_optimizer is not None else ServerSGD()
         self.weighting = weighting
 
-    def aggregate(self, round_idx: int, global_state: State, updates: list[ClientUpdate]) -> dict[str, float]:
-        weights = [u.num_samples if self.weighting == "samples" else 1.0 for u in updates]
-        delta = weighted_average([u.payload for u in updates], weights)
+    def aggregation_weight(self, update: ClientUpdate) -> float:
+        return float(update.num_samples) if self.weighting == "samples" else 1.0
+
+    def apply_weighted_sum(self, round_idx: int, global_state: State, total: State, weight: float) -> dict[str, float]:
+        if weight <= 0:
+            raise ValueError(f"Aggregation weights must sum to a positive number, got {weight}.")
+        delta = {name: t.div_(weight) for name, t in total.items()}
         self.server_optimizer.step(global_state, delta, self.federation.param_names)
         return {}
 

@@ -1,0 +1,49 @@
+"""Aggregations that are a weighted sum of client deltas followed by a server step.
+
+Splitting :meth:`~fl_lightning.Algorithm.aggregate` into a sum over clients and a server
+step makes the sum additive over any split of the clients: with several processes each rank
+sums its own clients and one all-reduce combines the partial sums
+(:class:`~fl_lightning.distributed.ClientSharding`).
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+
+from fl_lightning.algorithms.aggregation import weighted_sum
+from fl_lightning.algorithms.base import Algorithm, ClientUpdate
+from fl_lightning.model_state import State
+
+
+class SummableAggregation(Algorithm):
+    r"""An algorithm whose server update depends on the clients only through
+    :math:`(\sum_k w_k \Delta_k, \sum_k w_k)`.
+
+    Override :meth:`aggregation_weight` and :meth:`apply_weighted_sum`, not ``aggregate``: an
+    algorithm that overrides ``aggregate`` is no longer summable (:attr:`summable` is then
+    ``False``) and cannot shard its clients over processes. Its client-side hooks
+    (``configure_client``, ``client_update``) run only on the rank that trains the client, so
+    they must not keep state that the server step needs.
+    """
+
+    def aggregate(self, round_idx: int, global_state: State, updates: list[ClientUpdate]) -> dict[str, float]:
+        total, weight = self.weighted_delta_sum(updates)
+        return self.apply_weighted_sum(round_idx, global_state, total, weight)
+
+    def weighted_delta_sum(self, updates: list[ClientUpdate]) -> tuple[State, float]:
+        r""":math:`(\sum_k w_k \Delta_k, \sum_k w_k)` over ``updates``, summed in their order."""
+        weights = [self.aggregation_weight(update) for update in updates]
+        return weighted_sum([u.payload for u in updates], weights), float(sum(weights))
+
+    @abstractmethod
+    def aggregation_weight(self, update: ClientUpdate) -> float:
+        """The weight :math:`w_k` of one client's delta."""
+
+    @abstractmethod
+    def apply_weighted_sum(self, round_idx: int, global_state: State, total: State, weight: float) -> dict[str, float]:
+        """Updates ``global_state`` in place from the weighted sum ``total`` of deltas and the sum of weights."""
+
+    @property
+    def summable(self) -> bool:
+        """Whether ``aggregate`` is still the weighted sum (no subclass overrides it)."""
+        return type(self).aggregate is SummableAggregation.aggregate

@@ -1,0 +1,126 @@
+"""Clients sharded over processes, combined with one all-reduce per round."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from lightning.pytorch.strategies import Strategy
+
+from fl_lightning.algorithms.aggregation import accumulator_dtype
+from fl_lightning.algorithms.base import ClientUpdate
+from fl_lightning.model_state import State
+
+#: Per-client scalars that travel in the round's all-reduce (one row per selected client).
+_REPORT_FIELDS = ("trained", "dropped", "num_samples", "num_steps", "upload_bytes", "has_loss", "train_loss")
+
+
+@dataclass
+class ShardedRound:
+    """The round as every rank sees it after the all-reduce.
+
+    Attributes:
+        total: :math:`\\sum_k w_k \\Delta_k` over every rank's finite updates, in the accumulator dtypes.
+        weight: :math:`\\sum_k w_k` over the same updates.
+        reports: one payload-free :class:`ClientUpdate` per selected client, in selection order.
+        dropped: clients whose update was non-finite (and is not in ``total``).
+        stop: whether any rank received SIGTERM.
+    """
+
+    total: State
+    weight: float
+    reports: list[ClientUpdate]
+    dropped: int
+    stop: bool
+
+
+class ClientSharding:
+    """Splits each round's clients over the ranks and sums their weighted deltas with one all-reduce.
+
+    Rank ``r`` of ``N`` trains ``clients[r::N]``, a deterministic and disjoint share; every
+    client keeps the data seed it has in a single process, so each update is the same as
+    there. The partial sums :math:`\\sum_k w_k \\Delta_k`, :math:`\\sum_k w_k`, the clients'
+    scalar reports and the SIGTERM flag are packed into one float64 buffer and summed by a
+    single all-reduce; the algorithm's server step then runs identically on every rank.
+
+    Args:
+        strategy: the trainer's (DDP) strategy, which owns the process group.
+    """
+
+    def __init__(self, strategy: Strategy) -> None:
+        self.strategy = strategy
+
+    @property
+    def rank(self) -> int:
+        return self.strategy.global_rank
+
+    @property
+    def world_size(self) -> int:
+        return self.strategy.world_size
+
+    def share(self, clients: list[int]) -> list[int]:
+        """This rank's clients of the round, in selection order."""
+        return clients[self.rank :: self.world_size]
+
+    def all_reduce(
+        self,
+        clients: list[int],
+        local: list[ClientUpdate],
+        dropped_ids: set[int],
+        partial: tuple[State, float],
+        template: State,
+        *,
+        stop: bool,
+    ) -> ShardedRound:
+        """Combines this rank's updates (``local``) and partial sum with every other rank's.
+
+        Args:
+            clients: the round's selected clients (the same list on every rank).
+            local: this rank's updates, finite or not.
+            dropped_ids: this rank's clients whose update is non-finite (excluded from ``partial``).
+            partial: this rank's ``(sum of weighted deltas, sum of weights)``; an empty state if none.
+            template: the global state, for names, shapes and dtypes.
+            stop: whether this rank received SIGTERM.
+        """
+        device = self.strategy.root_device
+        total, weight = partial
+        reports = torch.zeros(len(clients), len(_REPORT_FIELDS), dtype=torch.float64)
+        row_of = {cid: i for i, cid in enumerate(clients)}
+        for update in local:
+            loss = update.metrics.get("train_loss")
+            reports[row_of[update.client_id]] = torch.tensor(
+                [1.0, float(update.client_id in dropped_ids), update.num_samples, update.num_steps,
+                 update.upload_bytes, float(loss is not None), 0.0 if loss is None else loss],
+                dtype=torch.float64,
+            )  # fmt: skip
+        parts = [
+            (total[name] if name in total else torch.zeros_like(t)).reshape(-1).to(device, torch.float64)
+            for name, t in template.items()
+        ]
+        scalars = torch.tensor([weight, float(stop)], dtype=torch.float64)
+        buffer = torch.cat([*parts, reports.reshape(-1).to(device), scalars.to(device)])
+        buffer = self.strategy.reduce(buffer, reduce_op="sum")  # the round's one collective
+        return self._unpack(buffer.cpu(), clients, template)
+
+    @staticmethod
+    def _unpack(buffer: torch.Tensor, clients: list[int], template: State) -> ShardedRound:
+        total, offset = {}, 0
+        for name, t in template.items():
+            total[name] = buffer[offset : offset + t.numel()].view(t.shape).to(t.device, accumulator_dtype(t.dtype))
+            offset += t.numel()
+        reports = buffer[offset : offset + len(clients) * len(_REPORT_FIELDS)].view(len(clients), -1)
+        weight, stop = buffer[-2:].tolist()
+        if not torch.equal(reports[:, 0], torch.ones(len(clients), dtype=torch.float64)):
+            raise RuntimeError(f"Client sharding lost or duplicated clients: trained counts {reports[:, 0].tolist()}.")
+        received = [
+            ClientUpdate(
+                client_id=cid,
+                num_samples=int(row[2]),
+                num_steps=int(row[3]),
+                payload={},
+                upload_bytes=int(row[4]),
+                metrics={"train_loss": float(row[6])} if row[5] else {},
+            )
+            for cid, row in zip(clients, reports.tolist())
+        ]
+        return ShardedRound(total, weight, received, dropped=int(reports[:, 1].sum()), stop=stop > 0)
