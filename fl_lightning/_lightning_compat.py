@@ -20,7 +20,9 @@ from lightning.pytorch.loops.progress import _Progress
 from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
 from lightning.pytorch.overrides.distributed import _sync_module_states
 from lightning.pytorch.trainer import call
+from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch.utilities.combined_loader import CombinedLoader
+from lightning.pytorch.utilities.model_helpers import is_overridden
 from lightning.pytorch.utilities.signature_utils import is_param_in_hook_signature
 from typing_extensions import override
 
@@ -137,13 +139,14 @@ def run_lean_client(fit_loop: _FitLoop, batches: Iterable[Any], on_loss: Callabl
         raise ValueError("The lean client executor needs automatic optimization with exactly one optimizer.")
     if getattr(trainer.precision_plugin, "scaler", None) is not None:
         raise ValueError(f"The lean client executor does not scale gradients: precision={trainer.precision!r} is not supported.")
-    optimizer, strategy, precision = trainer.optimizers[0], trainer.strategy, trainer.precision_plugin
+    optimizer, precision = trainer.optimizers[0], trainer.precision_plugin
+    to_device = _batch_mover(trainer)
     takes_batch_idx = is_param_in_hook_signature(module.training_step, "batch_idx", min_args=2)
     previous, module._current_fx_name = module._current_fx_name, "training_step"
     steps = 0
     try:
         for batch_idx, batch in enumerate(batches):
-            batch = strategy.batch_to_device(precision.convert_input(batch))
+            batch = to_device(precision.convert_input(batch))
             trainer._logger_connector.on_batch_start(batch)
             optimizer.zero_grad(set_to_none=True)
             with precision.train_step_context():
@@ -158,6 +161,20 @@ def run_lean_client(fit_loop: _FitLoop, batches: Iterable[Any], on_loss: Callabl
     finally:
         module._current_fx_name = previous
     return steps
+
+
+_TRANSFER_HOOKS = ("transfer_batch_to_device", "on_after_batch_transfer")
+
+
+def _batch_mover(trainer: pl.Trainer) -> Callable[[Any], Any]:
+    """``strategy.batch_to_device``, or, when neither module nor datamodule overrides its hooks,
+    the ``move_data_to_device`` it would end in, without two hook dispatches per batch."""
+    strategy = trainer.strategy
+    owners = [trainer.lightning_module] + [trainer.datamodule] * isinstance(trainer.datamodule, pl.LightningDataModule)
+    if any(is_overridden(hook, owner) for hook in _TRANSFER_HOOKS for owner in owners):
+        return strategy.batch_to_device
+    device = strategy.root_device
+    return lambda batch: move_data_to_device(batch, device)
 
 
 def sync_module_states(module: torch.nn.Module) -> None:
