@@ -50,31 +50,29 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
-from torch.utils.data import DataLoader, TensorDataset
-
 import lightning
 import lightning.pytorch as pl
+import numpy as np
+import torch
+from harness import (  # benchmarks/ is on sys.path as a script
+    CLOCKS,
+    QUIET_TRAINER,
+    RoundTimer,
+    now,
+    plain_fedavg,
+    select_clients,
+)
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, TensorDataset
 
 from fl_lightning import FederatedTrainer
 from fl_lightning.data import FederatedDataModule, InMemoryDataset
 from fl_lightning.models import MLP
-from fl_lightning.utils.seeding import derive_seed, make_generator
+from fl_lightning.utils.seeding import derive_seed
 
 LR = 0.05
 BATCH_SIZE = 10
 SEED = 0  # FederatedTrainer(seed=...), also used by the baselines to pick the same clients/batches
-CLOCKS = ("wall", "cpu")
-
-
-def now() -> np.ndarray:
-    """(wall seconds, CPU seconds of this process): CPU time is not inflated while other processes run."""
-    return np.array([time.perf_counter(), time.process_time()])
-
-
 # --------------------------------------------------------------------------------------------
 # Workload
 # --------------------------------------------------------------------------------------------
@@ -120,8 +118,7 @@ class Workload:
 
     def select(self, round_idx: int) -> list[int]:
         """The clients of a round, by the same rule as ``Algorithm.select_clients``."""
-        order = torch.randperm(self.num_clients, generator=make_generator(SEED, "select", round_idx))
-        return sorted(order[: self.clients_per_round].tolist())
+        return select_clients(SEED, round_idx, self.num_clients, self.clients_per_round)
 
 
 def make_workload(spec: ModelSpec, num_clients: int, samples_per_client: int, clients_per_round: int) -> Workload:
@@ -154,62 +151,17 @@ def run_plain(work: Workload, steps: int, total_rounds: int) -> tuple[np.ndarray
     layers.append(nn.Linear(spec.hidden[-1], spec.num_classes))
     net = nn.Sequential(*layers)
     net.load_state_dict({k.removeprefix("net."): v for k, v in work.init.items()})
-    live = dict(net.state_dict(keep_vars=True))
-    global_state = {k: v.detach().clone() for k, v in live.items()}
     x_all, y_all = work.dataset.tensors
-
-    times = []
-    for r in range(total_rounds):
-        t0 = now()
-        acc = {k: torch.zeros_like(v) for k, v in global_state.items()}
-        total = 0.0
-        for cid in work.select(r):
-            with torch.no_grad():
-                for k, p in live.items():
-                    p.copy_(global_state[k])
-            opt = torch.optim.SGD(net.parameters(), lr=LR, momentum=0.0)
-            idx = work.client_idx[cid]
-            n = len(idx)
-            g = torch.Generator().manual_seed(derive_seed(SEED, "client", r, cid))
-            done = 0
-            while done < steps:  # epochs of fresh permutations, cut into batches, last one partial
-                order = torch.randperm(n, generator=g)
-                for start in range(0, n, BATCH_SIZE):
-                    b = idx[order[start : start + BATCH_SIZE]]
-                    x, y = x_all[b], y_all[b]
-                    opt.zero_grad()
-                    F.cross_entropy(net(x), y).backward()
-                    opt.step()
-                    done += 1
-                    if done == steps:
-                        break
-            with torch.no_grad():
-                for k, p in live.items():
-                    acc[k].add_(p - global_state[k], alpha=float(n))
-            total += n
-        with torch.no_grad():
-            for k, v in global_state.items():
-                v.add_(acc[k].div_(total))
-        times.append(now() - t0)
-    return np.stack(times), {"net." + k: v for k, v in global_state.items()}
+    times, weights = plain_fedavg(
+        net, x_all, y_all, work.client_idx, work.select,
+        steps=steps, rounds=total_rounds, lr=LR, batch_size=BATCH_SIZE, seed=SEED,
+    )
+    return times, {"net." + k: v for k, v in weights.items()}
 
 
 # --------------------------------------------------------------------------------------------
 # (b) FederatedTrainer
 # --------------------------------------------------------------------------------------------
-
-
-class RoundTimer(pl.Callback):
-    """Clocks at each round (epoch) start and at the end of training."""
-
-    def __init__(self) -> None:
-        self.marks: list[np.ndarray] = []
-
-    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.marks.append(now())
-
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.marks.append(now())
 
 
 def federated_trainer(
@@ -223,13 +175,8 @@ def federated_trainer(
         max_epochs=total_rounds,
         accelerator="cpu",
         devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
         callbacks=callbacks,
+        **QUIET_TRAINER,
     )
 
 
@@ -276,17 +223,7 @@ def run_trainer_per_client(work: Workload, steps: int, total_rounds: int) -> np.
                 shuffle=True,
                 generator=torch.Generator().manual_seed(derive_seed(SEED, "client", r, cid)),
             )
-            trainer = pl.Trainer(
-                max_steps=steps,
-                accelerator="cpu",
-                devices=1,
-                logger=False,
-                enable_checkpointing=False,
-                enable_progress_bar=False,
-                enable_model_summary=False,
-                num_sanity_val_steps=0,
-                limit_val_batches=0,
-            )
+            trainer = pl.Trainer(max_steps=steps, accelerator="cpu", devices=1, **QUIET_TRAINER)
             trainer.fit(module, train_dataloaders=loader)
             assert trainer.global_step == steps
             with torch.no_grad():

@@ -1,4 +1,4 @@
-"""What every benchmark prints about the machine it ran on, and its mean ± std cells."""
+"""What every benchmark prints about the machine it ran on, its mean ± std cells, and where the report goes."""
 
 from __future__ import annotations
 
@@ -32,3 +32,11 @@ def mean_std(values: Sequence[float], digits: int = 3, scale: float = 1.0) -> st
     scaled = [v * scale for v in values]
     std = statistics.stdev(scaled) if len(scaled) > 1 else 0.0
     return f"{statistics.fmean(scaled):.{digits}f} ± {std:.{digits}f}"
+
+
+def emit(report: str, path: str | None) -> None:
+    """Prints the Markdown report and, with ``--out``, also writes it to ``path``."""
+    print(report)
+    if path:
+        with open(path, "w") as f:
+            f.write(report.rstrip("\n") + "\n")

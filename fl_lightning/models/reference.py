@@ -1,4 +1,4 @@
-"""The papers' reference models: logistic regression, the 2-layer MLP ("2NN"), a small CNN.
+"""The papers' reference models: logistic regression, the 2-layer MLP ("2NN"), small CNNs.
 
 All are FedProx-ready (:class:`~fl_lightning.ProximalMixin` is inert until an algorithm sets mu > 0).
 """
@@ -70,3 +70,42 @@ class CNN(ProximalMixin, ClassificationModule):
             nn.ReLU(),
             nn.Linear(512, num_classes),
         )
+
+
+class PflCNN(ProximalMixin, ClassificationModule):
+    """pfl-research's CIFAR-10 benchmark CNN (``simple_cnn`` in ``benchmarks/model/pytorch/cnn.py`` of
+    https://github.com/apple/pfl-research): two unpadded 3×3 conv layers (32, 64 channels, ReLU), one
+    2×2 max-pooling, dropout 0.25, a 128-unit dense layer, dropout 0.5 and a linear output; Xavier
+    (Glorot) uniform weights, PyTorch's default biases. 1,626,442 parameters on 3×32×32 inputs.
+
+    pfl-research trains it with local SGD at lr 0.1, batch 10, 1 local epoch, 50 of 1000 clients
+    (50 images each) per round and central SGD at lr 1 (``image_classification/configs/baseline.yaml``).
+    Their model takes channels-last ``[N, H, W, C]`` images and transposes them; this one takes
+    channels-first ``[N, C, H, W]``, as :class:`~fl_lightning.data.CIFAR10` serves them.
+
+    Args:
+        in_channels: image channels.
+        image_size: height = width of the input images (at least 6).
+    """
+
+    def __init__(self, *, in_channels: int = 3, image_size: int = 32, num_classes: int = 10, **kwargs: Any) -> None:
+        super().__init__(num_classes=num_classes, **kwargs)
+        if image_size < 6:
+            raise ValueError(f"`image_size` must be >= 6 (two unpadded 3x3 convolutions and a 2x2 pooling), got {image_size}.")
+        pooled = (image_size - 4) // 2
+        self.net = nn.Sequential(
+            nn.Conv2d(in_channels, 32, 3),
+            nn.ReLU(),
+            nn.Conv2d(32, 64, 3),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Dropout(0.25),
+            nn.Flatten(),
+            nn.Linear(64 * pooled**2, 128),
+            nn.ReLU(),
+            nn.Dropout(0.5),
+            nn.Linear(128, num_classes),
+        )
+        for layer in self.net:
+            if isinstance(layer, (nn.Conv2d, nn.Linear)):
+                nn.init.xavier_uniform_(layer.weight)

@@ -1,0 +1,135 @@
+"""What the speed and memory benchmarks share: clocks, a round timer, quiet Trainer settings, the plain FedAvg loop.
+
+The plain loop is the reference every speed benchmark compares ``FederatedTrainer`` with: per
+client ``param.copy_`` of the global weights, a fresh ``torch.optim.SGD``, the local steps on
+batches cut by the library's rule (see :func:`fl_lightning.data.client_batches`), ``delta =
+local - global``; then the sample-weighted FedAvg of the deltas. It selects the same clients
+and draws the same data order as ``FederatedTrainer(seed=seed)``, so both end with the same
+weights.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from fl_lightning.utils.seeding import derive_seed, make_generator
+
+CLOCKS = ("wall", "cpu")
+#: Trainer arguments that keep a benchmark's Trainer from logging, checkpointing, printing or validating.
+QUIET_TRAINER = {
+    "logger": False,
+    "enable_checkpointing": False,
+    "enable_progress_bar": False,
+    "enable_model_summary": False,
+    "num_sanity_val_steps": 0,
+    "limit_val_batches": 0,
+}
+
+
+def now() -> np.ndarray:
+    """(wall seconds, CPU seconds of this process): CPU time is not inflated while other processes run.
+
+    Waits for queued CUDA work first (when CUDA is in use), so that a GPU's asynchronous
+    kernels are charged to the interval that launched them.
+    """
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    return np.array([time.perf_counter(), time.process_time()])
+
+
+class RoundTimer(pl.Callback):
+    """Clocks at each round (epoch) start and at the end of training."""
+
+    def __init__(self) -> None:
+        self.marks: list[np.ndarray] = []
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.marks.append(now())
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.marks.append(now())
+
+
+def select_clients(seed: int, round_idx: int, num_clients: int, clients_per_round: int) -> list[int]:
+    """The clients of a round, by the same rule as ``Algorithm.select_clients``."""
+    order = torch.randperm(num_clients, generator=make_generator(seed, "select", round_idx))
+    return sorted(order[:clients_per_round].tolist())
+
+
+def plain_fedavg(
+    net: nn.Module,
+    inputs: Tensor,
+    labels: Tensor,
+    client_idx: Sequence[Tensor],
+    select: Callable[[int], Sequence[int]],
+    *,
+    steps: int,
+    rounds: int,
+    lr: float,
+    batch_size: int,
+    seed: int,
+) -> tuple[np.ndarray, dict[str, Tensor]]:
+    """``rounds`` rounds of FedAvg on ``net`` (trained in place, starting from its current weights).
+
+    Args:
+        net: the model; its ``state_dict`` is the global model.
+        inputs: every sample's features (on the model's device, or on the CPU).
+        labels: every sample's class.
+        client_idx: each client's dataset indices (int64, CPU).
+        select: round -> the round's clients.
+        steps: local SGD steps per client (epochs of fresh permutations, last batch partial).
+        rounds: number of rounds.
+        lr: local learning rate (plain SGD, no momentum).
+        batch_size: local batch size.
+        seed: root seed of the clients' data order (as ``FederatedTrainer(seed=...)``).
+
+    Returns:
+        The (wall, CPU) seconds of every round (``[rounds, 2]``) and the final global weights.
+    """
+    device = next(net.parameters()).device
+    live = dict(net.state_dict(keep_vars=True))
+    global_state = {k: v.detach().clone() for k, v in live.items()}
+    times = []
+    for r in range(rounds):
+        t0 = now()
+        acc = {k: torch.zeros_like(v) for k, v in global_state.items()}
+        total = 0.0
+        for cid in select(r):
+            with torch.no_grad():
+                for k, p in live.items():
+                    p.copy_(global_state[k])
+            opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.0)
+            idx = client_idx[cid]
+            n = len(idx)
+            g = torch.Generator().manual_seed(derive_seed(seed, "client", r, cid))
+            done = 0
+            while done < steps:  # epochs of fresh permutations, cut into batches, last one partial
+                order = torch.randperm(n, generator=g)
+                for start in range(0, n, batch_size):
+                    b = idx[order[start : start + batch_size]]
+                    x, y = inputs[b].to(device), labels[b].to(device)  # no-ops for data on the device
+                    opt.zero_grad()
+                    F.cross_entropy(net(x), y).backward()
+                    opt.step()
+                    done += 1
+                    if done == steps:
+                        break
+            with torch.no_grad():
+                for k, p in live.items():
+                    acc[k].add_(p - global_state[k], alpha=float(n))
+            total += n
+        with torch.no_grad():
+            for k, v in global_state.items():
+                v.add_(acc[k].div_(total))
+        times.append(now() - t0)
+    with torch.no_grad():
+        for k, p in live.items():
+            p.copy_(global_state[k])
+    return np.stack(times), global_state
