@@ -49,6 +49,11 @@ def compute_delta(live: Mapping[str, Tensor], reference: Mapping[str, Tensor]) -
     }
 
 
+def moved(state: Mapping[str, Tensor], device: torch.device) -> State:
+    """``state`` with every tensor on ``device`` (tensors already there are not copied)."""
+    return {name: t.to(device) for name, t in state.items()}
+
+
 def tensor_bytes(tensors: Mapping[str, Tensor]) -> int:
     """Bytes needed to send ``tensors`` uncompressed."""
     return sum(t.numel() * t.element_size() for t in tensors.values())

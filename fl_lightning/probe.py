@@ -89,18 +89,48 @@ class _Scorer(nn.Module):
 _VMAP_FAILED: set[type] = set()
 
 
+class WeightSets:
+    """``M`` weight sets ready for :func:`sample_metrics_many`: on the module's device and dtype,
+    and stacked once for ``vmap``, so probing many clients with the same sets allocates nothing
+    per client.
+
+    Each state maps ``state_dict`` names to tensors (parameters and buffers; missing names keep
+    the module's own).
+    """
+
+    def __init__(self, module: nn.Module, states: Sequence[Mapping[str, Tensor]]) -> None:
+        if not states:
+            raise ValueError("sample_metrics_many needs at least one weight set.")
+        live = dict(module.state_dict(keep_vars=True))
+        names = [n for n in states[0] if n in live]
+        self.prepared = [
+            {f"module.{n}": s[n].detach().to(device=live[n].device, dtype=live[n].dtype) for n in names} for s in states
+        ]
+        self._stacked: dict[str, Tensor] | None = None
+
+    def __len__(self) -> int:
+        return len(self.prepared)
+
+    @property
+    def stacked(self) -> dict[str, Tensor]:
+        """The sets stacked along a new leading dimension (built on first use)."""
+        if self._stacked is None:
+            self._stacked = {k: torch.stack([p[k] for p in self.prepared]) for k in self.prepared[0]}
+        return self._stacked
+
+
 @torch.no_grad()
 def sample_metrics_many(
     module: pl.LightningModule,
-    states: Sequence[Mapping[str, Tensor]],
+    states: Sequence[Mapping[str, Tensor]] | WeightSets,
     batches: Iterable[Any],
     *,
     batched: bool = True,
 ) -> dict[str, Tensor]:
     """Per-sample metrics of ``module`` under each of ``M`` weight sets, in one pass over ``batches``.
 
-    Each state maps ``state_dict`` names to tensors (parameters and buffers; missing names keep
-    the module's own). With ``batched`` the ``M`` states are stacked and scored together with
+    ``states`` are state mappings or, to probe many clients with the same sets, a
+    :class:`WeightSets` built once. With ``batched`` the ``M`` states are scored together with
     ``torch.func.vmap`` over ``torch.func.functional_call`` (one forward per batch for all
     states); a ``sample_metrics`` that ``vmap`` cannot trace (e.g. data-dependent control flow)
     falls back, with one warning, to ``M`` calls per batch. The module's own weights, its
@@ -110,16 +140,11 @@ def sample_metrics_many(
         ``{key: Tensor[M, num_samples]}`` on the module's device, e.g. ``"loss"`` and ``"correct"``.
     """
     _check(module)
-    if not states:
-        raise ValueError("sample_metrics_many needs at least one weight set.")
-    live = dict(module.state_dict(keep_vars=True))
-    names = [n for n in states[0] if n in live]
-    prepared = [
-        {f"module.{n}": s[n].detach().to(device=live[n].device, dtype=live[n].dtype) for n in names} for s in states
-    ]
+    weights = states if isinstance(states, WeightSets) else WeightSets(module, states)
+    prepared = weights.prepared
     scorer = _Scorer(module)
-    use_vmap = batched and len(states) > 1 and type(module) not in _VMAP_FAILED
-    stacked = {k: torch.stack([p[k] for p in prepared]) for k in prepared[0]} if use_vmap else {}
+    use_vmap = batched and len(weights) > 1 and type(module) not in _VMAP_FAILED
+    stacked = weights.stacked if use_vmap else {}
     modes = {m: m.training for m in module.modules()}
     module.eval()
     try:
@@ -137,7 +162,7 @@ def sample_metrics_many(
                     use_vmap = False
                     rank_zero_warn(
                         f"{type(module).__name__}.sample_metrics cannot be vmapped ({err}); scoring the "
-                        f"{len(states)} weight sets one after the other."
+                        f"{len(weights)} weight sets one after the other."
                     )
             if out is None:
                 per_state = [torch.func.functional_call(scorer, p, (batch,)) for p in prepared]

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from fl_lightning.models import CNN
-from fl_lightning.probe import sample_metrics, sample_metrics_many
+from fl_lightning.probe import WeightSets, sample_metrics, sample_metrics_many
 
 
 def _states(module: nn.Module, count: int) -> list[dict[str, torch.Tensor]]:
@@ -41,6 +41,19 @@ def test_equals_loading_each_state_and_probing(batched):
     # the module's own weights, BatchNorm statistics and mode are untouched
     assert all(torch.equal(t, before[n]) for n, t in module.state_dict().items())
     assert module.training
+
+
+def test_prepared_weight_sets_are_stacked_once_and_score_the_same():
+    torch.manual_seed(0)
+    module = CNN(image_size=8, batch_norm=True)
+    states = _states(module, 3)
+    weights = WeightSets(module, states)
+    first = sample_metrics_many(module, weights, _batches())
+    stacked = weights.stacked
+    second = sample_metrics_many(module, weights, _batches()[:1])
+    assert weights.stacked is stacked  # reused: probing N clients stacks the centres once
+    assert torch.equal(first["loss"], sample_metrics_many(module, states, _batches())["loss"])
+    assert torch.equal(second["loss"], first["loss"][:, :5])
 
 
 class _Branchy(CNN):

@@ -17,7 +17,7 @@ from fl_lightning.algorithms.client_state import cpu_copy
 from fl_lightning.algorithms.clustering import match_clusters
 from fl_lightning.federation import Federation
 from fl_lightning.model_state import State, live_tensors, load_into, tensor_bytes
-from fl_lightning.probe import SupportsSampleMetrics, sample_metrics_many
+from fl_lightning.probe import SupportsSampleMetrics, WeightSets, sample_metrics_many
 from fl_lightning.utils.seeding import derive_seed
 
 
@@ -159,6 +159,7 @@ class ClusteredAlgorithm(Algorithm):
         self.probe_batch_size = probe_batch_size
         self.centres: list[State] = [cpu_copy(c) for c in centres] if centres is not None else []
         self._device_centres: list[State] | None = None
+        self._probe_weights: WeightSets | None = None
         self._truth: Tensor | None = None
 
     def setup(self, federation: Federation) -> None:
@@ -177,7 +178,7 @@ class ClusteredAlgorithm(Algorithm):
             raise ValueError(f"The initial centres lack the module's tensors {sorted(missing)}.")
         if any(all(torch.equal(a[k], b[k]) for k in a) for i, a in enumerate(self.centres) for b in self.centres[i + 1 :]):
             rank_zero_warn("Some cluster centres are identical: their samples all go to the lower-indexed centre.")
-        self._device_centres = None
+        self._device_centres = self._probe_weights = None
         self._truth = true_importance(federation.data)
 
     # --- centres -------------------------------------------------------------------------
@@ -194,13 +195,15 @@ class ClusteredAlgorithm(Algorithm):
     def set_centres(self, centres: Sequence[Mapping[str, Tensor]], global_state: State) -> None:
         """Replaces the centres (CPU copies) and writes centre 0 into the loop's global model."""
         self.centres = [cpu_copy(c) for c in centres]
-        self._device_centres = None
+        self._device_centres = self._probe_weights = None
         load_into(global_state, self.centres[0])
 
     def centre_losses(self, cid: int) -> Tensor:
         """``[n_k, S]`` losses of every centre on every training sample of client ``cid``."""
         batches = self.federation.probe_batches(cid, batch_size=self.probe_batch_size)
-        return sample_metrics_many(self.federation.module, self.centres_on_device(), batches, batched=self.batched_probe)["loss"].T
+        if self._probe_weights is None:  # stacked once per set of centres, not once per client
+            self._probe_weights = WeightSets(self.federation.module, self.centres_on_device())
+        return sample_metrics_many(self.federation.module, self._probe_weights, batches, batched=self.batched_probe)["loss"].T
 
     def download_bytes(self, global_state: State) -> int:
         """A selected client downloads all ``S`` centres."""
@@ -240,4 +243,4 @@ class ClusteredAlgorithm(Algorithm):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.centres = [{k: v.cpu() for k, v in c.items()} for c in state["centres"]]
-        self._device_centres = None
+        self._device_centres = self._probe_weights = None

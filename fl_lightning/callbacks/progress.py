@@ -12,6 +12,7 @@ from typing_extensions import override
 
 from fl_lightning.algorithms.base import ClientContext, ClientUpdate
 from fl_lightning.callbacks.federated_callback import FederatedCallback
+from fl_lightning.distributed.sharding import shard
 
 
 class FederatedProgressBar(ProgressBar, FederatedCallback):
@@ -59,7 +60,9 @@ class FederatedProgressBar(ProgressBar, FederatedCallback):
     @override
     def on_clients_selected(self, trainer: pl.Trainer, pl_module: pl.LightningModule, round_idx: int, client_ids: list[int]) -> None:
         if self._progress is not None:
-            self._progress.reset(self._clients, total=len(client_ids), description=f"round {round_idx}")
+            # With several processes, this rank's share (rank 0 shows its bar).
+            mine = shard(client_ids, trainer.global_rank, trainer.world_size)
+            self._progress.reset(self._clients, total=len(mine), description=f"round {round_idx}")
 
     @override
     def on_client_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, client: ClientContext, update: ClientUpdate) -> None:

@@ -34,6 +34,11 @@ class ShardedRound:
     stop: bool
 
 
+def shard(clients: list[int], rank: int, world_size: int) -> list[int]:
+    """Rank ``rank``'s share of a round's clients: every ``world_size``-th, in selection order."""
+    return clients[rank::world_size]
+
+
 class ClientSharding:
     """Splits each round's clients over the ranks and sums their weighted deltas with one all-reduce.
 
@@ -60,7 +65,7 @@ class ClientSharding:
 
     def share(self, clients: list[int]) -> list[int]:
         """This rank's clients of the round, in selection order."""
-        return clients[self.rank :: self.world_size]
+        return shard(clients, self.rank, self.world_size)
 
     def all_reduce(
         self,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import heapq
 import time
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -13,7 +14,7 @@ from typing_extensions import override
 from fl_lightning.algorithms.base import ClientUpdate
 from fl_lightning.algorithms.fedbuff import FedBuff
 from fl_lightning.loops.federated_fit_loop import FederatedFitLoop
-from fl_lightning.model_state import load_into
+from fl_lightning.model_state import load_into, moved
 from fl_lightning.utils.seeding import derive_seed
 
 
@@ -95,6 +96,7 @@ class AsyncFitLoop(FederatedFitLoop):
         while True:
             self.clock, _, cid = heapq.heappop(self._queue)
             update, pulled = self._in_flight.pop(cid)
+            update = replace(update, payload=moved(update.payload, self.trainer.strategy.root_device))
             self.arrivals.append((self.clock, cid, pulled))
             self._buffer.append((update, pulled))
             received.append(update)
@@ -142,7 +144,8 @@ class AsyncFitLoop(FederatedFitLoop):
         update = self.train_client(version, cid, seed=derive_seed(self.seed, "client", *keys))
         duration = self.async_algorithm.delays.duration(cid, self._jobs[cid])
         self._jobs[cid] += 1
-        self._in_flight[cid] = (update, version)
+        # In flight on the CPU: with every client in flight, device memory would grow with the clients.
+        self._in_flight[cid] = (replace(update, payload=moved(update.payload, torch.device("cpu"))), version)
         heapq.heappush(self._queue, (self.clock + duration, self._seq, cid))
         self._seq += 1
 

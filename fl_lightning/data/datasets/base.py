@@ -39,7 +39,7 @@ class InMemoryDataset(Dataset[tuple[Tensor, Tensor]]):
                 f"labels must lie in [0, {num_classes}), got range [{int(labels.min())}, {int(labels.max())}]."
             )
         self.tensors: tuple[Tensor, Tensor] = (inputs, labels)
-        self.targets: np.ndarray = labels.numpy()
+        self.targets: np.ndarray = labels.cpu().numpy()  # partitioners read labels on the host
 
     def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
         return self.tensors[0][index], self.tensors[1][index]
