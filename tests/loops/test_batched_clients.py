@@ -1,0 +1,183 @@
+"""The batched client executor gives the sequential executors' per-client updates and global weights."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor
+
+from fl_lightning import FedAvg, FedBuff, FedProx
+from fl_lightning.algorithms.base import ClientContext, ClientUpdate
+from fl_lightning.algorithms.server_optimizers import ServerSGD
+from fl_lightning.callbacks.federated_callback import FederatedCallback
+from fl_lightning.data import Dirichlet, FederatedDataModule, InMemoryDataset
+from fl_lightning.loops.batched_clients import flatten_stream, group_clients, signature
+from fl_lightning.models import CNN, MLP
+
+from ..integration.conftest import quiet_trainer
+
+TOL = 1e-5
+
+
+def synthetic_data(*, image: bool = False, num_clients: int = 6, batch_size: int = 8) -> FederatedDataModule:
+    """Label-skewed clients of unequal sizes: different step counts and last-batch sizes."""
+    g = torch.Generator().manual_seed(0)
+    shape = (1, 8, 8) if image else (12,)
+    dataset = InMemoryDataset(
+        inputs=torch.randn(180, *shape, generator=g), labels=torch.randint(0, 4, (180,), generator=g), num_classes=4
+    )
+    return FederatedDataModule(dataset, partitioner=Dirichlet(alpha=0.5), num_clients=num_clients, batch_size=batch_size, seed=0)
+
+
+class ClientLog(FederatedCallback):
+    """Records the hook calls and every update, by ``(round, client)``."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, int, int]] = []
+        self.updates: dict[tuple[int, int], ClientUpdate] = {}
+
+    def on_client_start(self, trainer: Any, pl_module: Any, client: ClientContext) -> None:
+        self.events.append(("start", client.round_idx, client.client_id))
+
+    def on_client_end(self, trainer: Any, pl_module: Any, client: ClientContext, update: ClientUpdate) -> None:
+        self.events.append(("end", client.round_idx, client.client_id))
+        self.updates[client.round_idx, client.client_id] = update
+
+
+class OrderRecordingFedAvg(FedAvg):
+    """FedAvg that records the order of the updates it aggregates (``configure_client`` untouched)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.received: list[list[int]] = []
+
+    def aggregate(self, round_idx: int, global_state: Any, updates: list[ClientUpdate]) -> dict[str, float]:
+        self.received.append([u.client_id for u in updates])
+        return super().aggregate(round_idx, global_state, updates)
+
+
+def fit(executor: str, model_fn: Callable[[], Any], *, image: bool = False, **kwargs: Any) -> tuple[Any, ClientLog, Any]:
+    torch.manual_seed(0)
+    model, log = model_fn(), ClientLog()
+    algorithm = kwargs.pop("algorithm", OrderRecordingFedAvg)()  # a factory: algorithms hold state
+    trainer = quiet_trainer(
+        max_epochs=2, clients_per_round=4, client_executor=executor, callbacks=[log], algorithm=algorithm, **kwargs
+    )
+    trainer.fit(model, datamodule=synthetic_data(image=image))
+    return model, log, trainer.algorithm
+
+
+def max_diff(a: dict[str, Tensor], b: dict[str, Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
+
+
+SCENARIOS = {
+    "unequal-epochs": (lambda: MLP(in_features=12, hidden=(16,), num_classes=4, lr=0.1), False, {"local_epochs": 2}),
+    "steps-momentum-wd": (
+        lambda: MLP(in_features=12, hidden=(16, 8), num_classes=4, lr=0.05, momentum=0.9, weight_decay=1e-3),
+        False,
+        {"local_steps": 5, "algorithm": lambda: OrderRecordingFedAvg(server_optimizer=ServerSGD(lr=1.0, momentum=0.5))},
+    ),
+    "cnn-batchnorm": (lambda: CNN(in_channels=1, image_size=8, num_classes=4, batch_norm=True, lr=0.05), True, {}),
+}
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+@pytest.mark.parametrize("reference", ["lightning", "lean"])
+def test_batched_equals_sequential(scenario: str, reference: str) -> None:
+    model_fn, image, kwargs = SCENARIOS[scenario]
+    kwargs = dict(kwargs)
+    ref_model, ref_log, ref_algorithm = fit(reference, model_fn, image=image, **kwargs)
+    model, log, algorithm = fit("batched", model_fn, image=image, **kwargs)
+
+    # Hooks: each client started once, then ended once; updates aggregated in the clients' order.
+    assert sorted(log.events) == sorted(ref_log.events)
+    assert all(log.events.index(("start", r, c)) < log.events.index(("end", r, c)) for _, r, c in log.events)
+    assert algorithm.received == ref_algorithm.received == [sorted(ids) for ids in ref_algorithm.received]
+    assert log.updates.keys() == ref_log.updates.keys() and len(log.updates) == 8
+    for key, want in ref_log.updates.items():
+        got = log.updates[key]
+        assert (got.num_samples, got.num_steps, got.upload_bytes) == (want.num_samples, want.num_steps, want.upload_bytes)
+        assert max_diff(got.payload, want.payload) <= TOL, key
+        assert got.metrics["train_loss"] == pytest.approx(want.metrics["train_loss"], abs=TOL), key
+    assert max_diff(model.state_dict(), ref_model.state_dict()) <= TOL
+    if scenario == "unequal-epochs":  # the case this scenario exists for: several vmap groups per round
+        assert len({u.num_steps for u in log.updates.values()}) > 1
+
+
+class TiedMLP(MLP):
+    """Two hidden layers sharing one weight matrix (one tensor under two ``state_dict`` names)."""
+
+    def __init__(self) -> None:
+        super().__init__(in_features=12, hidden=(12, 12), num_classes=4, lr=0.1)
+        self.net[3].weight = self.net[1].weight
+
+
+def test_tied_weights_stay_tied() -> None:
+    ref_model, _, _ = fit("lean", TiedMLP)
+    model, _, _ = fit("batched", TiedMLP)
+    assert model.net[3].weight is model.net[1].weight
+    assert max_diff(model.state_dict(), ref_model.state_dict()) <= TOL
+
+
+def test_groups_by_batch_shapes_in_order() -> None:
+    def stream(*sizes: int) -> list[tuple[Tensor, Tensor]]:
+        return [(torch.zeros(n, 3), torch.zeros(n, dtype=torch.long)) for n in sizes]
+
+    def groups(streams: list[Any], **kwargs: Any) -> list[list[int]]:
+        return group_clients([signature(flatten_stream(s)) for s in streams], **kwargs)
+
+    streams = [stream(4, 4, 2), stream(4, 4), stream(4, 4, 2), stream(4, 4, 1), stream(4, 4, 2), stream(4, 4)]
+    assert groups(streams) == [[0, 2, 4], [1, 5], [3]]
+    assert groups(streams, max_clients=2) == [[0, 2], [4], [1, 5], [3]]
+    dtype_differs = [stream(4), [(torch.zeros(4, 3, dtype=torch.float64), torch.zeros(4, dtype=torch.long))]]
+    structure_differs = [stream(4), [[torch.zeros(4, 3), torch.zeros(4, dtype=torch.long)]]]
+    assert groups(dtype_differs) == groups(structure_differs) == [[0], [1]]
+    with pytest.raises(TypeError, match="batches made of tensors only"):
+        flatten_stream([(torch.zeros(4, 3), "labels")])
+
+
+class LogsPerStep(MLP):
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        loss = super().training_step(batch, batch_idx)
+        self.log("train_loss", loss, on_step=True)
+        return loss
+
+
+def adam_mlp() -> MLP:
+    return MLP(in_features=12, hidden=(8,), num_classes=4, optimizer="adam")
+
+
+@pytest.mark.parametrize(
+    ("model_fn", "kwargs", "error", "match"),
+    [
+        (
+            lambda: MLP(in_features=12, hidden=(8,), num_classes=4),
+            {"algorithm": lambda: FedProx(mu=0.1)},
+            ValueError,
+            "FedProx overrides configure_client",
+        ),
+        (adam_mlp, {}, ValueError, r"needs a torch.optim.SGD optimizer .*got Adam"),
+        (lambda: MLP(in_features=12, hidden=(8,), num_classes=4), {"reset_optimizer": False}, ValueError, "reset_optimizer=True"),
+        (lambda: MLP(in_features=12, hidden=(8,), num_classes=4), {"gradient_clip_val": 1.0}, ValueError, "gradient_clip_val"),
+        (
+            lambda: LogsPerStep(in_features=12, hidden=(8,), num_classes=4),
+            {},
+            RuntimeError,
+            "could not run LogsPerStep.training_step",
+        ),
+    ],
+    ids=["fedprox", "adam", "no-reset", "clipping", "self-log"],
+)
+def test_unsupported_runs_fail_clearly(model_fn: Callable[[], Any], kwargs: dict[str, Any], error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        fit("batched", model_fn, **kwargs)
+
+
+def test_asynchronous_algorithm_is_refused() -> None:
+    with pytest.raises(ValueError, match="FedBuff is asynchronous"):
+        quiet_trainer(client_executor="batched", algorithm=FedBuff(buffer_size=2))
