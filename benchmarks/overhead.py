@@ -5,7 +5,9 @@ SGD steps of batch 10, no momentum) runs three ways, side by side in one process
 
 (a) a plain PyTorch loop: per client ``param.copy_`` of the global weights, a fresh
     ``torch.optim.SGD``, the steps, ``delta = local - global``; FedAvg of the deltas;
-(b) ``FederatedTrainer``: all rounds inside one Lightning ``fit`` (the library's default path);
+(b) ``FederatedTrainer``: all rounds inside one Lightning ``fit`` (the library's default path),
+    also with ``client_executor="lean"`` (b') and ``client_executor="batched"`` (b'', the clients
+    of a round trained together with ``torch.func.vmap``; equal to (a) up to float rounding);
 (c) a new ``lightning.pytorch.Trainer`` + ``fit(max_steps=local_steps)`` per client over a
     ``DataLoader`` of the client's samples (how Flower-style simulations drive Lightning).
 
@@ -298,8 +300,10 @@ def bench_model(spec: ModelSpec, cfg: Config, log: Callable[[str], None]) -> dic
     fed = {s: Series() for s in step_values}
     tpc = {s: Series() for s in step_values}
     fed_logging = Series()
+    fed_batched = Series()
     startup: list[float] = []
     exact: list[float] = []
+    batched_diff: list[float] = []
 
     for rep in range(cfg.repeats):
         log(f"  [{spec.name.split(' (')[0]}] repeat {rep + 1}/{cfg.repeats}")
@@ -314,6 +318,9 @@ def bench_model(spec: ModelSpec, cfg: Config, log: Callable[[str], None]) -> dic
                 times, w_log, _ = run_federated(work, s, total, MLP, executor="lean")
                 fed_logging.add(times, cfg.warmup, cpr)
                 exact.append(max_abs_diff(w_plain, w_log))
+                times, w_batched, _ = run_federated(work, s, total, MLP, executor="batched")
+                fed_batched.add(times, cfg.warmup, cpr)
+                batched_diff.append(max_abs_diff(w_plain, w_batched))
             if s in (min(step_values), cfg.steps):  # (c) at two step counts only: it is slow
                 tpc[s].add(run_trainer_per_client(work, s, cfg.tpc_warmup + cfg.tpc_rounds), cfg.tpc_warmup, cpr)
 
@@ -324,7 +331,9 @@ def bench_model(spec: ModelSpec, cfg: Config, log: Callable[[str], None]) -> dic
         "fed": fed,
         "tpc": {k: v for k, v in tpc.items() if v},
         "fed_logging": fed_logging,
+        "fed_batched": fed_batched,
         "max_diff": max(exact),
+        "batched_diff": max(batched_diff),
         "startup_ms": 1e3 * statistics.median(startup),
     }
 
@@ -389,6 +398,7 @@ def render(
             ("(a) plain PyTorch loop (copy_ weights, fresh SGD, delta, FedAvg)", p),
             ("(b) FederatedTrainer, one fit, `fl_lightning.models.MLP`", f),
             ("(b') same with `client_executor=\"lean\"` (training_step + optimizer directly)", f_log),
+            ("(b'') same with `client_executor=\"batched\"` (`torch.func.vmap` over same-shaped clients)", res["fed_batched"]),
             ("(c) new `Trainer` + `fit(max_steps)` per client, DataLoader over the client's data", c),
         ]
         out += [
@@ -437,6 +447,8 @@ def render(
             f"- (b) fit start-up (FederatedTrainer() + fit() until round 0 starts): {res['startup_ms']:.0f} ms wall, once per run",
             f"- final global weights, (b)/(b') vs (a), every run: max |diff| = {res['max_diff']:.3g}"
             + (" (bit-identical)" if res["max_diff"] == 0 else ""),
+            f"- final global weights, (b'') vs (a), every run: max |diff| = {res['batched_diff']:.3g}"
+            + (" (bit-identical)" if res["batched_diff"] == 0 else " (float rounding of the batched products)"),
             "",
         ]
     return "\n".join(out)
@@ -470,6 +482,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--models", default="digits,mnist", help=f"comma-separated subset of {sorted(MODELS)}")
     parser.add_argument("--steps", type=int, default=10, help="local SGD steps per client")
+    parser.add_argument(
+        "--clients-per-round", type=int, default=10, help="clients per round (of 100); the batched executor trains them together"
+    )
     parser.add_argument("--warmup", type=int, help="warm-up rounds per run (default 5; quick 2)")
     parser.add_argument("--rounds", type=int, help="measured rounds per run (default 20; quick 5)")
     parser.add_argument("--repeats", type=int, help="repeats of every run (default 3; quick 1)")
@@ -495,7 +510,7 @@ def main(argv: list[str] | None = None) -> None:
         fixed_steps=(1, 10) if quick else (1, 2, 5, 10),
         num_clients=100,
         samples_per_client=50,
-        clients_per_round=10,
+        clients_per_round=args.clients_per_round,
     )
     specs = [MODELS[m.strip()] for m in args.models.split(",") if m.strip()]
 
