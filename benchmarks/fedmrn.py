@@ -2,26 +2,31 @@
 
 Compares, through the real :class:`~fl_lightning.FederatedTrainer`, the final test accuracy and
 the total uploaded bytes of FedAvg, FedMRN (binary masks), FedMRNS (signed masks), SignSGD
-(stochastic sign with a scale), Top-k (values + indices counted) and TernGrad. Data: scikit-learn's
+(stochastic sign with a scale), Top-k (values + indices counted), TernGrad and FedPM (Bernoulli masks
+over frozen random weights, same MLP as a ``ProbabilityMaskedMLP``). Data: scikit-learn's
 bundled digits (no download), Dirichlet(0.3) label skew over 20 clients, 10 per round. Model: a
 bias-free MLP 64-200-200-10 (every parameter is a Linear weight, so FedMRN's upload is pure mask
 bits + seed, like the paper's bias-free CNNs; its BatchNorm tensors would be sent in fp32).
 
 Hyper-parameters (tuned on seed 0, 40 rounds; see benchmarks/RESULTS.md): local lr 0.3 for
 every method except SignSGD (0.1; it diverges at 0.3), each the best of 0.1 / 0.3 (FedAvg and
-FedMRN also tried 0.5); FedMRN noise alpha = 0.16 and FedMRNS 0.08, not
-the paper's 1e-2 / 5e-3: alpha must cover the per-round update of a coordinate (paper Fig. 5,
-notes §5.5), and this MLP's PyTorch default init and its per-round deltas are about ten times the
-scale of the paper's CNNs initialised from N(0, 0.01²).
+FedMRN also tried 0.5); FedPM trains its scores with Adam (the FedPM authors' optimizer) at lr
+0.3, the best of Adam {0.03, 0.1, 0.3, 1.0} and plain SGD {10, 30, 100} (SGD barely moves the
+scores). FedMRN noise alpha = 0.16 and FedMRNS 0.08, not the paper's 1e-2 / 5e-3: alpha must cover
+the per-round update of a coordinate (paper Fig. 5, notes §5.5), and this MLP's PyTorch default
+init and its per-round deltas are about ten times the scale of the paper's CNNs initialised from
+N(0, 0.01²).
 
-Within a seed every method sees the same partition, initial weights, client selection and
-client batch order. Reported per method: mean ± sample std over seeds of the final-round test
-accuracy and of the mean accuracy over the last ``--tail`` rounds, its difference to FedAvg,
-and the exact uploaded bytes (from ``ClientUpdate.upload_bytes``) with the ratio to FedAvg's.
+Within a seed every method sees the same partition, initial weights (FedPM re-draws its frozen
+weights from the seed), client selection and client batch order. Reported per method: mean ±
+sample std over seeds of the final-round test accuracy and of the mean accuracy over the last
+``--tail`` rounds, its difference to FedAvg, the exact uploaded bytes (from
+``ClientUpdate.upload_bytes``) with the ratio to FedAvg's, and the bytes each client downloads
+per round (``Algorithm.download_bytes``).
 
 Run from the repository root::
 
-    PYTHONPATH=. python benchmarks/fedmrn.py                 # default, ~9 min on 2 CPU cores
+    PYTHONPATH=. python benchmarks/fedmrn.py                 # default, 4-9 min on 2 CPU cores (load-dependent)
     PYTHONPATH=. python benchmarks/fedmrn.py --quick         # ~1 min smoke run
     PYTHONPATH=. python benchmarks/fedmrn.py --rounds 100 --methods FedAvg FedMRN FedMRNS   # ~20 min
     PYTHONPATH=. python benchmarks/fedmrn.py --lr SignSGD=0.05 --alpha 0.08 --out table.md
@@ -46,12 +51,14 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import get_context
+from typing import Any
 
 import torch
 
+
 def _methods() -> dict[str, Callable[[argparse.Namespace], object]]:
     """Method name -> algorithm factory."""
-    from fl_lightning import CompressedFedAvg, FedAvg, FedMRN, FedMRNS
+    from fl_lightning import CompressedFedAvg, FedAvg, FedMRN, FedMRNS, FedPM
     from fl_lightning.compression import StochasticSignCodec, TernGradCodec, TopKCodec
 
     return {
@@ -61,15 +68,22 @@ def _methods() -> dict[str, Callable[[argparse.Namespace], object]]:
         "SignSGD": lambda a: CompressedFedAvg(codec=StochasticSignCodec()),
         "Top-k": lambda a: CompressedFedAvg(codec=TopKCodec(density=a.density)),
         "TernGrad": lambda a: CompressedFedAvg(codec=TernGradCodec()),
+        "FedPM": lambda a: FedPM(),
     }
 
 
-#: Local learning rates tuned on seed 0 over {0.1, 0.3} (FedAvg, FedMRN: also 0.5); see RESULTS.md.
-DEFAULT_LR = {"FedAvg": 0.3, "FedMRN": 0.3, "FedMRNS": 0.3, "SignSGD": 0.1, "Top-k": 0.3, "TernGrad": 0.3}
+#: Local learning rates tuned on seed 0 over {0.1, 0.3} (FedAvg, FedMRN: also 0.5; FedPM: see the docstring).
+DEFAULT_LR = {"FedAvg": 0.3, "FedMRN": 0.3, "FedMRNS": 0.3, "SignSGD": 0.1, "Top-k": 0.3, "TernGrad": 0.3, "FedPM": 0.3}
+#: Local optimizers other than plain SGD.
+DEFAULT_OPTIMIZER = {"FedPM": "adam"}
 
 
 def learning_rate(method: str, args: argparse.Namespace) -> float:
     return float(args.lr.get(method, DEFAULT_LR[method]))
+
+
+def optimizer(method: str, args: argparse.Namespace) -> str:
+    return str(args.optimizer.get(method, DEFAULT_OPTIMIZER.get(method, "sgd")))
 
 
 @dataclass
@@ -80,6 +94,7 @@ class RunResult:
     upload_bytes: int
     download_bytes: int
     payload_bytes: int
+    client_download_bytes: int
     wall_s: float
 
 
@@ -92,7 +107,7 @@ def run_one(method: str, seed: int, args: argparse.Namespace) -> RunResult:
 
     from fl_lightning import FederatedTrainer
     from fl_lightning.data import Digits, Dirichlet, FederatedDataModule
-    from fl_lightning.models.fedmrn import MaskedMLP
+    from fl_lightning.models.fedmrn import MaskedMLP, ProbabilityMaskedMLP
 
     class AccuracyPerRound(Callback):
         def __init__(self) -> None:
@@ -111,7 +126,10 @@ def run_one(method: str, seed: int, args: argparse.Namespace) -> RunResult:
         seed=seed,
     )
     torch.manual_seed(seed)
-    model = MaskedMLP(in_features=64, hidden=(200, 200), bias=False, lr=learning_rate(method, args))
+    model_class = ProbabilityMaskedMLP if method == "FedPM" else MaskedMLP
+    model = model_class(
+        in_features=64, hidden=(200, 200), bias=False, lr=learning_rate(method, args), optimizer=optimizer(method, args)
+    )
     accuracy = AccuracyPerRound()
     trainer = FederatedTrainer(
         algorithm=factory(args),  # type: ignore[arg-type]
@@ -138,19 +156,20 @@ def run_one(method: str, seed: int, args: argparse.Namespace) -> RunResult:
         loop.total_upload_bytes,
         loop.total_download_bytes,
         loop.total_upload_bytes // clients,
+        loop.total_download_bytes // clients,
         time.perf_counter() - started,
     )
 
 
 def speed(args: argparse.Namespace) -> str:
-    """Seconds per round of FedAvg vs FedMRN for the paper's CNN4 on synthetic FMNIST-shaped data."""
+    """Seconds per round of FedAvg vs FedMRN and FedPM for the paper's CNN4 on synthetic FMNIST-shaped data."""
     warnings.filterwarnings("ignore")
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     from lightning.pytorch.callbacks import Callback
 
-    from fl_lightning import FedAvg, FederatedTrainer, FedMRN
+    from fl_lightning import FedAvg, FederatedTrainer, FedMRN, FedPM
     from fl_lightning.data import IID, FederatedDataModule, InMemoryDataset
-    from fl_lightning.models.fedmrn import CNN4
+    from fl_lightning.models.fedmrn import CNN4, ProbabilityMaskedCNN4
 
     class RoundTimes(Callback):
         def __init__(self) -> None:
@@ -161,19 +180,34 @@ def speed(args: argparse.Namespace) -> str:
 
     g = torch.Generator().manual_seed(0)
     n = 10 * 64 * args.speed_steps
-    dataset = InMemoryDataset(inputs=torch.randn(n, 1, 28, 28, generator=g), labels=torch.randint(0, 10, (n,), generator=g), num_classes=10)
+    dataset = InMemoryDataset(
+        inputs=torch.randn(n, 1, 28, 28, generator=g), labels=torch.randint(0, 10, (n,), generator=g), num_classes=10
+    )
     rows = ["| algorithm | s / round (median) | rounds / s | vs FedAvg |", "|---|---:|---:|---:|"]
     base = None
-    for name, algorithm in (("FedAvg", FedAvg()), ("FedMRN", FedMRN())):
+    for name, algorithm, model_class in (
+        ("FedAvg", FedAvg(), CNN4),
+        ("FedMRN", FedMRN(), CNN4),
+        ("FedPM", FedPM(), ProbabilityMaskedCNN4),
+    ):
         times = RoundTimes()
         trainer = FederatedTrainer(
-            algorithm=algorithm, max_epochs=args.speed_rounds + 1, clients_per_round=10, local_steps=args.speed_steps,
-            accelerator=args.accelerator, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-            enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0, callbacks=[times],
+            algorithm=algorithm,
+            max_epochs=args.speed_rounds + 1,
+            clients_per_round=10,
+            local_steps=args.speed_steps,
+            accelerator=args.accelerator,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            limit_val_batches=0,
+            callbacks=[times],
         )
         data = FederatedDataModule(dataset, partitioner=IID(), num_clients=10, batch_size=64)
         torch.manual_seed(0)
-        trainer.fit(CNN4(lr=0.1), datamodule=data)
+        trainer.fit(model_class(lr=0.1), datamodule=data)
         median = statistics.median(times.values[1:])  # round 0 warms up
         base = base or median
         rows.append(f"| {name} | {median:.3f} | {1 / median:.2f} | {median / base:.2f}× |")
@@ -199,10 +233,10 @@ def report(results: list[RunResult], args: argparse.Namespace, wall_s: float) ->
     params = 64 * 200 + 200 * 200 + 200 * 10
     lines = [
         (
-            "| method | bytes / client upload | bits / param | total upload (MB) | vs FedAvg | final acc (%) "
-            f"| last-{args.tail} acc (%) | Δ final vs FedAvg (pts) | s / run |"
+            "| method | bytes / client upload | bits / param | total upload (MB) | vs FedAvg | bytes / client download "
+            f"| final acc (%) | last-{args.tail} acc (%) | Δ final vs FedAvg (pts) | s / run |"
         ),
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for method, runs in by_method.items():
         final = [r.accuracy[-1] for r in runs]
@@ -212,13 +246,14 @@ def report(results: list[RunResult], args: argparse.Namespace, wall_s: float) ->
         payload = runs[0].payload_bytes
         lines.append(
             f"| {method} | {payload:,} | {8 * payload / params:.2f} | {upload / 1e6:.2f} | {base_upload / upload:.1f}× "
-            f"| {_mean_std(final)} | {_mean_std(tail)} | {100 * statistics.mean(delta):+.1f} "
+            f"| {runs[0].client_download_bytes:,} | {_mean_std(final)} | {_mean_std(tail)} | {100 * statistics.mean(delta):+.1f} "
             f"(min {100 * min(delta):+.1f}) | {statistics.mean(r.wall_s for r in runs):.0f} |"
         )
     settings = (
         f"digits (1,437 train / 360 test), {args.clients} clients Dirichlet(0.3), {args.per_round} per round, "
         f"{args.rounds} rounds, {args.local_epochs} local epochs, batch {args.batch_size}; bias-free MLP 64-200-200-10 "
-        f"({params:,} weights); local lr {', '.join(f'{m} {learning_rate(m, args)}' for m in by_method)}; FedMRN α {args.alpha}, "
+        f"({params:,} weights); local lr {', '.join(f'{m} {learning_rate(m, args)}' for m in by_method)} "
+        f"(SGD{''.join(f', {m} {optimizer(m, args)}' for m in by_method if optimizer(m, args) != 'sgd')}); FedMRN α {args.alpha}, "
         f"FedMRNS α {args.alpha / 2}; Top-k density {args.density}; seeds {args.seeds}."
     )
     machine = f"{platform.machine()} {platform.system()}, {os.cpu_count()} CPUs, torch {torch.__version__}, {args.jobs} worker(s)"
@@ -233,6 +268,20 @@ def report(results: list[RunResult], args: argparse.Namespace, wall_s: float) ->
     )
 
 
+def _method_pairs(
+    parser: argparse.ArgumentParser, option: str, items: list[str], convert: Callable[[str], Any]
+) -> dict[str, Any]:
+    """``METHOD=VALUE`` items as a dict; exits with a usage error on a malformed item or unknown method."""
+    try:
+        pairs = {m: convert(v) for m, v in (item.split("=") for item in items)}
+    except ValueError:
+        parser.error(f"{option} takes METHOD=VALUE pairs, got {items}")
+    unknown = set(pairs) - set(DEFAULT_LR)
+    if unknown:
+        parser.error(f"{option}: unknown methods {sorted(unknown)}; choose from {list(DEFAULT_LR)}")
+    return pairs
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--methods", nargs="+", default=list(_methods()), choices=list(_methods()))
@@ -242,8 +291,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--per-round", type=int, default=10)
     parser.add_argument("--local-epochs", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--lr", nargs="+", default=[], metavar="METHOD=LR", help=f"local learning rates overriding {DEFAULT_LR}")
     parser.add_argument(
-        "--lr", nargs="+", default=[], metavar="METHOD=LR", help=f"local learning rates overriding {DEFAULT_LR}"
+        "--optimizer",
+        nargs="+",
+        default=[],
+        metavar="METHOD=NAME",
+        help=f"local optimizers (sgd, adam) overriding {DEFAULT_OPTIMIZER}",
     )
     parser.add_argument("--alpha", type=float, default=0.16, help="FedMRN noise magnitude (FedMRNS uses half)")
     parser.add_argument("--density", type=float, default=0.03, help="Top-k kept fraction")
@@ -256,13 +310,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--speed-rounds", type=int, default=3)
     parser.add_argument("--speed-steps", type=int, default=5)
     args = parser.parse_args(argv)
-    try:
-        args.lr = {m: float(v) for m, v in (item.split("=") for item in args.lr)}
-    except ValueError:
-        parser.error(f"--lr takes METHOD=LR pairs, got {args.lr}")
-    unknown = set(args.lr) - set(DEFAULT_LR)
-    if unknown:
-        parser.error(f"--lr: unknown methods {sorted(unknown)}; choose from {list(DEFAULT_LR)}")
+    args.lr = _method_pairs(parser, "--lr", args.lr, float)
+    args.optimizer = _method_pairs(parser, "--optimizer", args.optimizer, str)
     if args.quick:
         args.rounds, args.seeds = 10, [0]
     if "FedAvg" not in args.methods:

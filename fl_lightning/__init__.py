@@ -11,6 +11,7 @@ from fl_lightning.algorithms import (
     FedBuff,
     FedMRN,
     FedMRNS,
+    FedPM,
     FedProx,
     FedSoft,
     FedStaleWeight,
@@ -24,7 +25,7 @@ from fl_lightning.algorithms import (
 )
 from fl_lightning.callbacks import FederatedCallback, FederatedProgressBar
 from fl_lightning.federation import FederatedDataSource, Federation
-from fl_lightning.mixins import MaskedNoiseMixin, ProximalMixin
+from fl_lightning.mixins import MaskedNoiseMixin, ProbabilityMaskMixin, ProximalMixin
 from fl_lightning.trainer import FederatedTrainer
 
 __version__ = "0.1.0"
@@ -40,6 +41,7 @@ __all__ = [
     "FedBuff",
     "FedMRN",
     "FedMRNS",
+    "FedPM",
     "FedProx",
     "FedSoft",
     "FedStaleWeight",
@@ -52,6 +54,7 @@ __all__ = [
     "IFCA",
     "MaskedNoiseMixin",
     "PriorityOnly",
+    "ProbabilityMaskMixin",
     "ProximalMixin",
     "ServerAdagrad",
     "ServerAdam",

@@ -7,6 +7,7 @@ from fl_lightning.algorithms.epsilon_schedules import ConstantEpsilon, EpsilonSc
 from fl_lightning.algorithms.fedalign import AllClients, FedALIGN, PriorityOnly, alignment_decision
 from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.algorithms.fedmrn import FedMRN, FedMRNS
+from fl_lightning.algorithms.fedpm import FedPM
 from fl_lightning.algorithms.fedbuff import FedBuff
 from fl_lightning.algorithms.fedprox import FedProx
 from fl_lightning.algorithms.fedstaleweight import FedStaleWeight
@@ -35,6 +36,7 @@ __all__ = [
     "FedBuff",
     "FedMRN",
     "FedMRNS",
+    "FedPM",
     "FedProx",
     "FedStaleWeight",
     "FedSoft",

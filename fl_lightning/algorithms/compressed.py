@@ -54,7 +54,12 @@ class CompressedFedAvg(FedAvg):
 
     def setup(self, federation: Federation) -> None:
         super().setup(federation)
-        self.layout = Layout.from_state(live_tensors(federation.module), self.compressible_names(federation.module))
+        module = federation.module
+        self.layout = Layout.from_state(self.uploaded_tensors(module), self.compressible_names(module))
+
+    def uploaded_tensors(self, module: pl.LightningModule) -> State:
+        """The state tensors a client's upload covers (default: all of ``state_dict``)."""
+        return live_tensors(module)
 
     def compressible_names(self, module: pl.LightningModule) -> list[str]:
         """Tensors to compress: the module's ``maskable_parameter_names()`` if it has one, else Conv/Linear weights."""
@@ -106,7 +111,11 @@ class CompressedFedAvg(FedAvg):
         if not decoded:
             rank_zero_warn(f"Round {round_idx}: no decodable client payload; the global model is unchanged.")
             return metrics
-        return {**super().aggregate(round_idx, global_state, decoded), **metrics}
+        return {**self.aggregate_decoded(round_idx, global_state, decoded), **metrics}
+
+    def aggregate_decoded(self, round_idx: int, global_state: State, updates: list[ClientUpdate]) -> dict[str, float]:
+        """Aggregates updates whose payloads are decoded (by default dense deltas, averaged as FedAvg)."""
+        return super().aggregate(round_idx, global_state, updates)
 
     def dense_bytes(self) -> int:
         """Bytes of the same upload uncompressed (4 bytes per element)."""

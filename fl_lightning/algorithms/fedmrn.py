@@ -14,6 +14,7 @@ from fl_lightning.algorithms.server_optimizers import ServerOptimizer
 from fl_lightning.compression.masked_noise import MaskedNoiseCodec, MaskType, NoiseType
 from fl_lightning.compression.wire import device_generator
 from fl_lightning.federation import Federation
+from fl_lightning.mixins._holders import require_mixin
 from fl_lightning.mixins.masked_noise import MaskedNoiseMixin
 from fl_lightning.model_state import State
 from fl_lightning.utils.seeding import derive_seed
@@ -69,12 +70,8 @@ class FedMRN(CompressedFedAvg):
 
     def setup(self, federation: Federation) -> None:
         module = federation.module
-        if not isinstance(module, MaskedNoiseMixin):
-            raise TypeError(
-                f"{type(self).__name__} needs a LightningModule that inherits `fl_lightning.MaskedNoiseMixin`; "
-                f"got {type(module).__name__}. Declare `class MyModel(MaskedNoiseMixin, {type(module).__name__})`."
-            )
-        module.install_masked_noise()
+        require_mixin(module, MaskedNoiseMixin, self)
+        module.install_masked_noise()  # type: ignore[attr-defined]
         super().setup(federation)
 
     def compressible_names(self, module: pl.LightningModule) -> list[str]:
@@ -88,9 +85,7 @@ class FedMRN(CompressedFedAvg):
         """:math:`S`: the optimizer steps the loop will run for ``client`` (at least 1)."""
         if client.num_steps is not None:
             return max(client.num_steps, 1)
-        batches = self.federation.data.client_batches(
-            client.client_id, num_epochs=client.num_epochs, generator=torch.Generator()
-        )
+        batches = self.federation.data.client_batches(client.client_id, num_epochs=client.num_epochs, generator=torch.Generator())
         return max(math.ceil(len(batches) / module.trainer.accumulate_grad_batches), 1)  # type: ignore[arg-type]
 
     def configure_client(self, client: ClientContext, module: pl.LightningModule, global_state: State) -> None:

@@ -12,6 +12,13 @@ from fl_lightning.compression.masked_noise import (
     progressive_stochastic_mask,
     sample_mask,
 )
+from fl_lightning.compression.probability_mask import (
+    ProbabilityMaskCodec,
+    bernoulli_mask,
+    sample_probability_mask,
+    scores_from_probabilities,
+    signed_constant_,
+)
 from fl_lightning.compression.sign import StochasticSignCodec
 from fl_lightning.compression.ternary import TernGradCodec
 from fl_lightning.compression.topk import TopKCodec
@@ -24,12 +31,14 @@ __all__ = [
     "Layout",
     "MaskedNoiseCodec",
     "PayloadError",
+    "ProbabilityMaskCodec",
     "StochasticSignCodec",
     "TensorSpec",
     "TernGradCodec",
     "TopKCodec",
     "UpdateCodec",
     "as_wire",
+    "bernoulli_mask",
     "clip_update",
     "deterministic_mask",
     "from_wire",
@@ -38,4 +47,7 @@ __all__ = [
     "masked_noise",
     "progressive_stochastic_mask",
     "sample_mask",
+    "sample_probability_mask",
+    "scores_from_probabilities",
+    "signed_constant_",
 ]

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from fl_lightning.compression.base import Codec, State
-from fl_lightning.compression.wire import PREFIX, Layout, PayloadError, TensorSpec, pack_bits, unpack_bits
+from fl_lightning.compression.wire import PREFIX, Layout, PayloadError, TensorSpec, decode_bits, encode_bits
 
 MaskType = Literal["binary", "signed"]
 NoiseType = Literal["uniform", "gaussian", "bernoulli"]
@@ -104,6 +104,11 @@ class _StraightThrough(torch.autograd.Function):
         return grad, None
 
 
+def straight_through(x: Tensor, value: Tensor) -> Tensor:
+    """``value`` (cast to ``x``'s dtype) in the forward pass, with the gradient passed to ``x`` unchanged (STE)."""
+    return _StraightThrough.apply(x, value)  # type: ignore[no-any-return]
+
+
 def progressive_stochastic_mask(
     u: Tensor,
     n: Tensor,
@@ -128,7 +133,7 @@ def progressive_stochastic_mask(
         if p < 1.0:
             chosen = torch.rand(u.shape, generator=generator, device=u.device) < p
             value = torch.where(chosen, value, clip_update(latent.to(n.dtype), n, mask))
-    return _StraightThrough.apply(u, value)
+    return straight_through(u, value)
 
 
 class MaskedNoiseCodec(Codec):
@@ -172,12 +177,7 @@ class MaskedNoiseCodec(Codec):
         """Payload of the final masks ``bits`` (boolean, by name), the ``seed`` and the ``dense`` deltas."""
         if not 0 <= seed < 2**64:
             raise ValueError(f"`seed` must fit in 64 bits, got {seed}.")
-        sections = []
-        for spec in layout.compressed:
-            b = bits[spec.name]
-            if b.dtype != torch.bool or tuple(b.shape) != spec.shape:
-                raise ValueError(f"Mask of {spec.name!r} must be boolean of shape {spec.shape}, got {b.dtype} {tuple(b.shape)}.")
-            sections.append(pack_bits(b).cpu().numpy().tobytes())
+        sections = [encode_bits(bits[spec.name], spec) for spec in layout.compressed]
         fields = (MASK_TYPES.index(self.mask), NOISE_TYPES.index(self.noise_type), seed, self.alpha)
         return self.pack(fields, sections, dense, layout)
 
@@ -192,11 +192,10 @@ class MaskedNoiseCodec(Codec):
                 f"(mask {self.mask!r}, noise {self.noise_type!r}, alpha {self.alpha})."
             )
         noise = self.noise(seed, Layout(tuple(specs), ()), device=device)
-        out = {}
-        for spec, section in zip(specs, sections):
-            bits = unpack_bits(torch.frombuffer(bytearray(section), dtype=torch.uint8).to(device), spec.numel)
-            out[spec.name] = masked_noise(bits.reshape(spec.shape), noise[spec.name], self.mask)
-        return out
+        return {
+            spec.name: masked_noise(decode_bits(section, spec, device), noise[spec.name], self.mask)
+            for spec, section in zip(specs, sections)
+        }
 
     @staticmethod
     def seed_of(payload: bytes) -> int:

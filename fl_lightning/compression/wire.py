@@ -125,6 +125,27 @@ def unpack_bits(packed: Tensor, numel: int) -> Tensor:
     return bits[:numel]
 
 
+def encode_bits(bits: Tensor, spec: TensorSpec) -> bytes:
+    """A boolean tensor of ``spec``'s shape as its :func:`pack_bits` section (``ceil(d/8)`` bytes).
+
+    Raises:
+        ValueError: ``bits`` is not boolean or not of ``spec``'s shape.
+    """
+    if bits.dtype != torch.bool or tuple(bits.shape) != spec.shape:
+        raise ValueError(f"Mask of {spec.name!r} must be boolean of shape {spec.shape}, got {bits.dtype} {tuple(bits.shape)}.")
+    return pack_bits(bits).cpu().numpy().tobytes()
+
+
+def decode_bits(section: bytes, spec: TensorSpec, device: torch.device | str) -> Tensor:
+    """Inverse of :func:`encode_bits`: a boolean tensor of ``spec``'s shape on ``device``.
+
+    Raises:
+        PayloadError: wrong number of bytes, or non-zero padding bits.
+    """
+    packed = torch.frombuffer(bytearray(section), dtype=torch.uint8).to(device)
+    return unpack_bits(packed, spec.numel).reshape(spec.shape)
+
+
 def to_le_bytes(x: Tensor, dtype: str) -> bytes:
     """``x`` flattened in C order as little-endian NumPy ``dtype`` (e.g. ``"<f4"``)."""
     return x.detach().reshape(-1).cpu().numpy().astype(dtype, copy=False).tobytes()

@@ -1,6 +1,7 @@
 """Client-side behaviour added to any LightningModule."""
 
 from fl_lightning.mixins.masked_noise import MaskedNoiseMixin
+from fl_lightning.mixins.probability_mask import ProbabilityMaskMixin
 from fl_lightning.mixins.proximal import ProximalMixin
 
-__all__ = ["MaskedNoiseMixin", "ProximalMixin"]
+__all__ = ["MaskedNoiseMixin", "ProbabilityMaskMixin", "ProximalMixin"]

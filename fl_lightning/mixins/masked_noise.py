@@ -36,20 +36,16 @@ from fl_lightning.compression.masked_noise import (
     progressive_stochastic_mask,
     sample_mask,
 )
-
-_MASKABLE_MODULES = (nn.Linear, nn.modules.conv._ConvNd)
-
-
-def default_maskable_names(module: nn.Module) -> list[str]:
-    """``weight`` of every ``nn.Linear`` and convolution (1-3d, transposed), in ``state_dict`` order."""
-    return [
-        f"{prefix}.weight" if prefix else "weight"
-        for prefix, m in module.named_modules()
-        if isinstance(m, _MASKABLE_MODULES) and isinstance(m.weight, nn.Parameter)
-    ]
+from fl_lightning.mixins._holders import (
+    Unsaved,
+    WeightSwap,
+    check_optimized,
+    default_maskable_names,
+    install_holders,
+)
 
 
-class LatentUpdate(nn.Module):
+class LatentUpdate(WeightSwap, Unsaved):
     """The latent updates :math:`u` (parameters) and noise :math:`n` (buffers) of one module's masked
     tensors, by the masked parameter's name. Invisible to ``state_dict`` / ``load_state_dict``."""
 
@@ -62,26 +58,12 @@ class LatentUpdate(nn.Module):
         self.names = names
         #: Effective weights of the current step, swapped in by the owner's forward pre-hook.
         self.effective: dict[str, Tensor] = {}
-        self._stash: dict[str, Tensor] = {}
 
     def noise(self, name: str) -> Tensor:
         return self.get_buffer(f"{name}_noise")
 
-    def _save_to_state_dict(self, destination: Any, prefix: str, keep_vars: bool) -> None:
-        """Saves nothing: ``u`` and ``n`` are per-round client state, never model weights."""
-
-    def _load_from_state_dict(self, state_dict: Any, prefix: str, *args: Any) -> None:
-        """Loads nothing (see :meth:`_save_to_state_dict`)."""
-
-    def swap_in(self, owner: nn.Module, args: Any) -> None:
-        for name, effective in self.effective.items():
-            self._stash[name] = owner._parameters[name]  # type: ignore[assignment]
-            owner._parameters[name] = effective  # type: ignore[assignment]
-
-    def swap_out(self, owner: nn.Module, args: Any, output: Any) -> None:
-        for name, weight in self._stash.items():
-            owner._parameters[name] = weight  # type: ignore[assignment]
-        self._stash.clear()
+    def effective_weights(self, owner: nn.Module) -> dict[str, Tensor]:
+        return self.effective
 
 
 @dataclass
@@ -132,28 +114,8 @@ class MaskedNoiseMixin:
         ``configure_optimizers``, so the latent updates reach the optimizer)."""
         if self._masked_owners is not None:
             return
-        module: nn.Module = self  # type: ignore[assignment]
         names = self.maskable_parameter_names()
-        known = dict(module.named_parameters())
-        unknown = [n for n in names if n not in known]
-        if unknown or not names:
-            raise ValueError(f"maskable_parameter_names() must name parameters of the module; got {names} (unknown: {unknown}).")
-        by_owner: dict[str, list[str]] = {}
-        for full in names:
-            prefix, _, local = full.rpartition(".")
-            by_owner.setdefault(prefix, []).append(local)
-        owners = {}
-        for prefix, locals_ in by_owner.items():
-            owner = module.get_submodule(prefix)
-            if hasattr(owner, "latent_update"):
-                raise ValueError(f"Module {prefix!r} already has an attribute `latent_update`; cannot add the latent update.")
-            holder = LatentUpdate(owner, locals_)
-            owner.add_module("latent_update", holder)
-            owner.register_forward_pre_hook(holder.swap_in)
-            owner.register_forward_hook(holder.swap_out, always_call=True)
-            for local in locals_:
-                owners[f"{prefix}.{local}" if prefix else local] = (owner, local, holder)
-        self._masked_owners = {n: owners[n] for n in names}
+        self._masked_owners = install_holders(self, names, "latent_update", LatentUpdate)  # type: ignore[arg-type]
 
     @property
     def masked_parameter_names(self) -> list[str]:
@@ -193,7 +155,9 @@ class MaskedNoiseMixin:
             for name, (owner, local, holder) in self._masked_owners.items():
                 weight = owner.get_parameter(local)
                 if noise[name].shape != weight.shape:
-                    raise ValueError(f"Noise for {name!r} has shape {tuple(noise[name].shape)}, the weight {tuple(weight.shape)}.")
+                    raise ValueError(
+                        f"Noise for {name!r} has shape {tuple(noise[name].shape)}, the weight {tuple(weight.shape)}."
+                    )
                 holder.get_parameter(local).zero_()
                 holder.noise(local).copy_(noise[name])
                 state.requires_grad[name] = weight.requires_grad
@@ -261,14 +225,4 @@ class MaskedNoiseMixin:
         return super().training_step(*args, **kwargs)  # type: ignore[misc]
 
     def _check_optimized(self) -> None:
-        trainer = getattr(self, "_trainer", None)
-        optimizers = getattr(trainer, "optimizers", None) or []
-        if not optimizers or self._masked_owners is None:
-            return
-        optimized = {id(p) for opt in optimizers for group in opt.param_groups for p in group["params"]}
-        missing = [n for n, u in self.latent_updates().items() if id(u) not in optimized]
-        if missing:
-            raise ValueError(
-                f"The latent updates of {missing} are not in any optimizer: configure_optimizers must optimise "
-                "self.parameters() (which includes each masked module's `latent_update`)."
-            )
+        check_optimized(self, self.latent_updates(), "latent updates")  # type: ignore[arg-type]

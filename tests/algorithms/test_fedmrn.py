@@ -16,7 +16,7 @@ from fl_lightning.compression import masked_noise
 from fl_lightning.compression.wire import WIRE_KEY, as_wire, from_wire
 from fl_lightning.models import MLP
 
-from .fedmrn_fixtures import digits, tiny, trainer
+from .fedmrn_fixtures import digits, states_under_each_executor, tiny, trainer
 
 MASKED = ["net.0.weight", "net.3.weight"]
 
@@ -167,7 +167,13 @@ def test_same_seed_same_model_and_resume(tmp_path):
 
     checkpoints = ModelCheckpoint(dirpath=tmp_path, every_n_epochs=1, save_top_k=-1, filename="{epoch}")
     trainer(
-        max_epochs=3, clients_per_round=3, local_steps=3, algorithm=FedMRN(), seed=5, callbacks=[checkpoints], enable_checkpointing=True
+        max_epochs=3,
+        clients_per_round=3,
+        local_steps=3,
+        algorithm=FedMRN(),
+        seed=5,
+        callbacks=[checkpoints],
+        enable_checkpointing=True,
     ).fit(tiny(), datamodule=digits())
     resumed = tiny(seed=1)  # different init: everything must come from the checkpoint
     run = trainer(max_epochs=3, clients_per_round=3, local_steps=3, algorithm=FedMRN(), seed=5)
@@ -198,11 +204,5 @@ def test_mixin_is_inert_under_fedavg():
 
 
 def test_lean_client_executor_gives_the_same_model():
-    models = []
-    for executor in ("lightning", "lean"):
-        model = tiny(batch_norm=True)
-        trainer(max_epochs=2, clients_per_round=3, local_epochs=1, algorithm=FedMRN(), client_executor=executor).fit(
-            model, datamodule=digits()
-        )
-        models.append(model.state_dict())
-    assert all(torch.equal(v, models[1][k]) for k, v in models[0].items())
+    lightning, lean = states_under_each_executor(lambda: tiny(batch_norm=True), FedMRN)
+    assert all(torch.equal(v, lean[k]) for k, v in lightning.items())

@@ -4,43 +4,27 @@ from __future__ import annotations
 
 import copy
 
-import lightning.pytorch as pl
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from fl_lightning.compression import generate_noise, masked_noise, sample_mask
 from fl_lightning.mixins import MaskedNoiseMixin
 
+from .nets import MASKED, Net, batch
+
 ALPHA = 0.01
 
 
-class Net(pl.LightningModule):
+class MaskedNet(MaskedNoiseMixin, Net):
     def __init__(self) -> None:
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3, bias=False))
         self.probabilities: list[float] = []
 
-    def forward(self, x):
-        return self.net(x)
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        return F.cross_entropy(self(x), y)
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.5)
-
-
-class MaskedNet(MaskedNoiseMixin, Net):
     def training_step(self, batch, batch_idx):
         loss = super().training_step(batch, batch_idx)
         self.probabilities.append(self.masking_probability)
         return loss
-
-
-MASKED = ["net.0.weight", "net.3.weight"]
 
 
 def make(seed: int = 0) -> MaskedNet:
@@ -54,11 +38,6 @@ def noise_for(model: MaskedNet, seed: int = 1) -> dict[str, torch.Tensor]:
     params = dict(model.named_parameters())
     shapes = [params[n].shape for n in model.masked_parameter_names]
     return dict(zip(model.masked_parameter_names, generate_noise(seed, shapes, noise="uniform", alpha=ALPHA)))
-
-
-def batch(seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(16, 6, generator=g), torch.randint(0, 3, (16,), generator=g)
 
 
 def local_training(model: MaskedNet, steps: int, *, mask="binary", **kwargs) -> torch.optim.Optimizer:
