@@ -183,24 +183,36 @@ class Shards(Partitioner):
 class LabelsPerClient(Partitioner):
     """Each client holds exactly ``k`` distinct labels.
 
-    Labels are dealt round-robin over a random permutation of the labels, so every label is used
-    once ``num_clients * k >= num_labels`` and each label has the same number of holders up to
-    one. Each label's samples are split evenly among its holders; labels that no client holds
-    (when ``num_clients * k < num_labels``) are left out.
+    ``assignment="shuffled"`` deals labels round-robin over a random permutation of the labels.
+    ``assignment="balanced"`` is FedMRN's "Non-IID-2" (#labels per client, after NIID-Bench,
+    Li et al. ICDE 2022): client ``i`` takes, in turn, the ``k`` labels held by the fewest
+    clients so far (ties to the smaller label), the code's ``argsort(times / (i + 1))[:k]``, so
+    the label assignment is deterministic and does not depend on the seed. Either way every label
+    is used once ``num_clients * k >= num_labels`` and each label has the same number of holders
+    up to one. Each label's samples are split evenly among its holders; labels that no client
+    holds (when ``num_clients * k < num_labels``) are left out.
 
     Args:
         k: Labels per client.
+        assignment: ``"shuffled"`` (default) or ``"balanced"``.
     """
 
-    def __init__(self, k: int) -> None:
+    def __init__(self, k: int, assignment: Literal["shuffled", "balanced"] = "shuffled") -> None:
         self.k = check_int("k", k, minimum=1)
+        if assignment not in ("shuffled", "balanced"):
+            raise ValueError(f"`assignment` must be 'shuffled' or 'balanced', got {assignment!r}.")
+        self.assignment = assignment
 
     @override
     def _partition(
         self, targets: np.ndarray | None, num_samples: int, num_clients: int, rng: np.random.Generator
     ) -> list[np.ndarray]:
         assert targets is not None
-        client_labels = _deal_labels(np.unique(targets), num_clients, self.k, rng)
+        labels = np.unique(targets)
+        if self.assignment == "balanced":
+            client_labels = _balanced_labels(labels, num_clients, self.k)
+        else:
+            client_labels = _deal_labels(labels, num_clients, self.k, rng)
         return _split_labels(targets, client_labels, np.ones(num_clients), rng)
 
 
@@ -272,6 +284,19 @@ def _deal_labels(labels: np.ndarray, num_clients: int, k: int, rng: np.random.Ge
         raise ValueError(f"{k} labels per client requested but the dataset has only {len(labels)} labels.")
     shuffled = rng.permutation(labels)
     return [shuffled[(cid * k + np.arange(k)) % len(labels)] for cid in range(num_clients)]
+
+
+def _balanced_labels(labels: np.ndarray, num_clients: int, k: int) -> list[np.ndarray]:
+    """Client by client, the ``k`` labels with the fewest holders so far (ties: the smaller label)."""
+    if k > len(labels):
+        raise ValueError(f"{k} labels per client requested but the dataset has only {len(labels)} labels.")
+    holders = np.zeros(len(labels), dtype=np.int64)
+    assigned = []
+    for _ in range(num_clients):
+        chosen = np.sort(np.argsort(holders, kind="stable")[:k])
+        holders[chosen] += 1
+        assigned.append(labels[chosen])
+    return assigned
 
 
 def _split_labels(

@@ -16,6 +16,7 @@ PARTITIONERS = [
     Dirichlet(alpha=0.5),
     Shards(shards_per_client=2),
     LabelsPerClient(3),
+    LabelsPerClient(3, assignment="balanced"),
     ParetoSizes(),
     ParetoSizes(labels_per_client=1),
     Natural(),
@@ -90,6 +91,16 @@ def test_labels_per_client_splits_each_label_evenly() -> None:
     assert {len(part) for part in parts} == {100}
 
 
+def test_balanced_label_assignment_is_fedmrns_deterministic_greedy_rule() -> None:
+    # Notes §4.2: client i takes argsort(times / (i + 1))[:k], the k least-held labels so far.
+    parts = [partition(LabelsPerClient(3, assignment="balanced"), seed=s) for s in (0, 1)]
+    held = [[sorted(np.unique(TARGETS[p]).tolist()) for p in ps] for ps in parts]
+    assert held[0] == held[1]  # the label sets do not depend on the seed (the samples do)
+    assert held[0][:4] == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [0, 1, 9]]
+    holders = np.bincount(np.concatenate([np.unique(TARGETS[p]) for p in parts[0]]), minlength=10)
+    assert holders.tolist() == [3] * 10  # 30 slots over 10 labels, balanced
+
+
 def test_labels_per_client_drops_unheld_labels() -> None:
     parts = partition(LabelsPerClient(1), num_clients=4)
     assert len(np.unique(TARGETS[np.concatenate(parts)])) == 4
@@ -131,6 +142,7 @@ def test_repr_names_arguments() -> None:
         (lambda: Dirichlet(alpha=1.0, min_samples=0), r"min_samples must be an int >= 1, got 0"),
         (lambda: Shards(shards_per_client=0), r"shards_per_client must be an int >= 1, got 0"),
         (lambda: LabelsPerClient(0), r"k must be an int >= 1, got 0"),
+        (lambda: LabelsPerClient(2, assignment="greedy"), r"`assignment` must be 'shuffled' or 'balanced', got 'greedy'"),
         (lambda: ParetoSizes(shape=0), r"shape must be > 0, got 0"),
         (lambda: ParetoSizes(labels_per_client=0), r"labels_per_client must be an int >= 1, got 0"),
     ],
