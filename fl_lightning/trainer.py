@@ -7,12 +7,14 @@ from typing import Any, Literal
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.callbacks.progress import ProgressBar
+from lightning.pytorch.strategies import DDPStrategy, Strategy
 
 from fl_lightning import _lightning_compat as compat
 from fl_lightning.algorithms.base import Algorithm
 from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.callbacks.client_loss import ClientLossRecorder
 from fl_lightning.callbacks.progress import FederatedProgressBar
+from fl_lightning.distributed.strategy import FederatedDDPStrategy
 from fl_lightning.loops.async_fit_loop import AsyncFitLoop
 from fl_lightning.loops.federated_fit_loop import FederatedFitLoop
 
@@ -40,6 +42,10 @@ class FederatedTrainer(pl.Trainer):
             gradient clipping and accumulation, step-interval LR schedulers, per-step (``on_step``)
             logging and ``trainer.global_step``; it needs one optimizer, automatic optimization
             and a precision without gradient scaling. ``self.log(on_epoch=True)`` still works.
+            ``"batched"`` trains clients with equal batch shapes together with ``torch.func.vmap``
+            (:mod:`fl_lightning.loops.batched_clients`): plain ``torch.optim.SGD`` from the global
+            weights only (algorithms that do not override ``configure_client``, ``reset_optimizer=True``),
+            a ``training_step`` that ``vmap`` can run (no ``self.log``); it skips what ``"lean"`` skips.
         callbacks: Lightning callbacks; the trainer adds its progress bar (unless one is given
             or ``enable_progress_bar=False``) and the client-loss recorder.
         **kwargs: forwarded to :class:`lightning.pytorch.Trainer`.
@@ -59,7 +65,7 @@ class FederatedTrainer(pl.Trainer):
         local_steps: int | None = None,
         seed: int = 0,
         reset_optimizer: bool = True,
-        client_executor: Literal["lightning", "lean"] = "lightning",
+        client_executor: Literal["lightning", "lean", "batched"] = "lightning",
         callbacks: list[Callback] | Callback | None = None,
         **kwargs: Any,
     ) -> None:
@@ -80,12 +86,17 @@ class FederatedTrainer(pl.Trainer):
             raise ValueError(
                 f"`clients_per_round` must be a positive count or a fraction in (0, 1], got {clients_per_round!r}."
             )
-        if client_executor not in ("lightning", "lean"):
-            raise ValueError(f"`client_executor` must be 'lightning' or 'lean', got {client_executor!r}.")
+        if client_executor not in ("lightning", "lean", "batched"):
+            raise ValueError(f"`client_executor` must be 'lightning', 'lean' or 'batched', got {client_executor!r}.")
+        if client_executor == "batched" and algorithm is not None and algorithm.asynchronous:
+            raise ValueError(f"client_executor='batched' runs synchronous rounds only; {type(algorithm).__name__} is asynchronous.")
         if seed < 0:
             raise ValueError(f"`seed` must be >= 0, got {seed}.")
         algorithm = algorithm if algorithm is not None else FedAvg()
 
+        kwargs["strategy"] = _federated_strategy(kwargs.get("strategy", "auto"))
+        # Every rank evaluates the whole validation set, so metrics equal the single-process run's.
+        kwargs.setdefault("use_distributed_sampler", False)
         callbacks = [callbacks] if isinstance(callbacks, Callback) else list(callbacks or [])
         if kwargs.get("enable_progress_bar", True) is not False and not any(isinstance(c, ProgressBar) for c in callbacks):
             callbacks.append(FederatedProgressBar())
@@ -114,3 +125,15 @@ class FederatedTrainer(pl.Trainer):
     def algorithm(self) -> Algorithm:
         """The federated algorithm."""
         return self.fit_loop.algorithm
+
+
+def _federated_strategy(strategy: str | Strategy) -> str | Strategy:
+    """Lightning's DDP strategies become :class:`FederatedDDPStrategy`: ranks train different clients."""
+    if isinstance(strategy, str) and strategy.startswith("ddp"):
+        return FederatedDDPStrategy.from_name(strategy)
+    if isinstance(strategy, DDPStrategy) and not isinstance(strategy, FederatedDDPStrategy):
+        raise ValueError(
+            f"{type(strategy).__name__} all-reduces gradients on every step, but each process trains different "
+            "clients: use strategy='ddp' or FederatedDDPStrategy(...) (same arguments)."
+        )
+    return strategy

@@ -6,15 +6,20 @@ import time
 from typing import Any
 
 import torch
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
 
 import lightning.pytorch as pl
 from fl_lightning import _lightning_compat as compat
 from fl_lightning.algorithms.base import Algorithm, ClientContext, ClientUpdate
+from fl_lightning.algorithms.summable import SummableAggregation
 from fl_lightning.callbacks.client_loss import ClientLossRecorder
 from fl_lightning.callbacks.federated_callback import call_federated_hook
+from fl_lightning.distributed.sharding import ClientSharding
+from fl_lightning.distributed.strategy import FederatedDDPStrategy
 from fl_lightning.federation import FederatedDataSource, Federation
+from fl_lightning.loops.batched_clients import train_clients_batched
 from fl_lightning.model_state import State, all_finite, compute_delta, live_tensors, load_into, snapshot
 from fl_lightning.utils.seeding import derive_seed
 
@@ -99,6 +104,7 @@ class FederatedFitLoop(compat.FitLoopBase):
         self._rounds_done = 0
         self._in_round = False
         self._loaded: dict[str, Any] | None = None
+        self._sharding: ClientSharding | None = None
 
     @property
     def federation(self) -> Federation:
@@ -121,8 +127,7 @@ class FederatedFitLoop(compat.FitLoopBase):
 
     def _setup_federation(self) -> None:
         trainer, module = self.trainer, self.trainer.lightning_module
-        if trainer.world_size > 1:
-            raise ValueError(f"FederatedTrainer runs in a single process for now; got world_size={trainer.world_size}.")
+        self._sharding = self._client_sharding() if trainer.world_size > 1 else None
         data = trainer.datamodule
         if not isinstance(data, FederatedDataSource):
             raise TypeError(
@@ -149,6 +154,22 @@ class FederatedFitLoop(compat.FitLoopBase):
             self._restore(self._loaded)
             self._loaded = None
 
+    def _client_sharding(self) -> ClientSharding:
+        """Checks that this run can shard its clients over the trainer's processes."""
+        trainer = self.trainer
+        if not isinstance(trainer.strategy, FederatedDDPStrategy):
+            raise ValueError(
+                f"With {trainer.world_size} processes, FederatedTrainer needs strategy='ddp' (FederatedDDPStrategy); "
+                f"got {type(trainer.strategy).__name__}."
+            )
+        if not (isinstance(self.algorithm, SummableAggregation) and self.algorithm.summable) or self.algorithm.asynchronous:
+            raise ValueError(
+                f"{type(self.algorithm).__name__} cannot shard its clients over {trainer.world_size} processes: "
+                "only synchronous algorithms whose aggregation is a weighted sum of client deltas "
+                "(SummableAggregation, e.g. FedAvg, FedProx and their server optimizers) can; run it with devices=1."
+            )
+        return ClientSharding(trainer.strategy)
+
     def hparams(self) -> dict[str, Any]:
         """The federated settings, logged as hyper-parameters so runs group by algorithm."""
         return {
@@ -173,9 +194,12 @@ class FederatedFitLoop(compat.FitLoopBase):
         clients = self._select(round_idx)
         call_federated_hook(self.trainer, "on_clients_selected", round_idx, clients)
         self._in_round = True
-        received = self.train_clients(round_idx, clients)
         download_bytes = len(clients) * self.algorithm.download_bytes(self.global_state)
-        metrics = self.aggregate(round_idx, received)
+        if self._sharding is None:
+            received = self.train_clients(round_idx, clients)
+            metrics = self.aggregate(round_idx, received)
+        else:
+            received, metrics = self._aggregate_sharded(round_idx, clients)
         self.end_round(round_idx, started, received, download_bytes, metrics)
 
     def aggregate(self, round_idx: int, received: list[ClientUpdate]) -> dict[str, float]:
@@ -184,25 +208,52 @@ class FederatedFitLoop(compat.FitLoopBase):
         A non-finite update (NaN/Inf) is dropped with a warning; with none left, the global
         model is unchanged. Returns the algorithm's metrics plus the aggregated/dropped counts.
         """
-        updates = []
+        updates = self._finite(round_idx, received)
+        metrics = self.algorithm.aggregate(round_idx, self.global_state, updates) if updates else {}
+        return self._finish_aggregation(round_idx, len(updates), len(received) - len(updates), metrics)
+
+    def _aggregate_sharded(self, round_idx: int, clients: list[int]) -> tuple[list[ClientUpdate], dict[str, float]]:
+        """This rank trains its share of ``clients``; one all-reduce combines every rank's weighted sum."""
+        assert self._sharding is not None and isinstance(self.algorithm, SummableAggregation)
+        local = self.train_clients(round_idx, self._sharding.share(clients))
+        finite = self._finite(round_idx, local)
+        combined = self._sharding.all_reduce(
+            clients,
+            local,
+            dropped_ids={u.client_id for u in local} - {u.client_id for u in finite},
+            partial=self.algorithm.weighted_delta_sum(finite) if finite else ({}, 0.0),
+            template=self.global_state,
+            stop=self.trainer.received_sigterm,
+        )
+        if combined.stop:
+            raise SIGTERMException
+        aggregated = len(clients) - combined.dropped
+        metrics = {}
+        if aggregated:
+            metrics = self.algorithm.apply_weighted_sum(round_idx, self.global_state, combined.total, combined.weight)
+        return combined.reports, self._finish_aggregation(round_idx, aggregated, combined.dropped, metrics)
+
+    @staticmethod
+    def _finite(round_idx: int, received: list[ClientUpdate]) -> list[ClientUpdate]:
+        """The updates free of NaN/Inf; each other one is dropped with a warning."""
+        finite = []
         for update in received:
             if all_finite(update.payload):
-                updates.append(update)
+                finite.append(update)
             else:
                 rank_zero_warn(
                     f"Round {round_idx}: client {update.client_id} sent a non-finite update (NaN/Inf); it is dropped."
                 )
-        metrics: dict[str, float] = {
-            "aggregated_clients": float(len(updates)),
-            "dropped_clients": float(len(received) - len(updates)),
-        }
-        if updates:
-            metrics.update(self.algorithm.aggregate(round_idx, self.global_state, updates))
-        else:
+        return finite
+
+    def _finish_aggregation(
+        self, round_idx: int, aggregated: int, dropped: int, metrics: dict[str, float]
+    ) -> dict[str, float]:
+        if not aggregated:
             rank_zero_warn(f"Round {round_idx}: no client update to aggregate; the global model is unchanged.")
         load_into(self._live, self.global_state)
         self._rounds_done = round_idx + 1
-        return metrics
+        return {"aggregated_clients": float(aggregated), "dropped_clients": float(dropped), **metrics}
 
     def end_round(
         self, round_idx: int, started: float, received: list[ClientUpdate], download_bytes: int, metrics: dict[str, float]
@@ -242,7 +293,10 @@ class FederatedFitLoop(compat.FitLoopBase):
         return clients
 
     def train_clients(self, round_idx: int, clients: list[int]) -> list[ClientUpdate]:
-        """Trains the round's clients from the current global weights, one after another, in order."""
+        """Trains the round's clients from the current global weights, one after another, in order
+        (with ``client_executor="batched"``, several at once); returns their updates in order."""
+        if self.client_executor == "batched":
+            return train_clients_batched(self, round_idx, clients)
         return [self.train_client(round_idx, cid) for cid in clients]
 
     def train_client(self, round_idx: int, cid: int, *, seed: int | None = None) -> ClientUpdate:

@@ -49,6 +49,26 @@ def test_lean_keeps_epoch_logging():
     assert "train_loss" in trainer.callback_metrics
 
 
+class DoublesInputs(MLP):
+    """Overrides a batch-transfer hook, so the lean path must call it (not the direct device move)."""
+
+    calls = 0
+
+    def on_after_batch_transfer(self, batch, dataloader_idx):
+        DoublesInputs.calls += 1
+        x, y = batch
+        return 2 * x, y
+
+
+def test_lean_calls_overridden_batch_transfer_hooks():
+    lightning_model, _ = fit("lightning", lambda: DoublesInputs(in_features=64, hidden=(8,), lr=0.1))
+    lightning_calls, DoublesInputs.calls = DoublesInputs.calls, 0
+    lean_model, _ = fit("lean", lambda: DoublesInputs(in_features=64, hidden=(8,), lr=0.1))
+    assert DoublesInputs.calls == lightning_calls > 0
+    for (name, a), b in zip(lightning_model.state_dict().items(), lean_model.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
 def test_bad_executor_name():
-    with pytest.raises(ValueError, match="`client_executor` must be 'lightning' or 'lean', got 'fast'"):
+    with pytest.raises(ValueError, match="`client_executor` must be 'lightning', 'lean' or 'batched', got 'fast'"):
         quiet_trainer(client_executor="fast")

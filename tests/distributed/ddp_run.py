@@ -1,0 +1,97 @@
+"""A federated fit with N processes (``devices=N``), run as a script by ``test_ddp_equivalence.py``.
+
+Lightning's DDP launcher re-runs this script once per extra rank. Every rank saves its final
+global state and the logged round metrics to ``<out>/rank<r>.pt``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from datetime import timedelta
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+
+from fl_lightning import FedAvg, FederatedTrainer, FedProx, ServerSGD
+from fl_lightning.data import Digits, Dirichlet, FederatedDataModule
+from fl_lightning.distributed import FederatedDDPStrategy
+from fl_lightning.models import MLP
+
+
+ALGORITHMS = {
+    "fedavg": lambda: FedAvg(),
+    "fedavgm": lambda: FedAvg(server_optimizer=ServerSGD(lr=1.0, momentum=0.9)),
+    "fedprox": lambda: FedProx(mu=0.1),
+}
+
+
+def fit(
+    out: Path,
+    *,
+    devices: int = 1,
+    algorithm: str = "fedavg",
+    executor: str = "lightning",
+    rounds: int = 3,
+    clients_per_round: int = 5,
+    resume: Path | None = None,
+) -> None:
+    """Runs the federated fit; every rank saves its final global state, round metrics and history."""
+    pl.seed_everything(0, verbose=False)
+    model = MLP(in_features=64, hidden=(32,), lr=0.1)
+    data = FederatedDataModule(
+        Digits(split="train"), Digits(split="test"), partitioner=Dirichlet(alpha=0.5), num_clients=12, batch_size=16
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    trainer = FederatedTrainer(
+        algorithm=ALGORITHMS[algorithm](),
+        clients_per_round=clients_per_round,
+        local_epochs=1,
+        seed=3,
+        client_executor=executor,
+        max_epochs=rounds,
+        accelerator="cpu",
+        devices=devices,
+        strategy=FederatedDDPStrategy(timeout=timedelta(seconds=120)) if devices > 1 else "auto",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        default_root_dir=out,
+        callbacks=[pl.callbacks.ModelCheckpoint(dirpath=out / "ckpt", save_last=True, save_top_k=0)],
+    )
+    trainer.fit(model, datamodule=data, ckpt_path=resume)
+    torch.save(
+        {
+            "global_state": trainer.fit_loop.global_state,
+            "metrics": {k: float(v) for k, v in trainer.callback_metrics.items()},
+            "history": trainer.fit_loop.history,
+        },
+        out / f"rank{trainer.global_rank}.pt",
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--devices", type=int, default=1)
+    parser.add_argument("--algorithm", choices=sorted(ALGORITHMS), default="fedavg")
+    parser.add_argument("--executor", choices=["lightning", "lean"], default="lightning")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--clients-per-round", type=int, default=5)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--resume", type=Path, default=None, help="checkpoint to resume from")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    fit(
+        args.out,
+        devices=args.devices,
+        algorithm=args.algorithm,
+        executor=args.executor,
+        rounds=args.rounds,
+        clients_per_round=args.clients_per_round,
+        resume=args.resume,
+    )
+
+
+if __name__ == "__main__":
+    main()

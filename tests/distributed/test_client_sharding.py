@@ -1,0 +1,125 @@
+"""ClientSharding in one process: the share of each rank, the packed all-reduce, strategy selection."""
+
+from __future__ import annotations
+
+import copy
+from types import SimpleNamespace
+
+import pytest
+import torch
+from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
+
+from fl_lightning import CompressedFedAvg, FedAvg, FedBuff, FederatedTrainer, FedProx, ServerAdam
+from fl_lightning.compression import StochasticSignCodec
+from fl_lightning.distributed import ClientSharding, FederatedDDPStrategy
+from tests.algorithms.test_fedavg import _global_state, _updates, federation  # noqa: F401 (fixture)
+
+
+class _SummingStrategy:
+    """A stand-in for a DDP strategy: ``reduce`` adds the buffers the other ranks contributed."""
+
+    def __init__(self, rank: int, world_size: int, others: list[torch.Tensor] | None = None) -> None:
+        self.global_rank, self.world_size, self.root_device = rank, world_size, torch.device("cpu")
+        self.others, self.sent = others or [], None
+
+    def reduce(self, buffer: torch.Tensor, reduce_op: str) -> torch.Tensor:
+        assert reduce_op == "sum"
+        self.sent = buffer.clone()
+        return buffer + sum(self.others, torch.zeros_like(buffer))
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 7])
+def test_shares_are_disjoint_ordered_and_cover_the_round(world_size):
+    clients = [9, 2, 5, 11, 0, 4, 8]
+    shares = [ClientSharding(_SummingStrategy(r, world_size)).share(clients) for r in range(world_size)]
+    assert sorted(c for share in shares for c in share) == sorted(clients)
+    for share in shares:
+        assert share == [c for c in clients if c in share]  # selection order kept
+
+
+@pytest.mark.parametrize("server_optimizer", [None, ServerAdam(lr=0.1)], ids=["fedavg", "fedadam"])
+def test_two_shards_and_one_reduce_equal_fedavg_over_all_clients(federation, server_optimizer):  # noqa: F811
+    algorithm = FedAvg(server_optimizer=server_optimizer)
+    algorithm.setup(federation)
+    sharded_algorithm = copy.deepcopy(algorithm)
+    global_state = _global_state(federation.module)
+    updates = _updates(global_state)
+    for u, loss in zip(updates, [0.5, 1.5, 2.5, 3.5]):
+        u.metrics["train_loss"], u.upload_bytes = loss, 100 + u.client_id
+    clients = [u.client_id for u in updates]
+
+    expected = {k: v.clone() for k, v in global_state.items()}
+    algorithm.aggregate(0, expected, updates)
+
+    def contribute(strategy: _SummingStrategy):
+        sharding = ClientSharding(strategy)
+        local = [u for u in updates if u.client_id in sharding.share(clients)]
+        partial = sharded_algorithm.weighted_delta_sum(local)
+        return sharding.all_reduce(clients, local, set(), partial, global_state, stop=False)
+
+    rank1 = _SummingStrategy(1, 2)
+    with pytest.raises(RuntimeError, match="lost or duplicated"):  # half a round, on its own
+        contribute(rank1)
+    combined = contribute(_SummingStrategy(0, 2, others=[rank1.sent]))
+    got = {k: v.clone() for k, v in global_state.items()}
+    sharded_algorithm.apply_weighted_sum(0, got, combined.total, combined.weight)
+
+    for name in expected:
+        assert got[name].dtype == expected[name].dtype
+        torch.testing.assert_close(got[name], expected[name], rtol=0, atol=1e-6)
+    assert combined.weight == sum(u.num_samples for u in updates)
+    assert [r.client_id for r in combined.reports] == clients
+    assert [r.metrics["train_loss"] for r in combined.reports] == [0.5, 1.5, 2.5, 3.5]
+    assert [r.upload_bytes for r in combined.reports] == [100, 101, 102, 103]
+    assert combined.dropped == 0 and not combined.stop
+
+
+def test_dropped_clients_stop_flag_and_missing_losses_travel_in_the_reduce(federation):  # noqa: F811
+    global_state = _global_state(federation.module)
+    updates = _updates(global_state)
+    sharding = ClientSharding(_SummingStrategy(0, 1))
+    combined = sharding.all_reduce([0, 1, 2, 3], updates, {1, 3}, ({}, 0.0), global_state, stop=True)
+    assert combined.dropped == 2 and combined.stop and combined.weight == 0.0
+    assert all(r.metrics == {} for r in combined.reports)
+    assert all(torch.count_nonzero(t) == 0 for t in combined.total.values())
+
+
+def test_a_client_trained_by_no_rank_or_two_is_an_error(federation):  # noqa: F811
+    global_state = _global_state(federation.module)
+    updates = _updates(global_state)
+    with pytest.raises(RuntimeError, match="lost or duplicated clients"):
+        ClientSharding(_SummingStrategy(0, 1)).all_reduce([0, 1, 2, 3], updates[:3], set(), ({}, 0.0), global_state, stop=False)
+
+
+@pytest.mark.parametrize(("name", "start_method"), [("ddp", "popen"), ("ddp_spawn", "spawn"), ("ddp_fork", "fork")])
+def test_ddp_strategy_names_select_the_federated_strategy(name, start_method):
+    trainer = FederatedTrainer(strategy=name, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False)
+    assert isinstance(trainer.strategy, FederatedDDPStrategy)
+    assert trainer.strategy._start_method == start_method
+
+
+def test_a_plain_ddp_strategy_or_unknown_name_is_refused():
+    with pytest.raises(ValueError, match="all-reduces gradients on every step.*strategy='ddp'"):
+        FederatedTrainer(strategy=DDPStrategy(), accelerator="cpu", devices=1)
+    with pytest.raises(ValueError, match="Unknown DDP strategy 'ddp_typo'"):
+        FederatedTrainer(strategy="ddp_typo", accelerator="cpu", devices=1)
+
+
+def _sharding_error(algorithm, strategy) -> str:
+    loop = FederatedTrainer(algorithm=algorithm, accelerator="cpu", logger=False, enable_progress_bar=False).fit_loop
+    loop.trainer = SimpleNamespace(strategy=strategy, world_size=2)
+    with pytest.raises(ValueError) as error:
+        loop._client_sharding()
+    return str(error.value)
+
+
+@pytest.mark.parametrize(
+    "algorithm", [CompressedFedAvg(codec=StochasticSignCodec()), FedBuff(buffer_size=2)], ids=["overrides-aggregate", "async"]
+)
+def test_algorithms_that_are_not_a_weighted_sum_refuse_to_shard(algorithm):
+    message = _sharding_error(algorithm, FederatedDDPStrategy())
+    assert type(algorithm).__name__ in message and "devices=1" in message
+
+
+def test_sharding_needs_the_federated_strategy():
+    assert "SingleDeviceStrategy" in _sharding_error(FedProx(mu=0.1), SingleDeviceStrategy(torch.device("cpu")))

@@ -1,0 +1,70 @@
+"""Clients sharded over 2 CPU processes (gloo) give the global weights of 1 process (issue 3).
+
+A 2-process run is ``ddp_run.py`` in a subprocess, launched the usual Lightning way
+(``devices=2`` re-runs the script for rank 1), about 10 s each; the 1-process reference runs
+the same ``fit`` in the test process.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.distributed.ddp_run import fit
+
+SCRIPT = Path(__file__).with_name("ddp_run.py")
+REPO = SCRIPT.parents[2]
+TOLERANCE = 1e-6
+
+
+def run(out: Path, *args: str) -> None:
+    """Runs ``ddp_run.py`` (with ``--devices 2``, as 2 processes)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(out), *args], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, f"ddp_run.py {' '.join(args)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+
+
+def result(out: Path, rank: int = 0) -> dict:
+    return torch.load(out / f"rank{rank}.pt")
+
+
+def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "executor"), [("fedavg", "lightning"), ("fedprox", "lean")], ids=["fedavg-lightning", "fedprox-lean"]
+)
+def test_two_processes_match_one(tmp_path, algorithm, executor):
+    # 5 clients per round over 2 ranks: an uneven 3/2 split, so ranks train different numbers of steps.
+    fit(tmp_path / "one", algorithm=algorithm, executor=executor)
+    run(tmp_path / "two", "--devices", "2", "--algorithm", algorithm, "--executor", executor)
+    one, rank0, rank1 = result(tmp_path / "one"), result(tmp_path / "two", 0), result(tmp_path / "two", 1)
+
+    assert rank0["history"] == one["history"]
+    assert max_diff(rank0["global_state"], rank1["global_state"]) == 0.0  # one all-reduce: every rank agrees exactly
+    assert max_diff(one["global_state"], rank0["global_state"]) <= TOLERANCE
+    for key in ("round/clients", "round/upload_bytes", "round/total_upload_bytes", "round/aggregated_clients", "val_acc"):
+        assert rank0["metrics"][key] == one["metrics"][key], key
+    assert rank0["metrics"]["round/train_loss"] == pytest.approx(one["metrics"]["round/train_loss"], rel=1e-6)
+    assert rank0["metrics"]["val_loss"] == pytest.approx(one["metrics"]["val_loss"], rel=1e-6)
+
+
+def test_resume_with_two_processes_matches_one_uninterrupted(tmp_path):
+    # FedAvgM: the server momentum must survive the checkpoint too.
+    run(tmp_path / "first", "--devices", "2", "--algorithm", "fedavgm", "--rounds", "2")
+    checkpoint = tmp_path / "first" / "ckpt" / "last.ckpt"
+    run(tmp_path / "resumed", "--devices", "2", "--algorithm", "fedavgm", "--rounds", "4", "--resume", str(checkpoint))
+    fit(tmp_path / "one", algorithm="fedavgm", rounds=4)
+    resumed, one = result(tmp_path / "resumed"), result(tmp_path / "one")
+
+    assert resumed["history"] == one["history"]
+    assert max_diff(one["global_state"], resumed["global_state"]) <= TOLERANCE
