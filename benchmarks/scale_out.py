@@ -34,9 +34,8 @@ from fl_lightning import FedAvg, FederatedCallback, FederatedTrainer
 from fl_lightning.data import FederatedDataModule, InMemoryDataset
 from fl_lightning.distributed import FederatedDDPStrategy
 from fl_lightning.models import MLP
-
-sys.path.insert(0, str(Path(__file__).parent))
-from reporting import load, machine  # noqa: E402
+from harness import QUIET_TRAINER  # benchmarks/ is on sys.path when run as a script
+from reporting import load, machine
 
 
 class RoundTimes(FederatedCallback):
@@ -83,11 +82,7 @@ def worker(args: argparse.Namespace) -> None:
         devices=args.worker,
         strategy=FederatedDDPStrategy(timeout=timedelta(minutes=5)) if args.worker > 1 else "auto",
         callbacks=[times],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
+        **QUIET_TRAINER,
     )
     trainer.fit(MLP(in_features=784, hidden=(200, 200), lr=0.05), datamodule=data)
     if trainer.global_rank == 0:
