@@ -17,6 +17,7 @@ starts the other ranks); rank 0 writes the round times to a JSON file.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import statistics
@@ -126,6 +127,7 @@ def main() -> None:
     base = rows[0][3]
     lines = [
         f"- command: `python benchmarks/scale_out.py {' '.join(sys.argv[1:])}`",
+        f"- date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}",
         f"- machine: {machine()}; torch {torch.__version__}, lightning {pl.__version__}",
         f"- load average before / after: {before} / {load()}",
         f"- workload: FedAvg, {args.clients} clients x {args.samples} samples (1x28x28 synthetic), {args.per_round} "
