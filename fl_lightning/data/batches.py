@@ -46,6 +46,10 @@ class ClientBatches:
         # Duck-typed so that any TensorDataset-like dataset gets the fast path.
         tensors = getattr(dataset, "tensors", None)
         self._tensors: tuple[Tensor, ...] | None = tuple(tensors) if tensors is not None else None
+        # Tensors on an accelerator are gathered there: indices move once per client, permutations
+        # once per epoch (drawn on the CPU generator, so the order does not depend on the device).
+        self._device = self._tensors[0].device if self._tensors else torch.device("cpu")
+        self.indices = self.indices.to(self._device)
 
     @property
     def batches_per_epoch(self) -> int:
@@ -76,7 +80,7 @@ class ClientBatches:
             # Checked before drawing, so a stream ending on an epoch boundary draws no extra permutation.
             if epoch == self.num_epochs or emitted == self.num_batches:
                 return
-            order = torch.randperm(n, generator=self.generator)
+            order = torch.randperm(n, generator=self.generator).to(self._device)
             for start in range(0, n, self.batch_size):
                 yield self.indices[order[start : start + self.batch_size]]
                 emitted += 1

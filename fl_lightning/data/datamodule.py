@@ -29,8 +29,13 @@ def _labels_of(dataset: Dataset) -> np.ndarray:
     """Labels of a dataset without ``targets``: the second tensor of a ``TensorDataset``, else read sample by sample."""
     tensors = getattr(dataset, "tensors", None)
     if tensors is not None and len(tensors) >= 2:
-        return np.asarray(tensors[1])
+        return host_array(tensors[1])
     return np.asarray([int(dataset[i][1]) for i in range(len(dataset))])  # type: ignore[arg-type]
+
+
+def host_array(values: Any) -> np.ndarray:
+    """``values`` as a NumPy array, copied from the accelerator if it is a tensor there."""
+    return values.cpu().numpy() if isinstance(values, torch.Tensor) else np.asarray(values)
 
 
 class FederatedDataModule(LightningDataModule):
@@ -184,7 +189,8 @@ class FederatedDataModule(LightningDataModule):
         targets = getattr(self.train, "targets", None)
         if targets is None:
             raise ValueError(f"label_counts needs train.targets; {type(self.train).__name__} has none.")
-        labels = np.asarray(targets)[self.client_indices(cid)]
+        targets = host_array(targets)
+        labels = targets[self.client_indices(cid)]
         num_classes = self.num_classes or int(np.max(targets)) + 1
         return np.bincount(labels, minlength=num_classes)
 
@@ -280,7 +286,7 @@ class FederatedDataModule(LightningDataModule):
             values = _labels_of(self.train)
         if values is None:
             raise ValueError(f"{self.partitioner!r} needs train.{attribute}, which {type(self.train).__name__} lacks.")
-        return np.asarray(values)
+        return host_array(values)
 
     def _check_cid(self, cid: int) -> int:
         if not 0 <= cid < self.num_clients:

@@ -108,6 +108,15 @@ def test_tensor_dataset_takes_the_fast_path() -> None:
     assert sorted(y.tolist()) == [1, 2, 3] and torch.equal(x, y.float())
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_device_resident_data_is_gathered_on_the_device_in_the_same_order() -> None:
+    on_gpu = InMemoryDataset(inputs=DATA.tensors[0].cuda(), labels=DATA.tensors[1].cuda(), num_classes=7)
+    gpu = list(client_batches(on_gpu, INDICES, batch_size=3, num_epochs=2, generator=torch.Generator().manual_seed(0)))
+    cpu = list(stream(batch_size=3, num_epochs=2))
+    assert all(x.is_cuda and y.is_cuda for x, y in gpu)
+    assert all(torch.equal(a.cpu(), b) for g, c in zip(gpu, cpu, strict=True) for a, b in zip(g, c))
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
