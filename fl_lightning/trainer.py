@@ -46,6 +46,9 @@ class FederatedTrainer(pl.Trainer):
             (:mod:`fl_lightning.loops.batched_clients`): plain ``torch.optim.SGD`` from the global
             weights only (algorithms that do not override ``configure_client``, ``reset_optimizer=True``),
             a ``training_step`` that ``vmap`` can run (no ``self.log``); it skips what ``"lean"`` skips.
+        max_batched_clients: with ``client_executor="batched"``, at most this many clients train at
+            once (each costs about three model copies of memory: weights, gradients, momentum);
+            default: a whole group of same-shaped clients.
         callbacks: Lightning callbacks; the trainer adds its progress bar (unless one is given
             or ``enable_progress_bar=False``) and the client-loss recorder.
         **kwargs: forwarded to :class:`lightning.pytorch.Trainer`.
@@ -66,6 +69,7 @@ class FederatedTrainer(pl.Trainer):
         seed: int = 0,
         reset_optimizer: bool = True,
         client_executor: Literal["lightning", "lean", "batched"] = "lightning",
+        max_batched_clients: int | None = None,
         callbacks: list[Callback] | Callback | None = None,
         **kwargs: Any,
     ) -> None:
@@ -90,6 +94,14 @@ class FederatedTrainer(pl.Trainer):
             raise ValueError(f"`client_executor` must be 'lightning', 'lean' or 'batched', got {client_executor!r}.")
         if client_executor == "batched" and algorithm is not None and algorithm.asynchronous:
             raise ValueError(f"client_executor='batched' runs synchronous rounds only; {type(algorithm).__name__} is asynchronous.")
+        if max_batched_clients is not None and (
+            client_executor != "batched" or isinstance(max_batched_clients, bool) or not isinstance(max_batched_clients, int)
+            or max_batched_clients < 1
+        ):
+            raise ValueError(
+                f"`max_batched_clients` must be a positive integer with client_executor='batched', got "
+                f"{max_batched_clients!r} with client_executor={client_executor!r}."
+            )
         if seed < 0:
             raise ValueError(f"`seed` must be >= 0, got {seed}.")
         algorithm = algorithm if algorithm is not None else FedAvg()
@@ -116,6 +128,7 @@ class FederatedTrainer(pl.Trainer):
             seed=seed,
             reset_optimizer=reset_optimizer,
             client_executor=client_executor,
+            max_batched_clients=max_batched_clients,
         )
         self.fit_loop.epoch_loop = compat.ClientEpochLoop(
             self, min_steps=previous.epoch_loop.min_steps, max_steps=previous.epoch_loop.max_steps

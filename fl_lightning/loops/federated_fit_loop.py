@@ -69,8 +69,10 @@ class FederatedFitLoop(compat.FitLoopBase):
         local_steps: local optimizer steps per client.
         seed: root seed of client selection and of every client's data order.
         reset_optimizer: clear the optimizer state (momentum, Adam moments) before each client.
-        client_executor: ``"lightning"`` (Lightning's epoch loop) or ``"lean"``
-            (:func:`~fl_lightning._lightning_compat.run_lean_client`).
+        client_executor: ``"lightning"`` (Lightning's epoch loop), ``"lean"``
+            (:func:`~fl_lightning._lightning_compat.run_lean_client`) or ``"batched"``
+            (:func:`~fl_lightning.loops.batched_clients.train_clients_batched`).
+        max_batched_clients: the batched executor's cap on clients trained at once (``None``: no cap).
     """
 
     def __init__(
@@ -86,6 +88,7 @@ class FederatedFitLoop(compat.FitLoopBase):
         seed: int,
         reset_optimizer: bool,
         client_executor: str = "lightning",
+        max_batched_clients: int | None = None,
     ) -> None:
         super().__init__(trainer, min_epochs=min_epochs, max_epochs=max_epochs)
         self.algorithm = algorithm
@@ -95,6 +98,7 @@ class FederatedFitLoop(compat.FitLoopBase):
         self.seed = seed
         self.reset_optimizer = reset_optimizer
         self.client_executor = client_executor
+        self.max_batched_clients = max_batched_clients
         self.global_state: State = {}
         #: Client ids selected in each round so far.
         self.history: list[list[int]] = []
@@ -296,7 +300,7 @@ class FederatedFitLoop(compat.FitLoopBase):
         """Trains the round's clients from the current global weights, one after another, in order
         (with ``client_executor="batched"``, several at once); returns their updates in order."""
         if self.client_executor == "batched":
-            return train_clients_batched(self, round_idx, clients)
+            return train_clients_batched(self, round_idx, clients, max_clients=self.max_batched_clients)
         return [self.train_client(round_idx, cid) for cid in clients]
 
     def train_client(self, round_idx: int, cid: int, *, seed: int | None = None) -> ClientUpdate:

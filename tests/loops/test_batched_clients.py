@@ -109,6 +109,27 @@ def test_batched_equals_sequential(scenario: str, reference: str) -> None:
         assert len({u.num_steps for u in log.updates.values()}) > 1
 
 
+def test_max_batched_clients_caps_a_group_without_changing_the_result() -> None:
+    def run(**kwargs: Any) -> tuple[Any, ClientLog]:
+        torch.manual_seed(0)
+        model, log = MLP(in_features=12, hidden=(16,), num_classes=4, lr=0.1, momentum=0.9), ClientLog()
+        trainer = quiet_trainer(max_epochs=1, clients_per_round=4, local_steps=3, client_executor="batched", callbacks=[log], **kwargs)
+        trainer.fit(model, datamodule=synthetic_data(batch_size=1))  # batches of 1: every client has the same shapes
+        return model, log
+
+    capped_model, capped_log = run(max_batched_clients=3)
+    model, log = run()
+    assert max_diff(capped_model.state_dict(), model.state_dict()) <= TOL
+    assert [kind for kind, _, _ in log.events] == ["start"] * 4 + ["end"] * 4  # one group of 4
+    assert [kind for kind, _, _ in capped_log.events] == ["start"] * 3 + ["end"] * 3 + ["start", "end"]  # 3 + 1
+
+
+@pytest.mark.parametrize(("executor", "cap"), [("batched", 0), ("batched", 1.5), ("lean", 2)])
+def test_bad_max_batched_clients(executor: str, cap: Any) -> None:
+    with pytest.raises(ValueError, match=f"`max_batched_clients` must be a positive integer.*got {cap!r}"):
+        quiet_trainer(client_executor=executor, max_batched_clients=cap)
+
+
 class TiedMLP(MLP):
     """Two hidden layers sharing one weight matrix (one tensor under two ``state_dict`` names)."""
 
