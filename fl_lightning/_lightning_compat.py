@@ -32,6 +32,7 @@ __all__ = [
     "call_epoch_start_hooks",
     "clear_restarting",
     "log_metrics",
+    "overridden_batch_hooks",
     "reload_validation_data",
     "run_client_epoch",
     "run_lean_client",
@@ -163,15 +164,21 @@ def run_lean_client(fit_loop: _FitLoop, batches: Iterable[Any], on_loss: Callabl
     return steps
 
 
-_TRANSFER_HOOKS = ("transfer_batch_to_device", "on_after_batch_transfer")
+#: The LightningModule/LightningDataModule hooks a batch passes through on its way to the device.
+BATCH_TRANSFER_HOOKS = ("on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer")
+
+
+def overridden_batch_hooks(trainer: pl.Trainer, hooks: Iterable[str] = BATCH_TRANSFER_HOOKS) -> list[str]:
+    """``Owner.hook`` for each of ``hooks`` that the module or the datamodule overrides."""
+    owners = [trainer.lightning_module] + [trainer.datamodule] * isinstance(trainer.datamodule, pl.LightningDataModule)
+    return [f"{type(owner).__name__}.{hook}" for owner in owners for hook in hooks if is_overridden(hook, owner)]
 
 
 def _batch_mover(trainer: pl.Trainer) -> Callable[[Any], Any]:
     """``strategy.batch_to_device``, or, when neither module nor datamodule overrides its hooks,
     the ``move_data_to_device`` it would end in, without two hook dispatches per batch."""
     strategy = trainer.strategy
-    owners = [trainer.lightning_module] + [trainer.datamodule] * isinstance(trainer.datamodule, pl.LightningDataModule)
-    if any(is_overridden(hook, owner) for hook in _TRANSFER_HOOKS for owner in owners):
+    if overridden_batch_hooks(trainer, BATCH_TRANSFER_HOOKS[1:]):
         return strategy.batch_to_device
     device = strategy.root_device
     return lambda batch: move_data_to_device(batch, device)

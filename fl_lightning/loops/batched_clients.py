@@ -20,12 +20,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
-from lightning.pytorch import LightningDataModule
-from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
+from fl_lightning import _lightning_compat as compat
 from fl_lightning.algorithms.base import Algorithm, ClientUpdate
 from fl_lightning.callbacks.federated_callback import call_federated_hook
 from fl_lightning.model_state import compute_delta, load_into
@@ -39,12 +38,6 @@ __all__ = ["check_batched_support", "flatten_stream", "group_clients", "sgd_step
 
 #: ``torch.optim.SGD`` options the functional update reproduces exactly.
 SGD_OPTIONS = ("lr", "momentum", "dampening", "nesterov", "weight_decay", "maximize")
-_BATCH_HOOKS = ("on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer")
-
-
-def _hook_owners(trainer: pl.Trainer) -> list[Any]:
-    datamodule = trainer.datamodule
-    return [trainer.lightning_module] + ([datamodule] if isinstance(datamodule, LightningDataModule) else [])
 
 
 def check_batched_support(loop: FederatedFitLoop) -> torch.optim.SGD:
@@ -74,13 +67,7 @@ def check_batched_support(loop: FederatedFitLoop) -> torch.optim.SGD:
         ),
         "gradient scaling": getattr(trainer.precision_plugin, "scaler", None),
         # Batches are moved to the device stacked (leading client dimension); a user's hook would see that.
-        "overridden batch-transfer hooks": [
-            f"{type(owner).__name__}.{name}"
-            for owner in _hook_owners(trainer)
-            for name in _BATCH_HOOKS
-            if is_overridden(name, owner)
-        ]
-        or None,
+        "overridden batch-transfer hooks": compat.overridden_batch_hooks(trainer) or None,
     }
     for what, value in unsupported.items():
         if value is not None:
