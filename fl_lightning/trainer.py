@@ -27,6 +27,12 @@ class FederatedTrainer(pl.Trainer):
     ``EarlyStopping`` and ``ModelCheckpoint(every_n_epochs)`` count rounds), loggers (the
     logging step is the round). Validation runs on the global model at the end of each round.
 
+    With ``strategy="ddp"`` and several devices (or nodes), each process trains a share of every
+    round's clients and one all-reduce per round combines them
+    (:class:`~fl_lightning.distributed.FederatedDDPStrategy`, ``docs/distributed.md``); every
+    process then validates on the whole validation set (``use_distributed_sampler`` defaults to
+    ``False``), so metrics equal a single process's.
+
     Args:
         algorithm: the federated algorithm (default :class:`~fl_lightning.FedAvg`).
         clients_per_round: clients per round, a count or a float fraction of all clients (default: all).
