@@ -16,6 +16,7 @@ import torch
 from fl_lightning.algorithms.base import Algorithm, ClientContext, ClientUpdate
 from fl_lightning.algorithms.epsilon_schedules import ConstantEpsilon, EpsilonSchedule
 from fl_lightning.algorithms.fedavg import FedAvg
+from fl_lightning.algorithms.summable import SupportsWeightedSum
 from fl_lightning.federation import Federation
 from fl_lightning.model_state import State
 from fl_lightning.probe import probe, sample_metrics
@@ -186,6 +187,21 @@ class FedALIGN(Algorithm):
 
     def aggregate(self, round_idx: int, global_state: State, updates: list[ClientUpdate]) -> dict[str, float]:
         return {**self.inner.aggregate(round_idx, global_state, updates), **self._round_metrics}
+
+    # Client sharding over processes (docs/distributed.md): the selection is computed identically
+    # on every rank, so FedALIGN shards whenever the wrapped aggregation does.
+
+    @property
+    def summable(self) -> bool:
+        return isinstance(self.inner, SupportsWeightedSum) and self.inner.summable
+
+    def weighted_delta_sum(self, updates: list[ClientUpdate]) -> tuple[State, float]:
+        assert isinstance(self.inner, SupportsWeightedSum)
+        return self.inner.weighted_delta_sum(updates)
+
+    def apply_weighted_sum(self, round_idx: int, global_state: State, total: State, weight: float) -> dict[str, float]:
+        assert isinstance(self.inner, SupportsWeightedSum)
+        return {**self.inner.apply_weighted_sum(round_idx, global_state, total, weight), **self._round_metrics}
 
     def evaluate(self, round_idx: int, module: pl.LightningModule) -> dict[str, float]:
         if not self.evaluate_priority:

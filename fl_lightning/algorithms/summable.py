@@ -9,10 +9,28 @@ sums its own clients and one all-reduce combines the partial sums
 from __future__ import annotations
 
 from abc import abstractmethod
+from typing import Protocol, runtime_checkable
 
 from fl_lightning.algorithms.aggregation import weighted_sum
 from fl_lightning.algorithms.base import Algorithm, ClientUpdate
 from fl_lightning.model_state import State
+
+
+@runtime_checkable
+class SupportsWeightedSum(Protocol):
+    """What client sharding needs of an algorithm (:class:`SummableAggregation` or a wrapper of one)."""
+
+    @property
+    def summable(self) -> bool: ...
+
+    def weighted_delta_sum(self, updates: list[ClientUpdate]) -> tuple[State, float]: ...
+
+    def apply_weighted_sum(self, round_idx: int, global_state: State, total: State, weight: float) -> dict[str, float]: ...
+
+
+def can_shard(algorithm: Algorithm) -> bool:
+    """Whether a round's clients may train on several processes: a synchronous weighted-sum aggregation."""
+    return isinstance(algorithm, SupportsWeightedSum) and algorithm.summable and not algorithm.asynchronous
 
 
 class SummableAggregation(Algorithm):

@@ -13,7 +13,7 @@ from typing_extensions import override
 import lightning.pytorch as pl
 from fl_lightning import _lightning_compat as compat
 from fl_lightning.algorithms.base import Algorithm, ClientContext, ClientUpdate
-from fl_lightning.algorithms.summable import SummableAggregation
+from fl_lightning.algorithms.summable import SupportsWeightedSum, can_shard
 from fl_lightning.callbacks.client_loss import ClientLossRecorder
 from fl_lightning.callbacks.federated_callback import call_federated_hook
 from fl_lightning.distributed.sharding import ClientSharding
@@ -166,11 +166,12 @@ class FederatedFitLoop(compat.FitLoopBase):
                 f"With {trainer.world_size} processes, FederatedTrainer needs strategy='ddp' (FederatedDDPStrategy); "
                 f"got {type(trainer.strategy).__name__}."
             )
-        if not (isinstance(self.algorithm, SummableAggregation) and self.algorithm.summable) or self.algorithm.asynchronous:
+        if not can_shard(self.algorithm):
             raise ValueError(
                 f"{type(self.algorithm).__name__} cannot shard its clients over {trainer.world_size} processes: "
                 "only synchronous algorithms whose aggregation is a weighted sum of client deltas "
-                "(SummableAggregation, e.g. FedAvg, FedProx and their server optimizers) can; run it with devices=1."
+                "(SummableAggregation: FedAvg, FedProx, their server optimizers, FedALIGN over them) can; "
+                "run it with devices=1."
             )
         return ClientSharding(trainer.strategy)
 
@@ -218,7 +219,7 @@ class FederatedFitLoop(compat.FitLoopBase):
 
     def _aggregate_sharded(self, round_idx: int, clients: list[int]) -> tuple[list[ClientUpdate], dict[str, float]]:
         """This rank trains its share of ``clients``; one all-reduce combines every rank's weighted sum."""
-        assert self._sharding is not None and isinstance(self.algorithm, SummableAggregation)
+        assert self._sharding is not None and isinstance(self.algorithm, SupportsWeightedSum)
         local = self.train_clients(round_idx, self._sharding.share(clients))
         finite = self._finite(round_idx, local)
         combined = self._sharding.all_reduce(

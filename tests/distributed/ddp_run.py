@@ -13,7 +13,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 import torch
 
-from fl_lightning import FedAvg, FederatedTrainer, FedProx, ServerSGD
+from fl_lightning import FedALIGN, FedAvg, FederatedTrainer, FedProx, ServerSGD
 from fl_lightning.data import Digits, Dirichlet, FederatedDataModule
 from fl_lightning.distributed import FederatedDDPStrategy
 from fl_lightning.models import MLP
@@ -23,6 +23,7 @@ ALGORITHMS = {
     "fedavg": lambda: FedAvg(),
     "fedavgm": lambda: FedAvg(server_optimizer=ServerSGD(lr=1.0, momentum=0.9)),
     "fedprox": lambda: FedProx(mu=0.1),
+    "fedalign": lambda: FedALIGN(priority=3, epsilon=0.3, warmup_fraction=0.0, algorithm=FedProx(mu=0.1)),
 }
 
 

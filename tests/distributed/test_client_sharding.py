@@ -9,7 +9,7 @@ import pytest
 import torch
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 
-from fl_lightning import CompressedFedAvg, FedAvg, FedBuff, FederatedTrainer, FedProx, ServerAdam
+from fl_lightning import CompressedFedAvg, FedALIGN, FedAvg, FedBuff, FederatedTrainer, FedProx, ServerAdam
 from fl_lightning.compression import StochasticSignCodec
 from fl_lightning.distributed import ClientSharding, FederatedDDPStrategy
 from tests.algorithms.test_fedavg import _global_state, _updates, federation  # noqa: F401 (fixture)
@@ -114,7 +114,13 @@ def _sharding_error(algorithm, strategy) -> str:
 
 
 @pytest.mark.parametrize(
-    "algorithm", [CompressedFedAvg(codec=StochasticSignCodec()), FedBuff(buffer_size=2)], ids=["overrides-aggregate", "async"]
+    "algorithm",
+    [
+        CompressedFedAvg(codec=StochasticSignCodec()),
+        FedBuff(buffer_size=2),
+        FedALIGN(priority=2, algorithm=CompressedFedAvg(codec=StochasticSignCodec())),
+    ],
+    ids=["overrides-aggregate", "async", "fedalign-over-compressed"],
 )
 def test_algorithms_that_are_not_a_weighted_sum_refuse_to_shard(algorithm):
     message = _sharding_error(algorithm, FederatedDDPStrategy())

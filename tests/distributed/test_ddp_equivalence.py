@@ -41,7 +41,9 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 
 
 @pytest.mark.parametrize(
-    ("algorithm", "executor"), [("fedavg", "lightning"), ("fedprox", "lean")], ids=["fedavg-lightning", "fedprox-lean"]
+    ("algorithm", "executor"),
+    [("fedavg", "lightning"), ("fedprox", "lean"), ("fedalign", "lean")],
+    ids=["fedavg-lightning", "fedprox-lean", "fedalign-lean"],
 )
 def test_two_processes_match_one(tmp_path, algorithm, executor):
     # 5 clients per round over 2 ranks: an uneven 3/2 split, so ranks train different numbers of steps.
@@ -52,10 +54,10 @@ def test_two_processes_match_one(tmp_path, algorithm, executor):
     assert rank0["history"] == one["history"]
     assert max_diff(rank0["global_state"], rank1["global_state"]) == 0.0  # one all-reduce: every rank agrees exactly
     assert max_diff(one["global_state"], rank0["global_state"]) <= TOLERANCE
-    for key in ("round/clients", "round/upload_bytes", "round/total_upload_bytes", "round/aggregated_clients", "val_acc"):
-        assert rank0["metrics"][key] == one["metrics"][key], key
-    assert rank0["metrics"]["round/train_loss"] == pytest.approx(one["metrics"]["round/train_loss"], rel=1e-6)
-    assert rank0["metrics"]["val_loss"] == pytest.approx(one["metrics"]["val_loss"], rel=1e-6)
+    assert rank0["metrics"].keys() == one["metrics"].keys()
+    for key, value in one["metrics"].items():  # counts, bytes, losses, accuracies, FedALIGN's acceptance
+        if key != "round/wall_time_s":
+            assert rank0["metrics"][key] == pytest.approx(value, rel=1e-6), key
 
 
 def test_resume_with_two_processes_matches_one_uninterrupted(tmp_path):
