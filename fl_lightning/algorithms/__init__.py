@@ -15,7 +15,7 @@ from fl_lightning.algorithms.fedsoft import FedSoft
 from fl_lightning.algorithms.ifca import IFCA
 from fl_lightning.algorithms.flexible import FlexibleParticipation, scheme_coefficients
 from fl_lightning.algorithms.staleness import StalenessTracker
-from fl_lightning.algorithms.summable import SummableAggregation
+from fl_lightning.algorithms.summable import SummableAggregation, SupportsWeightedSum
 from fl_lightning.algorithms.server_optimizers import (
     ServerAdagrad,
     ServerAdam,
@@ -52,6 +52,7 @@ __all__ = [
     "ServerYogi",
     "StalenessTracker",
     "SummableAggregation",
+    "SupportsWeightedSum",
     "StepEpsilon",
     "alignment_decision",
     "apply_delta",
