@@ -13,15 +13,9 @@ from fl_lightning.data import Digits, Dirichlet, FederatedDataModule
 from fl_lightning.mixins import MaskedNoiseMixin, ProbabilityMaskMixin
 from fl_lightning.models import ClassificationModule
 
-QUIET: dict[str, Any] = {
-    "accelerator": "cpu",
-    "logger": False,
-    "enable_checkpointing": False,
-    "enable_progress_bar": False,
-    "enable_model_summary": False,
-    "num_sanity_val_steps": 0,
-    "limit_val_batches": 0,
-}
+from ..integration.conftest import QUIET as INTEGRATION_QUIET
+
+QUIET: dict[str, Any] = {**INTEGRATION_QUIET, "limit_val_batches": 0}
 
 
 class Tiny(ClassificationModule):

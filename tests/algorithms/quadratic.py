@@ -11,6 +11,8 @@ import torch
 from fl_lightning import FederatedTrainer
 from fl_lightning.data import FederatedDataModule, InMemoryDataset, Natural
 
+from ..integration.conftest import QUIET
+
 CENTRES = torch.tensor([[0.0, 0.0], [4.0, 0.0], [0.0, 4.0], [4.0, 4.0]], dtype=torch.float64)
 
 
@@ -59,15 +61,5 @@ def quadratic_data(centres: torch.Tensor = CENTRES, samples: int = 10, holdout_f
 
 
 def quadratic_trainer(**kwargs: Any) -> FederatedTrainer:
-    defaults = {
-        "accelerator": "cpu",
-        "precision": "64-true",
-        "logger": False,
-        "enable_checkpointing": False,
-        "enable_progress_bar": False,
-        "enable_model_summary": False,
-        "num_sanity_val_steps": 0,
-        "limit_val_batches": 0,
-        "local_steps": 5,
-    }
+    defaults = {**QUIET, "precision": "64-true", "limit_val_batches": 0, "local_steps": 5}
     return FederatedTrainer(**{**defaults, **kwargs})
