@@ -76,7 +76,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--algorithm", choices=sorted(ALGORITHMS), default="fedavg")
-    parser.add_argument("--executor", choices=["lightning", "lean"], default="lightning")
+    parser.add_argument("--executor", choices=["lightning", "lean", "batched"], default="lightning")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--clients-per-round", type=int, default=5)
     parser.add_argument("--out", type=Path, required=True)
