@@ -12,6 +12,7 @@ from fl_lightning.compression.masked_noise import (
     progressive_stochastic_mask,
     sample_mask,
 )
+from fl_lightning.compression.hadamard import fwht
 from fl_lightning.compression.probability_mask import (
     ProbabilityMaskCodec,
     bernoulli_mask,
@@ -19,6 +20,7 @@ from fl_lightning.compression.probability_mask import (
     scores_from_probabilities,
     signed_constant_,
 )
+from fl_lightning.compression.rotation import DriveCodec, EdenCodec, RotatedQuantizationCodec
 from fl_lightning.compression.sign import StochasticSignCodec
 from fl_lightning.compression.ternary import TernGradCodec
 from fl_lightning.compression.topk import TopKCodec
@@ -28,10 +30,13 @@ __all__ = [
     "DEFAULT_ALPHA",
     "WIRE_KEY",
     "Codec",
+    "DriveCodec",
+    "EdenCodec",
     "Layout",
     "MaskedNoiseCodec",
     "PayloadError",
     "ProbabilityMaskCodec",
+    "RotatedQuantizationCodec",
     "StochasticSignCodec",
     "TensorSpec",
     "TernGradCodec",
@@ -42,6 +47,7 @@ __all__ = [
     "clip_update",
     "deterministic_mask",
     "from_wire",
+    "fwht",
     "generate_noise",
     "mask_probability",
     "masked_noise",

@@ -42,7 +42,7 @@ class NoData:
 def test_every_dataset_and_baseline_has_a_config():
     names = {p.stem for p in PAPER}
     datasets = {f"fedmrn_{d}" for d in ("fmnist", "svhn", "cifar10", "cifar100")}
-    baselines = {f"fedmrn_fmnist_{b}" for b in ("fedavg", "signsgd", "topk", "terngrad", "fedpm")}
+    baselines = {f"fedmrn_fmnist_{b}" for b in ("fedavg", "signsgd", "topk", "terngrad", "fedpm", "drive", "eden")}
     assert datasets | baselines <= names
 
 
