@@ -39,20 +39,17 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import logging
 import os
 import statistics
 import sys
 import time
-import warnings
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
-from multiprocessing import get_context
 from typing import Any
 
 import numpy as np
-from reporting import load, machine, mean_std  # benchmarks/ is on sys.path when run as a script
+from reporting import emit, load, machine, mean_std  # benchmarks/ is on sys.path when run as a script
+from workers import init_worker, worker_pool
 
 ALGORITHMS = ("FedBuff", "FedStaleWeight")
 NUM_FAST, NUM_SLOW, BUFFER = 10, 5, 5
@@ -95,20 +92,6 @@ class RunResult:
     class_counts: list[int] = field(default_factory=list)
     first_ms: float = 0.0  # CPU ms per client update over the first tenth of the aggregations
     last_ms: float = 0.0  # ... and over the last tenth
-
-
-def _quiet() -> None:
-    warnings.filterwarnings("ignore")
-    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-
-
-def _init_worker(threads: int) -> None:
-    import torch
-
-    if threads > 0:
-        torch.set_num_threads(threads)
-    _quiet()
 
 
 # --------------------------------------------------------------------------------------------
@@ -554,7 +537,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"{len(specs)} runs on {args.jobs} worker(s): {asdict(settings)}", flush=True)
     started = time.perf_counter()
     results: list[RunResult] = []
-    with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn"), initializer=_init_worker, initargs=(args.threads,)) as pool:
+    with worker_pool(args.jobs, args.threads) as pool:
         for result in pool.map(run_one, specs):
             final = result.accuracy[settings.aggregations]
             share = np.asarray(result.influence)
@@ -567,17 +550,15 @@ def main(argv: Sequence[str] | None = None) -> None:
             results.append(result)
     timings: list[Timing] = []
     if args.timing_aggregations > 0:
-        _init_worker(args.threads)
+        init_worker(args.threads)
         for _ in range(args.timing_repeats):
             for mode in ("sync", "async"):
                 timing = time_one(mode, args.timing_aggregations, settings)
                 print(f"timing {mode}: {timing.updates} updates, {timing.cpu_s:.1f} s CPU, {timing.wall_s:.1f} s wall", flush=True)
                 timings.append(timing)
     text = report(results, timings, settings, args, time.perf_counter() - started)
-    print("\n" + text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    print()
+    emit(text, args.out)
 
 
 if __name__ == "__main__":

@@ -48,19 +48,16 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import logging
 import os
-import platform
 import statistics
 import sys
 import time
-import warnings
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
-from multiprocessing import get_context
 
 import lightning.pytorch as pl
+from reporting import emit, load, machine, mean_std  # benchmarks/ is on sys.path when run as a script
+from workers import worker_pool
 
 METHODS = ("FedALIGN", "PriorityOnly", "AllClients")
 DATASETS = ("synth", "digits")
@@ -109,16 +106,6 @@ class RunResult:
     wall_s: float
     cpu_s: float
     accs: list[float] = field(default_factory=list)
-
-
-def _init_worker(threads: int) -> None:
-    import torch
-
-    if threads > 0:
-        torch.set_num_threads(threads)
-    warnings.filterwarnings("ignore")
-    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
-        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 def build(spec: RunSpec) -> tuple[pl.LightningDataModule, pl.LightningModule, list[int] | None, float]:
@@ -242,32 +229,9 @@ def run_one(spec: RunSpec) -> RunResult:
 # --------------------------------------------------------------------------------------------
 
 
-def _mean_std(values: Sequence[float], digits: int = 3) -> str:
-    mean = statistics.fmean(values)
-    std = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{mean:.{digits}f} ± {std:.{digits}f}"
-
-
 def _tally(differences: Sequence[float]) -> str:
     """``better/tied/worse`` counts of paired differences where larger is better."""
     return f"{sum(x > 0 for x in differences)}/{sum(x == 0 for x in differences)}/{sum(x < 0 for x in differences)}"
-
-
-def machine() -> str:
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{os.cpu_count()} CPU cores (nproc), {model}, Python {platform.python_version()}, {platform.system()}"
-
-
-def load() -> str:
-    try:
-        return ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    except OSError:
-        return "unknown"
 
 
 def describe(settings: Settings, seeds: list[int]) -> str:
@@ -309,8 +273,8 @@ def report(results: list[RunResult], settings: Settings, args: argparse.Namespac
         for m in methods:
             runs = [by[(d, m, seed)] for seed in seeds if (d, m, seed) in by]
             lines.append(
-                f"| {d} | {m} | {_mean_std([r.final_acc for r in runs])} | {_mean_std([r.tail_acc for r in runs])} "
-                f"| {_mean_std([r.final_loss for r in runs])} | {_mean_std([r.tail_loss for r in runs])} "
+                f"| {d} | {m} | {mean_std([r.final_acc for r in runs])} | {mean_std([r.tail_acc for r in runs])} "
+                f"| {mean_std([r.final_loss for r in runs])} | {mean_std([r.tail_loss for r in runs])} "
                 f"| {statistics.fmean(r.aligned_per_round for r in runs):.1f} of {statistics.fmean(r.num_aligned for r in runs):.0f}"
                 f" / {statistics.fmean(r.misaligned_per_round for r in runs):.1f} |"
             )
@@ -330,7 +294,7 @@ def report(results: list[RunResult], settings: Settings, args: argparse.Namespac
                     continue
                 acc = [a.tail_acc - o.tail_acc for a, o in pairs]
                 loss = [a.tail_loss - o.tail_loss for a, o in pairs]
-                lines.append(f"| {d} | {other} | {_mean_std(acc)} | {_tally(acc)} | {_mean_std(loss)} | {_tally([-x for x in loss])} |")
+                lines.append(f"| {d} | {other} | {mean_std(acc)} | {_tally(acc)} | {mean_std(loss)} | {_tally([-x for x in loss])} |")
     cpu = sum(r.cpu_s for r in results)
     lines += [
         "",
@@ -392,7 +356,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"{len(specs)} runs on {args.jobs} worker(s): {asdict(settings)}", flush=True)
     started = time.perf_counter()
     results: list[RunResult] = []
-    with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn"), initializer=_init_worker, initargs=(args.threads,)) as pool:
+    with worker_pool(args.jobs, args.threads) as pool:
         for result in pool.map(run_one, specs):
             sp = result.spec
             print(
@@ -403,10 +367,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             )
             results.append(result)
     text = report(results, settings, args, time.perf_counter() - started)
-    print("\n" + text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    print()
+    emit(text, args.out)
 
 
 if __name__ == "__main__":

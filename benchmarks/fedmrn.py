@@ -59,6 +59,7 @@ from multiprocessing import get_context
 from typing import Any
 
 import torch
+from reporting import emit  # benchmarks/ is on sys.path when run as a script
 
 
 def _methods() -> dict[str, Callable[[argparse.Namespace], object]]:
@@ -356,10 +357,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 flush=True,
             )
     table = report(results, args, time.perf_counter() - started)
-    print(table)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(table + "\n")
+    emit(table, args.out)
 
 
 if __name__ == "__main__":

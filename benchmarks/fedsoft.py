@@ -41,6 +41,7 @@ from datetime import date
 
 import numpy as np
 import torch
+from reporting import emit  # benchmarks/ is on sys.path when run as a script
 
 from fl_lightning import IFCA, FedAvg, FederatedTrainer, FedSoft
 from fl_lightning.algorithms.clustered import (
@@ -314,10 +315,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.memory:
         out += ["", memory_scaling([int(n) for n in args.memory.split(",")], rounds=2)]
     text = "\n".join(out)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    emit(text, args.out)
 
 
 if __name__ == "__main__":

@@ -35,21 +35,16 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import logging
 import os
-import platform
-import signal
 import statistics
 import sys
-import threading
 import time
-import warnings
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
-from multiprocessing import get_context
 
 import lightning.pytorch as pl
+from reporting import emit, load, machine, mean_std  # benchmarks/ is on sys.path when run as a script
+from workers import worker_pool
 
 SCHEMES = ("A", "B", "C")
 
@@ -90,33 +85,6 @@ class RunResult:
     wall_s: float
     cpu_s: float  # CPU time of the worker process during the run (not inflated by other processes)
     losses: list[float] = field(default_factory=list)  # test loss after each round
-
-
-def _quiet() -> None:
-    warnings.filterwarnings("ignore")
-    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-
-
-def _init_worker(threads: int, parent: int) -> None:
-    import torch
-
-    if threads > 0:
-        torch.set_num_threads(threads)
-    _quiet()
-    # Lightning turns SIGTERM into an exception that the pool hands back as the run's result, and
-    # the worker then takes the next run; `kill` should stop the worker instead. Lightning keeps
-    # this handler and calls it after its own.
-    signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(128 + signum))
-    # A worker whose parent died (killed) would otherwise finish its queued runs for nobody. The
-    # parent's pid comes from the parent: it may be dead (and this worker re-parented) by now.
-
-    def watch_parent() -> None:
-        while os.getppid() == parent:
-            time.sleep(1.0)
-        os._exit(1)
-
-    threading.Thread(target=watch_parent, daemon=True).start()
 
 
 def run_one(spec: RunSpec) -> RunResult:
@@ -215,29 +183,6 @@ def run_one(spec: RunSpec) -> RunResult:
 # --------------------------------------------------------------------------------------------
 
 
-def _mean_std(values: Sequence[float], digits: int = 3) -> str:
-    mean = statistics.fmean(values)
-    std = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{mean:.{digits}f} ± {std:.{digits}f}"
-
-
-def machine() -> str:
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{os.cpu_count()} CPU cores (nproc), {model}, Python {platform.python_version()}, {platform.system()}"
-
-
-def load() -> str:
-    try:
-        return ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    except OSError:
-        return "unknown"
-
-
 def report(results: list[RunResult], settings: Settings, args: argparse.Namespace, wall_s: float) -> str:
     import lightning
     import torch
@@ -275,8 +220,8 @@ def report(results: list[RunResult], settings: Settings, args: argparse.Namespac
         for scheme in schemes:
             runs = [by[(t, scheme, seed)] for seed in seeds if (t, scheme, seed) in by]
             lines.append(
-                f"| {t} | {scheme} | {_mean_std([r.final_loss for r in runs])} | {_mean_std([r.final_acc for r in runs])} "
-                f"| {_mean_std([r.tail_loss for r in runs])} "
+                f"| {t} | {scheme} | {mean_std([r.final_loss for r in runs])} | {mean_std([r.final_acc for r in runs])} "
+                f"| {mean_std([r.tail_loss for r in runs])} "
                 f"| {statistics.fmean(r.complete_fraction for r in runs):.0%} / {statistics.fmean(r.inactive_fraction for r in runs):.0%} "
                 f"| {statistics.fmean(r.discarded_rounds for r in runs):.1f} |"
             )
@@ -298,7 +243,7 @@ def report(results: list[RunResult], settings: Settings, args: argparse.Namespac
                     cells += ["-", "-"]
                     continue
                 diffs = [c.final_loss - o.final_loss for c, o in pairs]
-                cells += [_mean_std(diffs), f"{sum(d < 0 for d in diffs)}/{len(diffs)}"]
+                cells += [mean_std(diffs), f"{sum(d < 0 for d in diffs)}/{len(diffs)}"]
             lines.append("| " + " | ".join(cells) + " |")
     cpu = sum(r.cpu_s for r in results)
     lines += [
@@ -366,9 +311,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"{len(specs)} runs on {args.jobs} worker(s): {asdict(settings)}", flush=True)
     started = time.perf_counter()
     results: list[RunResult] = []
-    with ProcessPoolExecutor(
-        args.jobs, mp_context=get_context("spawn"), initializer=_init_worker, initargs=(args.threads, os.getpid())
-    ) as pool:
+    with worker_pool(args.jobs, args.threads) as pool:
         for result in pool.map(run_one, specs):
             sp = result.spec
             print(
@@ -378,10 +321,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             )
             results.append(result)
     text = report(results, settings, args, time.perf_counter() - started)
-    print("\n" + text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    print()
+    emit(text, args.out)
 
 
 if __name__ == "__main__":

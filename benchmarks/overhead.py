@@ -64,6 +64,7 @@ from harness import (  # benchmarks/ is on sys.path as a script
     plain_fedavg,
     select_clients,
 )
+from reporting import cpu_model, emit
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -343,17 +344,6 @@ def bench_model(spec: ModelSpec, cfg: Config, log: Callable[[str], None]) -> dic
 # --------------------------------------------------------------------------------------------
 
 
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def machine_lines(threads: int) -> list[str]:
     affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return [
@@ -528,10 +518,7 @@ def main(argv: list[str] | None = None) -> None:
     cmd = ["python", "benchmarks/overhead.py", *(argv if argv is not None else sys.argv[1:])]
     load = f"{load_before:.2f} / {os.getloadavg()[0]:.2f} (nproc {os.cpu_count()})"
     report = render(results, cfg, cmd, args.threads, args.clock, load, time.perf_counter() - started)
-    print(report)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(report + "\n")
+    emit(report, args.out)
 
 
 if __name__ == "__main__":

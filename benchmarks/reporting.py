@@ -8,15 +8,18 @@ import statistics
 from collections.abc import Sequence
 
 
-def machine() -> str:
-    """CPU count, CPU model, Python version and OS."""
-    model = platform.processor() or platform.machine()
+def cpu_model() -> str:
+    """The CPU model from ``/proc/cpuinfo`` (else what ``platform`` knows)."""
     try:
         with open("/proc/cpuinfo") as f:
-            model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
-        pass
-    return f"{os.cpu_count()} CPU cores (nproc), {model}, Python {platform.python_version()}, {platform.system()}"
+        return platform.processor() or platform.machine() or "unknown"
+
+
+def machine() -> str:
+    """CPU count, CPU model, Python version and OS."""
+    return f"{os.cpu_count()} CPU cores (nproc), {cpu_model()}, Python {platform.python_version()}, {platform.system()}"
 
 
 def load() -> str:
