@@ -181,14 +181,7 @@ class FedSoft(ClusteredAlgorithm):
         model = cpu_copy(self._live)
         if self.persist_optimizer_state:
             self._pending_optimizer[client.client_id] = [optimizer_state_to_cpu(o) for o in module.trainer.optimizers]
-        return ClientUpdate(
-            client_id=client.client_id,
-            num_samples=client.num_samples,
-            num_steps=client.completed_steps,
-            payload=model,
-            upload_bytes=tensor_bytes(model),
-            metrics=dict(client.metrics),
-        )
+        return super().client_update(client, module, model)  # uploads the local model, not a delta
 
     def aggregate(self, round_idx: int, global_state: State, updates: list[ClientUpdate]) -> dict[str, float]:
         models = {u.client_id: u.payload for u in updates}

@@ -13,7 +13,7 @@ from fl_lightning.algorithms.aggregation import apply_delta, weighted_average
 from fl_lightning.algorithms.base import ClientContext, ClientUpdate
 from fl_lightning.algorithms.clustered import ClusteredAlgorithm
 from fl_lightning.federation import Federation
-from fl_lightning.model_state import State, compute_delta, load_into, tensor_bytes
+from fl_lightning.model_state import State, compute_delta, load_into
 
 
 class IFCA(ClusteredAlgorithm):
@@ -85,15 +85,8 @@ class IFCA(ClusteredAlgorithm):
             module.set_proximal_center(global_state, 0.0)  # no proximal term, whatever ran before
 
     def client_update(self, client: ClientContext, module: pl.LightningModule, delta: State) -> ClientUpdate:
-        delta = compute_delta(self._live, self.centres_on_device()[self.assignment[client.client_id]])
-        return ClientUpdate(
-            client_id=client.client_id,
-            num_samples=client.num_samples,
-            num_steps=client.completed_steps,
-            payload=delta,
-            upload_bytes=tensor_bytes(delta),
-            metrics=dict(client.metrics),
-        )
+        centre = self.centres_on_device()[self.assignment[client.client_id]]
+        return super().client_update(client, module, compute_delta(self._live, centre))  # from its own centre
 
     def aggregate(self, round_idx: int, global_state: State, updates: list[ClientUpdate]) -> dict[str, float]:
         centres = [{k: v.clone() for k, v in c.items()} for c in self.centres_on_device()]
