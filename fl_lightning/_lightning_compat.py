@@ -38,6 +38,7 @@ __all__ = [
     "run_lean_client",
     "run_server_validation",
     "step_epoch_schedulers",
+    "step_takes_batch_idx",
     "set_completed_epochs",
     "sync_module_states",
 ]
@@ -81,17 +82,10 @@ class ClientEpochLoop(_TrainingEpochLoop):
 
     @override
     def _build_kwargs(self, kwargs: OrderedDict, batch: Any, batch_idx: int) -> OrderedDict:
-        # Lightning inspects training_step's signature on every step; once per function is enough.
-        step = self.trainer.lightning_module.training_step
-        key = getattr(step, "__func__", step)
-        if key is not self._step_signature[0]:
-            self._step_signature = (key, is_param_in_hook_signature(step, "batch_idx", min_args=2))
         kwargs["batch"] = batch
-        if self._step_signature[1]:
+        if step_takes_batch_idx(self.trainer.lightning_module):
             kwargs["batch_idx"] = batch_idx
         return kwargs
-
-    _step_signature: tuple[Any, bool] = (None, False)
 
     @property  # type: ignore[override]
     def _batches_that_stepped(self) -> int:
@@ -100,6 +94,19 @@ class ClientEpochLoop(_TrainingEpochLoop):
     @_batches_that_stepped.setter
     def _batches_that_stepped(self, value: int) -> None:
         """Ignored: the logging step is derived from the round."""
+
+
+_TAKES_BATCH_IDX: dict[Callable[..., Any], bool] = {}
+
+
+def step_takes_batch_idx(module: pl.LightningModule) -> bool:
+    """Whether ``module.training_step`` accepts ``batch_idx``; inspected once per function, not
+    on every step (Lightning inspects the signature each time)."""
+    step = module.training_step
+    key = getattr(step, "__func__", step)
+    if key not in _TAKES_BATCH_IDX:
+        _TAKES_BATCH_IDX[key] = is_param_in_hook_signature(step, "batch_idx", min_args=2)
+    return _TAKES_BATCH_IDX[key]
 
 
 def run_client_epoch(fit_loop: _FitLoop, batches: Iterable[Any]) -> int:
@@ -142,7 +149,7 @@ def run_lean_client(fit_loop: _FitLoop, batches: Iterable[Any], on_loss: Callabl
         raise ValueError(f"The lean client executor does not scale gradients: precision={trainer.precision!r} is not supported.")
     optimizer, precision = trainer.optimizers[0], trainer.precision_plugin
     to_device = _batch_mover(trainer)
-    takes_batch_idx = is_param_in_hook_signature(module.training_step, "batch_idx", min_args=2)
+    takes_batch_idx = step_takes_batch_idx(module)
     previous, module._current_fx_name = module._current_fx_name, "training_step"
     steps = 0
     try:

@@ -103,7 +103,7 @@ def test_training_epoch_loop_shape(trainer: pl.Trainer) -> None:
 
 def test_client_epoch_loop_only_overrides_existing_methods() -> None:
     own = {name for name in vars(compat.ClientEpochLoop) if not name.startswith("__")}
-    methods = own - {"in_client", "_batches_that_stepped", "_step_signature"}
+    methods = own - {"in_client", "_batches_that_stepped"}
     assert {
         "_should_check_val_fx",
         "update_lr_schedulers",

@@ -141,7 +141,8 @@ class _TrainingStep(nn.Module):
         self.module = module
 
     def forward(self, batch: Any, batch_idx: int) -> Tensor:
-        output = self.module.training_step(batch, batch_idx)
+        step = self.module.training_step
+        output = step(batch, batch_idx) if compat.step_takes_batch_idx(self.module) else step(batch)
         loss = output["loss"] if isinstance(output, Mapping) else output
         if not isinstance(loss, Tensor):
             raise TypeError(f"training_step must return a loss tensor (or a dict with 'loss'); got {type(loss).__name__}.")

@@ -11,6 +11,8 @@ with ``always_call=True`` swaps it back even if the forward raises, so every cal
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -42,17 +44,17 @@ class Unsaved(nn.Module):
         """Loads nothing."""
 
 
-class WeightSwap(nn.Module):
+class WeightSwap(nn.Module, ABC):
     """A holder: swaps its owner's parameters for :meth:`effective_weights` during the owner's forward."""
 
     def __init__(self) -> None:
         super().__init__()
         self._stash: dict[str, Tensor] = {}
 
+    @abstractmethod
     def effective_weights(self, owner: nn.Module) -> Mapping[str, Tensor]:
         """The tensors to swap in for this forward call, by the owner's local parameter name
         (``owner``'s own parameters are still in place when it is called)."""
-        raise NotImplementedError
 
     def swap_in(self, owner: nn.Module, args: Any) -> None:
         for name, effective in self.effective_weights(owner).items():
