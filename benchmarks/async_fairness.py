@@ -48,6 +48,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+from harness import QUIET_TRAINER
 from reporting import emit, load, machine, mean_std  # benchmarks/ is on sys.path when run as a script
 from workers import init_worker, worker_pool
 
@@ -142,16 +143,8 @@ def paper_algorithm(name: str, window: int) -> Any:
 
 
 def trainer_kwargs() -> dict[str, Any]:
-    return {
-        "accelerator": "cpu",
-        "devices": 1,
-        "logger": False,
-        "enable_checkpointing": False,
-        "enable_progress_bar": False,
-        "enable_model_summary": False,
-        "num_sanity_val_steps": 0,
-        "limit_val_batches": 0,  # the benchmark evaluates the global model itself (below)
-    }
+    # No validation: the benchmark evaluates the global model itself (below).
+    return {"accelerator": "cpu", "devices": 1, **QUIET_TRAINER}
 
 
 def run_one(spec: RunSpec) -> RunResult:

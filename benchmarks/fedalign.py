@@ -56,6 +56,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 import lightning.pytorch as pl
+from harness import QUIET_TRAINER
 from reporting import emit, load, machine, mean_std  # benchmarks/ is on sys.path when run as a script
 from workers import worker_pool
 
@@ -194,12 +195,7 @@ def run_one(spec: RunSpec) -> RunResult:
         accelerator="cpu",
         devices=1,
         callbacks=[recorder],
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        logger=False,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,  # the algorithm's own priority evaluation is what we record
+        **QUIET_TRAINER,  # no validation: the algorithm's own priority evaluation is what we record
     )
     started, cpu_started = time.perf_counter(), time.process_time()
     trainer.fit(model, datamodule=data)

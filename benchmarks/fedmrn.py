@@ -45,21 +45,23 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import logging
 import os
 import platform
 import statistics
 import sys
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import get_context
 from typing import Any
 
+import lightning.pytorch as pl
 import torch
+from harness import QUIET_TRAINER, QUIET_VALIDATING
+from lightning.pytorch.callbacks import Callback
 from reporting import emit  # benchmarks/ is on sys.path when run as a script
+from workers import init_worker, quiet
 
 
 def _methods() -> dict[str, Callable[[argparse.Namespace], object]]:
@@ -116,23 +118,23 @@ class RunResult:
     wall_s: float
 
 
+class MetricPerRound(Callback):
+    """Collects ``trainer.callback_metrics[key]`` at the end of every round."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.values: list[float] = []
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.values.append(float(trainer.callback_metrics[self.key]))
+
+
 def run_one(method: str, seed: int, args: argparse.Namespace) -> RunResult:
     """One federated fit; returns the per-round test accuracy and the byte counts."""
-    torch.set_num_threads(1)
-    warnings.filterwarnings("ignore")
-    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-    from lightning.pytorch.callbacks import Callback
-
+    init_worker(threads=1)
     from fl_lightning import FederatedTrainer
     from fl_lightning.data import Digits, Dirichlet, FederatedDataModule
     from fl_lightning.models.fedmrn import MaskedMLP, ProbabilityMaskedMLP
-
-    class AccuracyPerRound(Callback):
-        def __init__(self) -> None:
-            self.values: list[float] = []
-
-        def on_train_epoch_end(self, trainer, pl_module) -> None:  # type: ignore[no-untyped-def]
-            self.values.append(float(trainer.callback_metrics["val_acc"]))
 
     factory = _methods()[method]
     data = FederatedDataModule(
@@ -148,7 +150,7 @@ def run_one(method: str, seed: int, args: argparse.Namespace) -> RunResult:
     model = model_class(
         in_features=64, hidden=(200, 200), bias=False, lr=learning_rate(method, args), optimizer=optimizer(method, args)
     )
-    accuracy = AccuracyPerRound()
+    accuracy = MetricPerRound("val_acc")
     trainer = FederatedTrainer(
         algorithm=factory(args),  # type: ignore[arg-type]
         max_epochs=args.rounds,
@@ -156,12 +158,8 @@ def run_one(method: str, seed: int, args: argparse.Namespace) -> RunResult:
         local_epochs=args.local_epochs,
         seed=seed,
         accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
         callbacks=[accuracy],
+        **QUIET_VALIDATING,
     )
     started = time.perf_counter()
     trainer.fit(model, datamodule=data)
@@ -181,20 +179,10 @@ def run_one(method: str, seed: int, args: argparse.Namespace) -> RunResult:
 
 def speed(args: argparse.Namespace) -> str:
     """Seconds per round of FedAvg vs FedMRN and FedPM for the paper's CNN4 on synthetic FMNIST-shaped data."""
-    warnings.filterwarnings("ignore")
-    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-    from lightning.pytorch.callbacks import Callback
-
+    quiet()
     from fl_lightning import FedAvg, FederatedTrainer, FedMRN, FedPM
     from fl_lightning.data import IID, FederatedDataModule, InMemoryDataset
     from fl_lightning.models.fedmrn import CNN4, ProbabilityMaskedCNN4
-
-    class RoundTimes(Callback):
-        def __init__(self) -> None:
-            self.values: list[float] = []
-
-        def on_train_epoch_end(self, trainer, pl_module) -> None:  # type: ignore[no-untyped-def]
-            self.values.append(float(trainer.callback_metrics["round/wall_time_s"]))
 
     g = torch.Generator().manual_seed(0)
     n = 10 * 64 * args.speed_steps
@@ -208,20 +196,15 @@ def speed(args: argparse.Namespace) -> str:
         ("FedMRN", FedMRN(), CNN4),
         ("FedPM", FedPM(), ProbabilityMaskedCNN4),
     ):
-        times = RoundTimes()
+        times = MetricPerRound("round/wall_time_s")
         trainer = FederatedTrainer(
             algorithm=algorithm,
             max_epochs=args.speed_rounds + 1,
             clients_per_round=10,
             local_steps=args.speed_steps,
             accelerator=args.accelerator,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            num_sanity_val_steps=0,
-            limit_val_batches=0,
             callbacks=[times],
+            **QUIET_TRAINER,
         )
         data = FederatedDataModule(dataset, partitioner=IID(), num_clients=10, batch_size=64)
         torch.manual_seed(0)

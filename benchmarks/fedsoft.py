@@ -41,6 +41,7 @@ from datetime import date
 
 import numpy as np
 import torch
+from harness import QUIET_TRAINER, QUIET_VALIDATING
 from reporting import emit  # benchmarks/ is on sys.path when run as a script
 
 from fl_lightning import IFCA, FedAvg, FederatedTrainer, FedSoft
@@ -59,14 +60,7 @@ from fl_lightning.data import (
 )
 from fl_lightning.models import MLP, LinearRegression
 
-QUIET = {
-    "accelerator": "cpu",
-    "logger": False,
-    "enable_checkpointing": False,
-    "enable_progress_bar": False,
-    "enable_model_summary": False,
-    "num_sanity_val_steps": 0,
-}
+QUIET = {"accelerator": "cpu", **QUIET_VALIDATING}
 
 
 @dataclass
@@ -233,7 +227,7 @@ def memory_scaling(sizes: list[int], rounds: int) -> str:
         torch.manual_seed(0)
         model = MLP(in_features=64, hidden=(512, 512), lr=1e-3, optimizer="adam")
         algorithm = FedSoft(num_clusters=2, clients_per_cluster=n, lam=0.1, persist_optimizer_state=True, personal_eval_every=0)
-        FederatedTrainer(**QUIET, algorithm=algorithm, max_epochs=rounds, local_steps=1, limit_val_batches=0).fit(model, datamodule=data)
+        FederatedTrainer(accelerator="cpu", **QUIET_TRAINER, algorithm=algorithm, max_epochs=rounds, local_steps=1).fit(model, datamodule=data)
         device = _bytes(t for c in algorithm.centres_on_device() for t in c.values())
         device += _bytes(c for _, c in model._proximal_pairs)
         lines.append(f"| {n} | {algorithm.clients.nbytes() / 2**20:.1f} | {device / 2**20:.2f} | {_rss_mib():.0f} |")

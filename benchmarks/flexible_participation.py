@@ -43,6 +43,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 import lightning.pytorch as pl
+from harness import QUIET_VALIDATING
 from reporting import emit, load, machine, mean_std  # benchmarks/ is on sys.path when run as a script
 from workers import worker_pool
 
@@ -154,11 +155,7 @@ def run_one(spec: RunSpec) -> RunResult:
         accelerator="cpu",
         devices=1,
         callbacks=[recorder, TailValidation()],
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        logger=False,
-        num_sanity_val_steps=0,
+        **QUIET_VALIDATING,
     )
     started, cpu_started = time.perf_counter(), time.process_time()
     trainer.fit(model, datamodule=data)

@@ -22,15 +22,16 @@ from torch import Tensor, nn
 from fl_lightning.utils.seeding import derive_seed, make_generator
 
 CLOCKS = ("wall", "cpu")
-#: Trainer arguments that keep a benchmark's Trainer from logging, checkpointing, printing or validating.
-QUIET_TRAINER = {
+#: Trainer arguments that keep a benchmark's Trainer from logging, checkpointing or printing.
+QUIET_VALIDATING = {
     "logger": False,
     "enable_checkpointing": False,
     "enable_progress_bar": False,
     "enable_model_summary": False,
     "num_sanity_val_steps": 0,
-    "limit_val_batches": 0,
 }
+#: The same, and no validation either.
+QUIET_TRAINER = {**QUIET_VALIDATING, "limit_val_batches": 0}
 
 
 def now() -> np.ndarray:
