@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
 import statistics
 import sys
 import time
@@ -50,7 +49,7 @@ from typing import Any
 import numpy as np
 from harness import QUIET_TRAINER
 from reporting import emit, load, machine, mean_std  # benchmarks/ is on sys.path when run as a script
-from workers import init_worker, worker_pool
+from workers import add_worker_arguments, init_worker, run_in_workers
 
 ALGORITHMS = ("FedBuff", "FedStaleWeight")
 NUM_FAST, NUM_SLOW, BUFFER = 10, 5, 5
@@ -503,9 +502,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--window", type=int, default=5, help="FedStaleWeight's staleness window")
     parser.add_argument("--timing-aggregations", type=int, default=1000, help="aggregations / rounds per fit of (c); 0 skips (c)")
     parser.add_argument("--timing-repeats", type=int, default=2)
-    parser.add_argument("--jobs", type=int, default=0, help="worker processes for (a)/(b) (0: the number of CPU cores)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per process (0: torch's default)")
-    parser.add_argument("--out", help="also write the Markdown report to this file")
+    add_worker_arguments(parser)  # --jobs runs (a)/(b)
     args = parser.parse_args(argv)
     if args.quick:
         args.aggregations, args.seeds, args.timing_aggregations, args.timing_repeats = 300, [0, 1], 200, 1
@@ -513,6 +510,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error("--aggregations and --eval-every must be >= 1.")
     return args
 
+
+def progress_line(result: RunResult) -> str:
+    """One line per finished run."""
+    aggregations = result.spec.settings.aggregations
+    final = result.accuracy[aggregations]
+    share = np.asarray(result.influence)
+    return (
+        f"{result.spec.algorithm} seed={result.spec.seed}: slow share {share[NUM_FAST:].sum() / share.sum():.4f}, "
+        f"slow-class acc {statistics.fmean(final[c] for c in SLOW_LABELS):.3f}, overall {result.overall[aggregations]:.3f} "
+        f"({result.wall_s:.1f} s wall, {result.cpu_s:.1f} s CPU)"
+    )
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
@@ -526,21 +534,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         window=args.window,
     )
     specs = [RunSpec(name, seed, settings) for seed in args.seeds for name in ALGORITHMS]
-    args.jobs = min(args.jobs or os.cpu_count() or 1, len(specs))
-    print(f"{len(specs)} runs on {args.jobs} worker(s): {asdict(settings)}", flush=True)
+    print(asdict(settings), flush=True)
     started = time.perf_counter()
-    results: list[RunResult] = []
-    with worker_pool(args.jobs, args.threads) as pool:
-        for result in pool.map(run_one, specs):
-            final = result.accuracy[settings.aggregations]
-            share = np.asarray(result.influence)
-            print(
-                f"{result.spec.algorithm} seed={result.spec.seed}: slow share {share[NUM_FAST:].sum() / share.sum():.4f}, "
-                f"slow-class acc {statistics.fmean(final[c] for c in SLOW_LABELS):.3f}, overall {result.overall[settings.aggregations]:.3f} "
-                f"({result.wall_s:.1f} s wall, {result.cpu_s:.1f} s CPU)",
-                flush=True,
-            )
-            results.append(result)
+    results = run_in_workers(run_one, specs, args, progress_line)
     timings: list[Timing] = []
     if args.timing_aggregations > 0:
         init_worker(args.threads)

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
 import statistics
 import sys
 import time
@@ -58,7 +57,7 @@ from dataclasses import asdict, dataclass, field
 import lightning.pytorch as pl
 from harness import QUIET_TRAINER
 from reporting import emit, load, machine, mean_std  # benchmarks/ is on sys.path when run as a script
-from workers import worker_pool
+from workers import add_worker_arguments, run_in_workers
 
 METHODS = ("FedALIGN", "PriorityOnly", "AllClients")
 DATASETS = ("synth", "digits")
@@ -315,9 +314,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--noise", default="medium", choices=sorted(NOISE), help="synth noise level (skews; epsilon 0.4 for high)")
     parser.add_argument("--epsilon", type=float, help="override epsilon for both datasets")
     parser.add_argument("--tail", type=int, default=10, help="average the metrics over the last TAIL rounds")
-    parser.add_argument("--jobs", type=int, default=0, help="worker processes (0: the number of CPU cores)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per worker (0: torch's default)")
-    parser.add_argument("--out", help="also write the Markdown report to this file")
+    add_worker_arguments(parser)
     args = parser.parse_args(argv)
     if args.quick:
         args.rounds, args.seeds, args.tail = 20, [0, 1], 5
@@ -325,6 +322,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error(f"--tail must be in [1, --rounds={args.rounds}], got {args.tail}.")
     return args
 
+
+def progress_line(result: RunResult) -> str:
+    """One line per finished run."""
+    sp = result.spec
+    return (
+        f"{sp.dataset} {sp.method} seed={sp.seed}: priority acc final {result.final_acc:.4f} tail {result.tail_acc:.4f}, "
+        f"loss final {result.final_loss:.4f} tail {result.tail_loss:.4f}, admitted aligned/other per round "
+        f"{result.aligned_per_round:.1f}/{result.misaligned_per_round:.1f} ({result.wall_s:.1f} s wall, {result.cpu_s:.1f} s CPU)"
+    )
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
@@ -348,20 +354,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     # The slowest runs (AllClients trains every client) first, so the pool finishes together.
     specs = [RunSpec(d, m, seed, settings) for d in args.datasets for m in args.methods for seed in args.seeds]
     specs.sort(key=lambda spec: spec.method != "AllClients")  # stable
-    args.jobs = min(args.jobs or os.cpu_count() or 1, len(specs))
-    print(f"{len(specs)} runs on {args.jobs} worker(s): {asdict(settings)}", flush=True)
+    print(asdict(settings), flush=True)
     started = time.perf_counter()
-    results: list[RunResult] = []
-    with worker_pool(args.jobs, args.threads) as pool:
-        for result in pool.map(run_one, specs):
-            sp = result.spec
-            print(
-                f"{sp.dataset} {sp.method} seed={sp.seed}: priority acc final {result.final_acc:.4f} tail {result.tail_acc:.4f}, "
-                f"loss final {result.final_loss:.4f} tail {result.tail_loss:.4f}, admitted aligned/other per round "
-                f"{result.aligned_per_round:.1f}/{result.misaligned_per_round:.1f} ({result.wall_s:.1f} s wall, {result.cpu_s:.1f} s CPU)",
-                flush=True,
-            )
-            results.append(result)
+    results = run_in_workers(run_one, specs, args, progress_line)
     text = report(results, settings, args, time.perf_counter() - started)
     print()
     emit(text, args.out)

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
 import statistics
 import sys
 import time
@@ -45,7 +44,7 @@ from dataclasses import asdict, dataclass, field
 import lightning.pytorch as pl
 from harness import QUIET_VALIDATING
 from reporting import emit, load, machine, mean_std  # benchmarks/ is on sys.path when run as a script
-from workers import worker_pool
+from workers import add_worker_arguments, run_in_workers
 
 SCHEMES = ("A", "B", "C")
 
@@ -278,9 +277,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="equal device sizes (p_k = 1/N) instead of the generator's lognormal ones",
     )
     parser.add_argument("--tail", type=int, default=10, help="evaluate the global model in the last TAIL rounds")
-    parser.add_argument("--jobs", type=int, default=0, help="worker processes (0: the number of CPU cores)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per worker (0: torch's default)")
-    parser.add_argument("--out", help="also write the Markdown report to this file")
+    add_worker_arguments(parser)
     args = parser.parse_args(argv)
     if args.quick:
         args.devices, args.rounds, args.seeds, args.traces, args.tail = 20, 30, [0, 1], [8], 5
@@ -288,6 +285,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error(f"--tail must be in [1, --rounds={args.rounds}], got {args.tail}.")
     return args
 
+
+def progress_line(result: RunResult) -> str:
+    """One line per finished run."""
+    sp = result.spec
+    return (
+        f"|T|={sp.num_traces} scheme={sp.scheme} seed={sp.seed}: final loss {result.final_loss:.4f} "
+        f"acc {result.final_acc:.4f} tail loss {result.tail_loss:.4f} ({result.wall_s:.1f} s wall, {result.cpu_s:.1f} s CPU)"
+    )
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
@@ -304,19 +309,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         samples_per_client=args.samples_per_client,
     )
     specs = [RunSpec(scheme, t, seed, settings) for t in args.traces for seed in args.seeds for scheme in args.schemes]
-    args.jobs = min(args.jobs or os.cpu_count() or 1, len(specs))
-    print(f"{len(specs)} runs on {args.jobs} worker(s): {asdict(settings)}", flush=True)
+    print(asdict(settings), flush=True)
     started = time.perf_counter()
-    results: list[RunResult] = []
-    with worker_pool(args.jobs, args.threads) as pool:
-        for result in pool.map(run_one, specs):
-            sp = result.spec
-            print(
-                f"|T|={sp.num_traces} scheme={sp.scheme} seed={sp.seed}: final loss {result.final_loss:.4f} "
-                f"acc {result.final_acc:.4f} tail loss {result.tail_loss:.4f} ({result.wall_s:.1f} s wall, {result.cpu_s:.1f} s CPU)",
-                flush=True,
-            )
-            results.append(result)
+    results = run_in_workers(run_one, specs, args, progress_line)
     text = report(results, settings, args, time.perf_counter() - started)
     print()
     emit(text, args.out)

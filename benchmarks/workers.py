@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import signal
 import threading
 import time
 import warnings
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
+from typing import TypeVar
+
+Spec = TypeVar("Spec")
+Result = TypeVar("Result")
 
 
 def quiet() -> None:
@@ -47,3 +53,26 @@ def init_worker(threads: int, parent: int | None = None) -> None:
 def worker_pool(jobs: int, threads: int) -> ProcessPoolExecutor:
     """``jobs`` spawned workers set up by :func:`init_worker`, tied to this process."""
     return ProcessPoolExecutor(jobs, mp_context=get_context("spawn"), initializer=init_worker, initargs=(threads, os.getpid()))
+
+
+def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--jobs``, ``--threads`` and ``--out``, as every paper benchmark takes them."""
+    parser.add_argument("--jobs", type=int, default=0, help="worker processes (0: the number of CPU cores)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per worker (0: torch's default)")
+    parser.add_argument("--out", help="also write the Markdown report to this file")
+
+
+def run_in_workers(
+    run: Callable[[Spec], Result], specs: Sequence[Spec], args: argparse.Namespace, describe: Callable[[Result], str]
+) -> list[Result]:
+    """Runs every spec in a :func:`worker_pool` of ``args.jobs`` workers (resolved to at most one
+    per spec, written back to ``args.jobs`` for the report), printing ``describe(result)`` as each
+    arrives; results in the specs' order."""
+    args.jobs = min(args.jobs or os.cpu_count() or 1, len(specs))
+    print(f"{len(specs)} runs on {args.jobs} worker(s)", flush=True)
+    results = []
+    with worker_pool(args.jobs, args.threads) as pool:
+        for result in pool.map(run, specs):
+            print(describe(result), flush=True)
+            results.append(result)
+    return results
