@@ -46,10 +46,13 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import lightning.pytorch as pl
 import numpy as np
 from harness import QUIET_TRAINER
 from reporting import emit, load, machine, mean_std  # benchmarks/ is on sys.path when run as a script
 from workers import add_worker_arguments, init_worker, run_in_workers
+
+from fl_lightning import FederatedCallback
 
 ALGORITHMS = ("FedBuff", "FedStaleWeight")
 NUM_FAST, NUM_SLOW, BUFFER = 10, 5, 5
@@ -146,12 +149,25 @@ def trainer_kwargs() -> dict[str, Any]:
     return {"accelerator": "cpu", "devices": 1, **QUIET_TRAINER}
 
 
+class UpdateClock(FederatedCallback):
+    """Counts client updates and marks (updates so far, CPU time) after each aggregation."""
+
+    def __init__(self) -> None:
+        self.updates = 0
+        self.marks: list[tuple[int, float]] = []
+
+    def on_client_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, client: Any, update: Any) -> None:
+        self.updates += 1
+
+    def on_round_aggregated(self, trainer: pl.Trainer, pl_module: pl.LightningModule, round_idx: int, metrics: dict[str, float]) -> None:
+        self.marks.append((self.updates, time.process_time()))
+
+
 def run_one(spec: RunSpec) -> RunResult:
     """One (algorithm, seed) run through ``FederatedTrainer``: influence, trace, per-class accuracy."""
-    import lightning.pytorch as pl
     import torch
 
-    from fl_lightning import FederatedCallback, FederatedTrainer
+    from fl_lightning import FederatedTrainer
     from fl_lightning.models import LogisticRegression
     from fl_lightning.probe import sample_metrics
 
@@ -161,21 +177,17 @@ def run_one(spec: RunSpec) -> RunResult:
     x_test, y_test = data.test.tensors  # type: ignore[union-attr]
     counts = np.bincount(y_test.numpy(), minlength=10)
 
-    class Recorder(FederatedCallback):
+    class Recorder(UpdateClock):
         """Per-class accuracy of the global model every ``eval_every`` aggregations (one forward pass)."""
 
         def __init__(self) -> None:
+            super().__init__()
             self.accuracy: dict[int, list[float]] = {}
             self.overall: dict[int, float] = {}
             self.virtual_time: dict[int, float] = {}
-            self.updates = 0
-            self.marks: list[tuple[int, float]] = []  # (client updates so far, CPU time) after each aggregation
-
-        def on_client_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, client: Any, update: Any) -> None:
-            self.updates += 1
 
         def on_round_aggregated(self, trainer: pl.Trainer, pl_module: pl.LightningModule, round_idx: int, metrics: dict[str, float]) -> None:
-            self.marks.append((self.updates, time.process_time()))
+            super().on_round_aggregated(trainer, pl_module, round_idx, metrics)
             version = int(metrics["round/version"])
             if version % s.eval_every and version != s.aggregations:
                 return
@@ -285,28 +297,16 @@ class Timing:
 
 def time_one(mode: str, aggregations: int, settings: Settings) -> Timing:
     """One ``fit`` of the async loop (FedStaleWeight) or the sync loop (FedAvg, 5 clients per round)."""
-    import lightning.pytorch as pl
     import torch
 
-    from fl_lightning import FedAvg, FederatedCallback, FederatedTrainer
+    from fl_lightning import FedAvg, FederatedTrainer
     from fl_lightning.models import LogisticRegression
-
-    class Clock(FederatedCallback):
-        def __init__(self) -> None:
-            self.updates = 0
-            self.marks: list[tuple[int, float]] = []  # (client updates so far, CPU time) after each aggregation
-
-        def on_client_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, client: Any, update: Any) -> None:
-            self.updates += 1
-
-        def on_round_aggregated(self, trainer: pl.Trainer, pl_module: pl.LightningModule, round_idx: int, metrics: dict[str, float]) -> None:
-            self.marks.append((self.updates, time.process_time()))
 
     data = paper_data(settings, 0)
     torch.manual_seed(0)
     model = LogisticRegression(in_features=64 if settings.data == "digits" else 20, num_classes=10, lr=settings.lr)
     algorithm = paper_algorithm("FedStaleWeight", settings.window) if mode == "async" else FedAvg(weighting="uniform")
-    clock = Clock()
+    clock = UpdateClock()
     trainer = FederatedTrainer(
         algorithm=algorithm,
         clients_per_round=1.0 if mode == "async" else BUFFER,
