@@ -133,13 +133,14 @@ def run_client_epoch(fit_loop: _FitLoop, batches: Iterable[Any]) -> int:
     return epoch_loop.global_step - steps_before
 
 
-def run_lean_client(fit_loop: _FitLoop, batches: Iterable[Any], on_loss: Callable[[Tensor], None]) -> int:
+def run_lean_client(fit_loop: _FitLoop, batches: Iterable[Any], on_output: Callable[[Any], None]) -> int:
     """Runs one client's batches through ``training_step`` directly: the opt-in lean executor.
 
     Per batch: precision conversion, ``batch_to_device``, ``zero_grad``, ``training_step``
     (in the precision plugin's context), ``backward``, ``optimizer.step``: the same arithmetic
     as Lightning's automatic optimization, without its per-step hooks. ``self.log(on_epoch=True)``
-    still aggregates into the round. Returns the number of optimizer steps taken.
+    still aggregates into the round. Each step's ``training_step`` output goes to ``on_output``.
+    Returns the number of optimizer steps taken.
     """
     trainer = fit_loop.trainer
     module = trainer.lightning_module
@@ -164,7 +165,7 @@ def run_lean_client(fit_loop: _FitLoop, batches: Iterable[Any], on_loss: Callabl
                 continue
             loss.backward()
             optimizer.step()
-            on_loss(loss.detach())
+            on_output(output)
             steps += 1
     finally:
         module._current_fx_name = previous

@@ -14,6 +14,12 @@ from fl_lightning.federation import Federation
 from fl_lightning.model_state import State, tensor_bytes
 
 
+#: The training metrics every client reports in ``metrics`` when its steps return a loss: the
+#: mean task loss, and the mean of any term a mixin added to it (:mod:`fl_lightning.mixins.regularized`).
+#: Each round logs their means over its clients as ``round/<key>``.
+TRAINING_METRICS = ("train_loss", "train_regularizer")
+
+
 @dataclass
 class ClientContext:
     """One client's assignment in one round.
@@ -42,7 +48,7 @@ class ClientUpdate:
         num_steps: optimizer steps it completed.
         payload: the tensors sent, by default the delta ``local - global`` of every tensor.
         upload_bytes: exact size of the payload on the wire.
-        metrics: client-side metrics (e.g. mean training loss).
+        metrics: client-side metrics (:data:`TRAINING_METRICS` and any the algorithm adds).
         staleness: model versions between the client's dispatch and the aggregation that
             uses its update (set by the asynchronous loop; 0 in synchronous rounds).
     """

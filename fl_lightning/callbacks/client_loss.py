@@ -9,32 +9,53 @@ from torch import Tensor
 from typing_extensions import override
 
 from fl_lightning.callbacks.federated_callback import FederatedCallback
+from fl_lightning.algorithms.base import TRAINING_METRICS
+from fl_lightning.mixins.regularized import split_losses
+
+
+class _Mean:
+    """A running sum of scalar tensors, read once (no device sync per step)."""
+
+    def __init__(self) -> None:
+        self.sum: Tensor | None = None
+        self.count = 0
+
+    def add(self, value: Tensor) -> None:
+        value = value.detach().float()
+        self.sum = value if self.sum is None else self.sum + value
+        self.count += 1
+
+    def pop(self) -> float | None:
+        mean = None if self.sum is None else float(self.sum / self.count)
+        self.sum, self.count = None, 0
+        return mean
 
 
 class ClientLossRecorder(FederatedCallback):
-    """Accumulates the loss returned by ``training_step`` over a client's steps.
+    """Accumulates the task loss (and any regulariser a mixin added, kept apart:
+    :mod:`fl_lightning.mixins.regularized`) that ``training_step`` returns over a client's steps.
 
-    Installed by :class:`~fl_lightning.FederatedTrainer`; the loop reads :meth:`pop_mean`.
+    Installed by :class:`~fl_lightning.FederatedTrainer`; the loop reads :meth:`pop_means`.
     """
 
     def __init__(self) -> None:
-        self._sum: Tensor | None = None
-        self._count = 0
+        self._loss = _Mean()
+        self._regularizer = _Mean()
 
     @override
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
-        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-        if isinstance(loss, Tensor):
-            self.record(loss)
+        self.record(outputs)
 
-    def record(self, loss: Tensor) -> None:
-        """Adds one step's loss (no device sync)."""
-        loss = loss.detach().float()
-        self._sum = loss if self._sum is None else self._sum + loss
-        self._count += 1
+    def record(self, output: Any) -> None:
+        """Adds one step's ``training_step`` output (a loss tensor or a dict with ``"loss"``)."""
+        loss, regularizer = split_losses(output)
+        if loss is not None:
+            self._loss.add(loss)
+        if regularizer is not None:
+            self._regularizer.add(regularizer)
 
-    def pop_mean(self) -> float | None:
-        """The mean loss since the last call (``None`` if no step ran), and resets."""
-        mean = None if self._sum is None else float(self._sum / self._count)
-        self._sum, self._count = None, 0
-        return mean
+    def pop_means(self) -> dict[str, float]:
+        """``train_loss`` (the task loss) and ``train_regularizer`` averaged over the steps since
+        the last call (a key is absent if no step reported it), and resets."""
+        means = dict(zip(TRAINING_METRICS, (self._loss.pop(), self._regularizer.pop())))
+        return {k: v for k, v in means.items() if v is not None}

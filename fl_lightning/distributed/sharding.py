@@ -8,11 +8,13 @@ import torch
 from lightning.pytorch.strategies import Strategy
 
 from fl_lightning.algorithms.aggregation import accumulator_dtype
-from fl_lightning.algorithms.base import ClientUpdate
+from fl_lightning.algorithms.base import TRAINING_METRICS, ClientUpdate
 from fl_lightning.model_state import State
 
 #: Per-client scalars that travel in the round's all-reduce (one row per selected client).
-_REPORT_FIELDS = ("trained", "dropped", "num_samples", "num_steps", "upload_bytes", "has_loss", "train_loss")
+_COUNT_FIELDS = ("trained", "dropped", "num_samples", "num_steps", "upload_bytes")
+#: After the counts, each training metric takes two fields: whether the client reported it, and its value.
+_REPORT_FIELDS = _COUNT_FIELDS + tuple(f for key in TRAINING_METRICS for f in (f"has_{key}", key))
 
 
 @dataclass
@@ -92,12 +94,9 @@ class ClientSharding:
         reports = torch.zeros(len(clients), len(_REPORT_FIELDS), dtype=torch.float64)
         row_of = {cid: i for i, cid in enumerate(clients)}
         for update in local:
-            loss = update.metrics.get("train_loss")
-            reports[row_of[update.client_id]] = torch.tensor(
-                [1.0, float(update.client_id in dropped_ids), update.num_samples, update.num_steps,
-                 update.upload_bytes, float(loss is not None), 0.0 if loss is None else loss],
-                dtype=torch.float64,
-            )  # fmt: skip
+            counts = [1.0, float(update.client_id in dropped_ids), update.num_samples, update.num_steps, update.upload_bytes]
+            metrics = [f for key in TRAINING_METRICS for f in (float(key in update.metrics), update.metrics.get(key, 0.0))]
+            reports[row_of[update.client_id]] = torch.tensor(counts + metrics, dtype=torch.float64)
         parts = [
             (total[name] if name in total else torch.zeros_like(t)).reshape(-1).to(device, torch.float64)
             for name, t in template.items()
@@ -124,8 +123,13 @@ class ClientSharding:
                 num_steps=int(row[3]),
                 payload={},
                 upload_bytes=int(row[4]),
-                metrics={"train_loss": float(row[6])} if row[5] else {},
+                metrics=_reported_metrics(row[len(_COUNT_FIELDS) :]),
             )
             for cid, row in zip(clients, reports.tolist())
         ]
         return ShardedRound(total, weight, received, dropped=int(reports[:, 1].sum()), stop=stop > 0)
+
+
+def _reported_metrics(fields: list[float]) -> dict[str, float]:
+    """The training metrics a client reported, from its ``(has, value)`` report fields."""
+    return {key: fields[2 * i + 1] for i, key in enumerate(TRAINING_METRICS) if fields[2 * i]}

@@ -12,7 +12,7 @@ from typing_extensions import override
 
 import lightning.pytorch as pl
 from fl_lightning import _lightning_compat as compat
-from fl_lightning.algorithms.base import Algorithm, ClientContext, ClientUpdate
+from fl_lightning.algorithms.base import TRAINING_METRICS, Algorithm, ClientContext, ClientUpdate
 from fl_lightning.algorithms.summable import SupportsWeightedSum, can_shard
 from fl_lightning.callbacks.client_loss import ClientLossRecorder
 from fl_lightning.callbacks.federated_callback import call_federated_hook
@@ -38,6 +38,16 @@ def resolve_clients_per_round(value: int | float, num_clients: int) -> int:
             f"use a count in 1..{num_clients} or a fraction in (0, 1]."
         )
     return value
+
+
+def client_means(updates: list[ClientUpdate], keys: tuple[str, ...]) -> dict[str, float]:
+    """``round/<key>``: the mean of each client metric in ``keys`` over the updates that report it."""
+    means = {}
+    for key in keys:
+        values = [u.metrics[key] for u in updates if key in u.metrics]
+        if values:
+            means[f"round/{key}"] = sum(values) / len(values)
+    return means
 
 
 class FederatedFitLoop(compat.FitLoopBase):
@@ -266,7 +276,6 @@ class FederatedFitLoop(compat.FitLoopBase):
         """Epoch LR schedulers, server evaluation, and the round's metrics to every logger (step = round)."""
         self._in_round = False
         upload_bytes = sum(u.upload_bytes for u in received)
-        losses = [u.metrics["train_loss"] for u in received if "train_loss" in u.metrics]
         self.total_upload_bytes += upload_bytes
         self.total_download_bytes += download_bytes
         compat.step_epoch_schedulers(self)
@@ -279,7 +288,7 @@ class FederatedFitLoop(compat.FitLoopBase):
             "round/total_upload_bytes": float(self.total_upload_bytes),
             "round/total_download_bytes": float(self.total_download_bytes),
             "round/wall_time_s": time.perf_counter() - started,
-            **({"round/train_loss": sum(losses) / len(losses)} if losses else {}),
+            **client_means(received, TRAINING_METRICS),
             **{f"round/{k}": v for k, v in metrics.items()},
         }
         compat.log_metrics(self.trainer, metrics, step=round_idx)
@@ -328,9 +337,7 @@ class FederatedFitLoop(compat.FitLoopBase):
             client.completed_steps = compat.run_lean_client(self, batches, recorder.record)
         else:
             client.completed_steps = compat.run_client_epoch(self, batches)
-        loss = recorder.pop_mean()
-        if loss is not None:
-            client.metrics["train_loss"] = loss
+        client.metrics.update(recorder.pop_means())
 
         update = self.algorithm.client_update(client, module, compute_delta(self._live, self.global_state))
         call_federated_hook(trainer, "on_client_end", client, update)

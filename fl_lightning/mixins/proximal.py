@@ -8,6 +8,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from fl_lightning.mixins.regularized import add_regularizer
+
 
 class ProximalMixin:
     r"""Adds :math:`\frac{\mu}{2}\lVert w - w^t \rVert^2` to the training loss (FedProx, Li et al. 2020, eq. 2).
@@ -18,7 +20,9 @@ class ProximalMixin:
 
     The centre :math:`w^t` (the round's global weights) is detached and set by the algorithm
     before local training; with :math:`\mu = 0` nothing is added, so training equals FedAvg's
-    bit for bit. Works with ``training_step`` returning a loss tensor or a dict with ``"loss"``.
+    bit for bit. Works with ``training_step`` returning a loss tensor or a dict with ``"loss"``;
+    the result is a dict whose ``"loss"`` includes the term and whose ``"task_loss"`` and
+    ``"regularizer"`` keep the two apart (:func:`~fl_lightning.mixins.regularized.add_regularizer`).
 
     :meth:`set_proximal_centers` pulls towards several weighted centres instead (FedSoft's
     :math:`\frac{\lambda}{2}\sum_s u_s \lVert w - c_s \rVert^2`, Ruan & Joe-Wong 2022, eq. 4).
@@ -90,6 +94,5 @@ class ProximalMixin:
         output = super().training_step(*args, **kwargs)  # type: ignore[misc]
         if self._proximal_mu == 0.0 or output is None:
             return output
-        if isinstance(output, Tensor):
-            return output + self.proximal_term()
-        return {**output, "loss": output["loss"] + self.proximal_term()}
+        # The loop logs the task loss as ``train_loss`` and the term as ``train_regularizer``.
+        return add_regularizer(output, self.proximal_term())

@@ -92,15 +92,19 @@ def test_loss_value_adds_half_mu_squared_distance() -> None:
     plain = _Linear.training_step(module, _batch(), 0).item()
     module.set_proximal_center(center, MU)
     sq = sum(((p.detach() - center[n]) ** 2).sum().item() for n, p in module.named_parameters())
-    assert module.training_step(_batch(), 0).item() == pytest.approx(plain + 0.5 * MU * sq, rel=1e-6)
+    output = module.training_step(_batch(), 0)
+    assert output["loss"].item() == pytest.approx(plain + 0.5 * MU * sq, rel=1e-6)
     assert module.proximal_term().item() == pytest.approx(0.5 * MU * sq, rel=1e-6)
+    # The task loss and the term stay apart for logging (FedProx's train_loss compares with FedAvg's).
+    assert output["task_loss"].item() == pytest.approx(plain, rel=1e-6)
+    assert output["regularizer"].item() == pytest.approx(0.5 * MU * sq, rel=1e-6)
 
 
 def test_dict_output_keeps_other_keys() -> None:
     module = _ProxLinear(as_dict=True)
     module.set_proximal_center(_center(module), MU)
     output = module.training_step(_batch(), 0)
-    assert set(output) == {"loss", "extra"} and output["extra"] == 7
+    assert set(output) == {"loss", "extra", "task_loss", "regularizer"} and output["extra"] == 7
     assert output["loss"].item() > module.last_output["loss"].item()
     # The wrapped module's own dict is not mutated.
     assert output is not module.last_output
@@ -111,7 +115,7 @@ def test_frozen_parameters_are_not_pulled() -> None:
     module.fc.bias.requires_grad_(False)
     center = _center(module)
     module.set_proximal_center(center, MU)
-    module.training_step(_batch(), 0).backward()
+    _loss(module.training_step(_batch(), 0)).backward()
     assert module.fc.bias.grad is None
     sq = ((module.fc.weight.detach() - center["fc.weight"]) ** 2).sum().item()
     assert module.proximal_term().item() == pytest.approx(0.5 * MU * sq, rel=1e-6)

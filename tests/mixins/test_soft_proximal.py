@@ -36,7 +36,7 @@ def test_value_is_the_weighted_sum_of_squared_distances():
     module.set_proximal_centers(centres, U, LAM)
     assert module.proximal_term().item() == pytest.approx(_by_hand(module, centres, U), rel=1e-6)
     plain = _Linear.training_step(module, _batch(), 0).item()
-    assert module.training_step(_batch(), 0).item() == pytest.approx(plain + _by_hand(module, centres, U), rel=1e-6)
+    assert module.training_step(_batch(), 0)["loss"].item() == pytest.approx(plain + _by_hand(module, centres, U), rel=1e-6)
 
 
 def test_gradient_is_task_gradient_plus_lambda_weighted_pulls():
@@ -44,7 +44,7 @@ def test_gradient_is_task_gradient_plus_lambda_weighted_pulls():
     centres = _centres(module)
     plain = _grads(module, _Linear.training_step(module, _batch(), 0))
     module.set_proximal_centers(centres, torch.tensor(U, dtype=torch.float64), LAM)
-    prox = _grads(module, module.training_step(_batch(), 0))
+    prox = _grads(module, module.training_step(_batch(), 0)["loss"])
     for name, p in module.named_parameters():
         pull = sum(us * (p.detach() - c[name]) for us, c in zip(U, centres))
         torch.testing.assert_close(prox[name], plain[name] + LAM * pull, rtol=0, atol=1e-6, msg=name)
@@ -60,7 +60,7 @@ def test_one_sgd_step_matches_the_hand_update():
     module.set_proximal_centers(centres, U, LAM)
     optimizer = torch.optim.SGD(module.parameters(), lr=lr)
     optimizer.zero_grad()
-    module.training_step(_batch(), 0).backward()
+    module.training_step(_batch(), 0)["loss"].backward()
     optimizer.step()
     for name, p in module.named_parameters():
         pull = sum(us * (before[name] - c[name]) for us, c in zip(U, centres))
@@ -109,4 +109,4 @@ def test_loss_through_mse_is_unchanged_by_the_centres_dtype():
     centres = [{n: t.double() for n, t in c.items()} for c in _centres(module)]
     module.set_proximal_centers(centres, U, LAM)
     x, y = _batch()
-    assert module.training_step((x, y), 0).dtype == F.mse_loss(module.fc(x), y).dtype
+    assert module.training_step((x, y), 0)["loss"].dtype == F.mse_loss(module.fc(x), y).dtype
