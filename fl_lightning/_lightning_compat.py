@@ -29,8 +29,10 @@ from typing_extensions import override
 __all__ = [
     "ClientEpochLoop",
     "FitLoopBase",
+    "advance_log_step",
     "call_epoch_start_hooks",
     "clear_restarting",
+    "epoch_end_log_step",
     "log_metrics",
     "overridden_batch_hooks",
     "reload_validation_data",
@@ -50,13 +52,15 @@ FitLoopBase = _FitLoop
 class ClientEpochLoop(_TrainingEpochLoop):
     """Lightning's training-epoch loop, run once per client inside a round.
 
-    It differs from Lightning's in four ways only:
+    It differs from Lightning's in three ways only:
 
     * no validation inside a client: the server evaluates the global model at round end;
     * ``interval="epoch"`` LR schedulers step once per round, not once per client;
-    * the logging step is the round index, so every logger's x-axis counts rounds;
     * no per-step SIGTERM broadcast across processes: ranks train different clients (and
       numbers of steps), so the flag travels in the round's all-reduce instead.
+
+    The logging step stays Lightning's: optimizer steps over all clients, so per-step
+    ``self.log`` honours ``log_every_n_steps``; round-level rows carry a ``round`` column.
     """
 
     in_client: bool = False
@@ -86,14 +90,6 @@ class ClientEpochLoop(_TrainingEpochLoop):
         if step_takes_batch_idx(self.trainer.lightning_module):
             kwargs["batch_idx"] = batch_idx
         return kwargs
-
-    @property  # type: ignore[override]
-    def _batches_that_stepped(self) -> int:
-        return self.trainer.current_epoch
-
-    @_batches_that_stepped.setter
-    def _batches_that_stepped(self, value: int) -> None:
-        """Ignored: the logging step is derived from the round."""
 
 
 _TAKES_BATCH_IDX: dict[Callable[..., Any], bool] = {}
@@ -169,7 +165,14 @@ def run_lean_client(fit_loop: _FitLoop, batches: Iterable[Any], on_output: Calla
             steps += 1
     finally:
         module._current_fx_name = previous
+        advance_log_step(trainer, steps)
     return steps
+
+
+def advance_log_step(trainer: pl.Trainer, steps: int) -> None:
+    """Counts ``steps`` optimizer steps that ran outside Lightning's epoch loop on the logging
+    step, as that loop counts its own, so that rows logged later keep growing steps."""
+    trainer.fit_loop.epoch_loop._batches_that_stepped += steps
 
 
 #: The LightningModule/LightningDataModule hooks a batch passes through on its way to the device.
@@ -214,6 +217,12 @@ def log_metrics(trainer: pl.Trainer, metrics: Mapping[str, float], step: int) ->
     trainer._logger_connector._callback_metrics.update({k: torch.tensor(float(v)) for k, v in metrics.items()})
 
 
+def epoch_end_log_step(trainer: pl.Trainer) -> int:
+    """The step Lightning logs epoch-end metrics at: the index of the epoch's (round's) last
+    optimizer step, so that a round's rows follow its per-step rows."""
+    return trainer.fit_loop.epoch_loop._batches_that_stepped - 1
+
+
 def call_epoch_start_hooks(trainer: pl.Trainer) -> None:
     """Calls ``on_train_epoch_start`` on callbacks, then on the LightningModule, as Lightning does."""
     call._call_callback_hooks(trainer, "on_train_epoch_start")
@@ -234,18 +243,30 @@ def reload_validation_data(trainer: pl.Trainer) -> None:
     trainer.fit_loop.epoch_loop.val_loop._combined_loader = None
 
 
-def run_server_validation(fit_loop: _FitLoop) -> bool:
+def run_server_validation(fit_loop: _FitLoop) -> dict[str, float] | None:
     """Runs the validation loop on the current (global) model if it is due this epoch.
 
+    Lightning would log the validation metrics as a row of their own; they are returned
+    instead, so that the caller logs them in the round's row (callbacks still see them in
+    ``callback_metrics``, as usual).
+
     Returns:
-        Whether validation ran.
+        The metrics validation logged, or ``None`` if validation was not due.
     """
     trainer, epoch_loop = fit_loop.trainer, fit_loop.epoch_loop
     if not epoch_loop._should_check_val_epoch():
-        return False
+        return None
+    logged: dict[str, float] = {}
+    connector = trainer._logger_connector
+    connector.log_eval_end_metrics = lambda metrics: logged.update(_scalars(metrics))  # type: ignore[method-assign]
     trainer.validating = True
     try:
         epoch_loop.val_loop.run()
     finally:
         trainer.training = True
-    return True
+        del connector.log_eval_end_metrics
+    return logged
+
+
+def _scalars(metrics: Mapping[str, Any]) -> dict[str, float]:
+    return {k: float(v) for k, v in metrics.items()}

@@ -92,8 +92,7 @@ def test_training_epoch_loop_shape(trainer: pl.Trainer) -> None:
     assert isinstance(inspect.getattr_static(_TrainingEpochLoop, "global_step"), property), REVIEW
 
     loop = trainer.fit_loop.epoch_loop
-    # ClientEpochLoop replaces this plain attribute by a property: it must stay a plain int
-    # attribute assigned in __init__ (a base-class property would be shadowed silently).
+    # Lightning's logging step counter, which epoch_end_log_step reads: a plain int attribute.
     assert "_batches_that_stepped" in vars(loop) and vars(loop)["_batches_that_stepped"] == 0, REVIEW
     assert not hasattr(_TrainingEpochLoop, "_batches_that_stepped"), REVIEW
     assert isinstance(loop.val_loop, _Loop), REVIEW
@@ -103,7 +102,7 @@ def test_training_epoch_loop_shape(trainer: pl.Trainer) -> None:
 
 def test_client_epoch_loop_only_overrides_existing_methods() -> None:
     own = {name for name in vars(compat.ClientEpochLoop) if not name.startswith("__")}
-    methods = own - {"in_client", "_batches_that_stepped"}
+    methods = own - {"in_client"}
     assert {
         "_should_check_val_fx",
         "update_lr_schedulers",
@@ -240,14 +239,17 @@ def _tiny_fit(**trainer_kwargs: Any) -> tuple[FederatedTrainer, _RecordingLogger
     return trainer, logger, model
 
 
-def test_client_epoch_loop_logging_step_is_the_round() -> None:
+def test_epoch_end_log_step_is_the_last_optimizer_step() -> None:
     trainer = FederatedTrainer(**QUIET, max_epochs=5)
     epoch_loop = trainer.fit_loop.epoch_loop
     assert isinstance(epoch_loop, compat.ClientEpochLoop)
-    compat.set_completed_epochs(trainer.fit_loop.epoch_progress, 3)
-    assert epoch_loop._batches_that_stepped == trainer.current_epoch == 3
-    epoch_loop._batches_that_stepped += 1  # what Lightning does after each optimizer step: ignored
-    assert epoch_loop._batches_that_stepped == 3
+    epoch_loop._batches_that_stepped = 7  # what Lightning counts after 7 optimizer steps
+    assert compat.epoch_end_log_step(trainer) == 6
+
+
+def test_eval_end_metrics_are_logged_through_one_connector_method() -> None:
+    connector_cls = type(pl.Trainer(**QUIET)._logger_connector)
+    assert _params(connector_cls.log_eval_end_metrics) == ["self", "metrics"], REVIEW
 
 
 def test_every_logger_counts_rounds_and_validation_runs_once_per_round() -> None:
@@ -262,6 +264,11 @@ def test_every_logger_counts_rounds_and_validation_runs_once_per_round() -> None
     assert trainer.current_epoch == 3
     assert trainer.global_step > 3  # several optimizer steps per round...
     assert validations == [0, 1, 2]  # ...but one server evaluation per round
-    for key in ("train_loss", "val_loss", "round/clients"):
-        assert sorted(set(logger.steps(key))) == [0, 1, 2], key
-    assert trainer.fit_loop.epoch_loop._batches_that_stepped == trainer.current_epoch
+    round_steps = logger.steps("round/clients")
+    assert [m["round"] for _, m in logger.records if "round" in m] == [0, 1, 2]
+    # Validation is in the round's row; Lightning's epoch-end row (train_loss) shares its step.
+    assert logger.steps("val_loss") == round_steps == logger.steps("train_loss")
+    assert round_steps == sorted(set(round_steps)) and round_steps[-1] == trainer.global_step - 1
+    assert trainer.fit_loop.epoch_loop._batches_that_stepped == trainer.global_step
+
+

@@ -58,8 +58,12 @@ class OfflineRun:
     step_metrics: dict[str, str] = field(default_factory=dict)
 
     def steps(self, key: str) -> list[int]:
-        """The ``trainer/global_step`` (the round) of every history row that has ``key``."""
+        """The ``trainer/global_step`` (optimizer steps so far) of every history row that has ``key``."""
         return [row["trainer/global_step"] for row in self.history if key in row]
+
+    def rounds(self, key: str) -> list[int]:
+        """The ``round`` of every history row that has ``key``."""
+        return [row["round"] for row in self.history if key in row]
 
 
 def read_offline_run(path: Path) -> OfflineRun:

@@ -12,6 +12,7 @@ from torch import Tensor
 
 from fl_lightning.federation import Federation
 from fl_lightning.model_state import State, tensor_bytes
+from fl_lightning.utils.init_args import RecordsInitArgs
 
 
 #: The training metrics every client reports in ``metrics`` when its steps return a loss: the
@@ -62,7 +63,7 @@ class ClientUpdate:
     staleness: int = 0
 
 
-class Algorithm(ABC):
+class Algorithm(RecordsInitArgs, ABC):
     """Server-side logic of a synchronous federated algorithm.
 
     The loop calls, every round: :meth:`select_clients`; per client :meth:`configure_client`

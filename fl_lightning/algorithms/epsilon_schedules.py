@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+from fl_lightning.utils.init_args import RecordsInitArgs
+
 
 def _check_non_negative(name: str, value: float) -> None:
     if not value >= 0:  # also rejects NaN
         raise ValueError(f"`{name}` must be >= 0 (inf allowed), got {value}.")
 
 
-class EpsilonSchedule(ABC):
+class EpsilonSchedule(RecordsInitArgs, ABC):
     """:math:`\\epsilon_t` as a function of the round."""
 
     @abstractmethod

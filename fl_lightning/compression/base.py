@@ -20,11 +20,12 @@ from fl_lightning.compression.wire import (
     decode_dense,
     encode_dense,
 )
+from fl_lightning.utils.init_args import RecordsInitArgs
 
 State = dict[str, Tensor]
 
 
-class Codec(ABC):
+class Codec(RecordsInitArgs, ABC):
     """Turns a client's upload into bytes and back into a dense delta for every state tensor.
 
     A payload is ``prefix | header fields | one fixed-size section per compressed tensor |

@@ -15,6 +15,7 @@ from fl_lightning.data import partition_io
 from fl_lightning.data._checks import check_int
 from fl_lightning.data.batches import ClientBatches, client_batches
 from fl_lightning.data.partitioners import IID, Partitioner
+from fl_lightning.utils.init_args import RecordsInitArgs
 
 # Entropy appended to the seed for the held-out split, so that it is independent of the
 # partition, which uses ``default_rng(seed)`` itself.
@@ -38,7 +39,7 @@ def host_array(values: Any) -> np.ndarray:
     return values.cpu().numpy() if isinstance(values, torch.Tensor) else np.asarray(values)
 
 
-class FederatedDataModule(LightningDataModule):
+class FederatedDataModule(RecordsInitArgs, LightningDataModule):
     """Partitions a training set among clients and serves each client's batches.
 
     The partition is computed once, with ``partitioner(..., rng=np.random.default_rng(seed))``,

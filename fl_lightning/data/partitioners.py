@@ -13,6 +13,7 @@ import numpy as np
 from typing_extensions import override
 
 from fl_lightning.data._checks import check_int, check_partition
+from fl_lightning.utils.init_args import RecordsInitArgs
 
 Needs = Literal["targets", "client_ids", "none"]
 
@@ -20,7 +21,7 @@ Needs = Literal["targets", "client_ids", "none"]
 _MAX_DIRICHLET_TRIES = 1000
 
 
-class Partitioner(ABC):
+class Partitioner(RecordsInitArgs, ABC):
     """Splits the sample indices ``0..num_samples-1`` among ``num_clients`` clients.
 
     Subclasses implement :meth:`_partition`; ``__call__`` validates the inputs and the output, so

@@ -20,7 +20,9 @@ from fl_lightning.distributed.sharding import ClientSharding
 from fl_lightning.distributed.strategy import FederatedDDPStrategy
 from fl_lightning.federation import FederatedDataSource, Federation
 from fl_lightning.loops.batched_clients import train_clients_batched
+from fl_lightning.loops.round_log import log_round
 from fl_lightning.model_state import State, all_finite, compute_delta, live_tensors, load_into, snapshot
+from fl_lightning.utils.init_args import RecordsInitArgs, flat_hparams
 from fl_lightning.utils.seeding import derive_seed
 
 
@@ -66,7 +68,7 @@ class FederatedFitLoop(compat.FitLoopBase):
             algorithm.aggregate(round, global, finite updates)   # >= float32 master copy
             module <- global weights; epoch LR schedulers step
             algorithm.evaluate(round, module); validation loop    # server evaluation
-            log round metrics (step = round)                      # on_train_epoch_end, checkpoints
+            log the round's row (round metrics + validation)       # on_train_epoch_end, checkpoints
 
     A round is atomic for checkpointing: resuming continues at the first round whose
     aggregation is not in the saved weights, and gives the same weights as an uninterrupted run.
@@ -186,14 +188,23 @@ class FederatedFitLoop(compat.FitLoopBase):
         return ClientSharding(trainer.strategy)
 
     def hparams(self) -> dict[str, Any]:
-        """The federated settings, logged as hyper-parameters so runs group by algorithm."""
+        """The whole federated configuration as flat hyper-parameters, so runs group and filter by
+        any of it: the algorithm and its nested constructor arguments (``fl/algorithm.mu``,
+        ``fl/algorithm.server_optimizer.lr``, ...), the data (``fl/data.partitioner.alpha``, ...,
+        for data that records its arguments), clients per round, local work, executor and seed."""
+        data = self.trainer.datamodule
         return {
-            "fl/algorithm": type(self.algorithm).__name__,
+            **flat_hparams("fl/algorithm", self.algorithm),
+            **(flat_hparams("fl/data", data) if isinstance(data, RecordsInitArgs) else {}),
             "fl/num_clients": self.federation.num_clients,
             "fl/clients_per_round": self.federation.clients_per_round,
+            "fl/rounds": self.max_epochs,
             "fl/local_epochs": self.local_epochs,
             "fl/local_steps": self.local_steps,
             "fl/seed": self.seed,
+            "fl/reset_optimizer": self.reset_optimizer,
+            "fl/client_executor": self.client_executor,
+            "fl/max_batched_clients": self.max_batched_clients,
         }
 
     @override
@@ -273,14 +284,15 @@ class FederatedFitLoop(compat.FitLoopBase):
     def end_round(
         self, round_idx: int, started: float, received: list[ClientUpdate], download_bytes: int, metrics: dict[str, float]
     ) -> None:
-        """Epoch LR schedulers, server evaluation, and the round's metrics to every logger (step = round)."""
+        """Epoch LR schedulers, server evaluation, and the round's metrics, validation's included,
+        to every logger as one row (:func:`~fl_lightning.loops.round_log.log_round`)."""
         self._in_round = False
         upload_bytes = sum(u.upload_bytes for u in received)
         self.total_upload_bytes += upload_bytes
         self.total_download_bytes += download_bytes
         compat.step_epoch_schedulers(self)
         metrics.update(self.algorithm.evaluate(round_idx, self.trainer.lightning_module))
-        compat.run_server_validation(self)
+        validation = compat.run_server_validation(self) or {}
         metrics = {
             "round/clients": float(len(received)),
             "round/upload_bytes": float(upload_bytes),
@@ -291,7 +303,7 @@ class FederatedFitLoop(compat.FitLoopBase):
             **client_means(received, TRAINING_METRICS),
             **{f"round/{k}": v for k, v in metrics.items()},
         }
-        compat.log_metrics(self.trainer, metrics, step=round_idx)
+        log_round(self.trainer, round_idx, {**validation, **metrics})
         call_federated_hook(self.trainer, "on_round_aggregated", round_idx, metrics)
 
     def _select(self, round_idx: int) -> list[int]:

@@ -14,10 +14,11 @@ import numpy as np
 import torch
 
 from fl_lightning.participation._checks import check_int, check_requested
+from fl_lightning.utils.init_args import RecordsInitArgs
 from fl_lightning.utils.seeding import make_generator
 
 
-class ParticipationModel(ABC):
+class ParticipationModel(RecordsInitArgs, ABC):
     r"""How many of the :math:`E` requested local steps client :math:`k` completes in round :math:`\tau`.
 
     Ruan et al. (2021, Section 1) distinguish four kinds of flexible participation:

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from fl_lightning.utils.init_args import RecordsInitArgs
+
 DeparturePolicy = Literal["include", "exclude", "auto"]
 
 
@@ -75,7 +77,7 @@ def should_exclude(
     return min_keep >= v_tilde / (remaining * e + gamma)
 
 
-class ObjectiveSchedule:
+class ObjectiveSchedule(RecordsInitArgs):
     """Which devices are in the objective :math:`C_\\tau` and which can train, round by round.
 
     Devices with an :class:`Arrival` are outside the objective until they arrive; the others

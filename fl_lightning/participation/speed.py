@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import torch
 
 from fl_lightning.participation._checks import check_int, per_client
+from fl_lightning.utils.init_args import RecordsInitArgs
 from fl_lightning.utils.seeding import make_generator
 
 Value = float | Sequence[float]
@@ -30,7 +31,7 @@ def _positive(owner: str, name: str, value: Value, *, allow_zero: bool = False) 
     return float(value) if isinstance(value, numbers.Real) else tuple(float(v) for v in values)
 
 
-class DelayModel(ABC):
+class DelayModel(RecordsInitArgs, ABC):
     """Duration of each client job (dispatch to arrival) in virtual seconds; always > 0."""
 
     num_clients = 0

@@ -1,7 +1,7 @@
 """Pure functions from a run's per-round history to summary numbers and mean curves over seeds.
 
 A *history* is a list of rows, one per round in round order, each ``{"round": r, <metric>: value,
-...}`` with ``r`` the 0-based round index (the loggers' step).
+...}`` with ``r`` the 0-based round index (the ``round`` column of the loggers' round rows).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-#: Metric names the study reads; the loop logs them every round with the round as step.
+#: Metric names the study reads; the loop logs them in every round's row.
 VAL_ACC, VAL_LOSS = "val_acc", "val_loss"
 TOTAL_UPLOAD, TOTAL_DOWNLOAD = "round/total_upload_bytes", "round/total_download_bytes"
 #: Asynchronous loops log these beside the round; a study plots against them when present.
@@ -36,13 +36,26 @@ def read_history(metrics_files: Iterable[Path]) -> History:
         attempt: dict[int, dict[str, float]] = {}
         with open(path, newline="") as file:
             for row in csv.DictReader(file):
-                if not row.get("step"):
+                round_idx = _round_of(row)
+                if round_idx is None:
                     continue
-                values = attempt.setdefault(int(float(row["step"])), {})
-                values.update({k: float(v) for k, v in row.items() if k not in ("step", "epoch") and v not in ("", None)})
+                values = attempt.setdefault(round_idx, {})
+                values.update({k: float(v) for k, v in row.items() if k not in _AXES and v not in ("", None)})
         for step, values in attempt.items():
             rounds[step] = values
     return [{"round": float(step), **rounds[step]} for step in sorted(rounds)]
+
+
+_AXES = ("step", "epoch", "round")
+
+
+def _round_of(row: dict[str, str]) -> int | None:
+    """The round a CSV row belongs to: its ``round`` column, else Lightning's ``epoch`` (one epoch
+    is one round), else its ``step`` (files written before rows carried ``round``)."""
+    for axis in ("round", "epoch", "step"):
+        if row.get(axis):
+            return int(float(row[axis]))
+    return None
 
 
 def metrics_files(csv_dir: Path) -> list[Path]:

@@ -70,17 +70,41 @@ def test_epoch_hooks_and_epoch_schedulers_count_rounds(make_data, make_trainer):
     assert counter.lrs == pytest.approx([0.05, 0.025, 0.0125, 0.00625])
 
 
-def test_round_metrics_logged_with_round_as_step(make_data, make_trainer, tmp_path):
+def test_each_round_logs_one_row_with_its_round_and_validation(make_data, make_trainer, tmp_path):
     logger = CSVLogger(tmp_path, name="run")
     fit(make_data, make_trainer, fresh_model(), logger=logger, max_epochs=3)
     rows = list(csv.DictReader(open(logger.experiment.metrics_file_path)))
-    steps = lambda key: sorted({int(r["step"]) for r in rows if r.get(key)})  # noqa: E731
+    round_rows = [r for r in rows if r.get("round")]
+    assert [int(float(r["round"])) for r in round_rows] == [0, 1, 2]
     for key in ("val_acc", "val_loss", "round/clients", "round/train_loss", "round/upload_bytes"):
-        assert steps(key) == [0, 1, 2], key
-    clients = [float(r["round/clients"]) for r in rows if r.get("round/clients")]
-    assert clients == [3.0, 3.0, 3.0]
+        assert all(r.get(key) for r in round_rows), key
+        # Nowhere else: validation is part of the round's row, not a row of its own.
+        assert sum(bool(r.get(key)) for r in rows) == 3, key
+    assert [float(r["round/clients"]) for r in round_rows] == [3.0, 3.0, 3.0]
     hparams = open(tmp_path / "run" / "version_0" / "hparams.yaml").read()
     assert "fl/algorithm: FedAvg" in hparams
+
+
+class StepLogger(MLP):
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        self.log("step_loss", loss, on_step=True, on_epoch=False)
+        return loss
+
+
+def test_per_step_metrics_follow_the_optimizer_steps_and_log_every_n_steps(make_data, make_trainer, tmp_path):
+    """Per-step rows sit at the optimizer step (over all clients), every ``log_every_n_steps``;
+    each round's row sits at its last step, so the step column only grows down the file."""
+    torch.manual_seed(0)
+    logger = CSVLogger(tmp_path, name="run")
+    fit(make_data, make_trainer, StepLogger(in_features=64, hidden=(8,)), logger=logger, max_epochs=3,
+        local_steps=2, log_every_n_steps=4)  # fmt: skip
+    rows = list(csv.DictReader(open(logger.experiment.metrics_file_path)))
+    steps = [int(r["step"]) for r in rows]
+    assert steps == sorted(steps)
+    # 3 clients x 2 steps = 6 optimizer steps per round, 18 in all: steps 3, 7, 11, 15 are logged.
+    assert [int(r["step"]) for r in rows if r.get("step_loss")] == [3, 7, 11, 15]
+    assert [(int(r["step"]), int(float(r["round"]))) for r in rows if r.get("round")] == [(5, 0), (11, 1), (17, 2)]
 
 
 class PoisonOneClient(FederatedCallback):
@@ -131,3 +155,11 @@ def test_optimizer_state_reset_per_client(make_data, make_trainer):
     fit(make_data, make_trainer, reset, reset_optimizer=True)
     fit(make_data, make_trainer, kept, reset_optimizer=False)
     assert not torch.equal(reset.net[1].weight, kept.net[1].weight)
+
+
+@pytest.mark.parametrize("executor", ["lightning", "lean", "batched"])
+def test_round_rows_sit_at_the_same_steps_under_every_executor(make_data, make_trainer, tmp_path, executor):
+    logger = CSVLogger(tmp_path, name="run")
+    fit(make_data, make_trainer, fresh_model(), logger=logger, max_epochs=2, local_steps=2, client_executor=executor)
+    rows = list(csv.DictReader(open(logger.experiment.metrics_file_path)))
+    assert [(int(r["step"]), int(float(r["round"]))) for r in rows if r.get("round")] == [(5, 0), (11, 1)]

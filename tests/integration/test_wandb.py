@@ -68,11 +68,13 @@ def test_federated_trainer_logs_rounds_and_settings_to_wandb(offline_wandb, make
     }
     assert run.config["fl/algorithm"] == "FedAvg"
     assert (run.config["fl/num_clients"], run.config["fl/clients_per_round"]) == (8, 3)
-    # One point per round, with the round as the step.
-    assert run.steps("round/clients") == [0, 1]
+    # One point per round, plotted against the round.
+    for key in ("round/clients", "round/upload_bytes", "val_acc"):
+        assert run.rounds(key) == [0, 1], key
+        assert run.step_metrics[key] == "round", key
     assert [row["round/clients"] for row in run.history if "round/clients" in row] == [3, 3]
-    assert run.steps("round/upload_bytes") == [0, 1]
-    assert run.steps("val_acc") == [0, 1]
+    steps = run.steps("round/clients")
+    assert 0 < steps[0] < steps[1]  # the trainer's step counts optimizer steps over all clients
     assert all(0.0 <= row["val_acc"] <= 1.0 for row in run.history if "val_acc" in row)
 
 
@@ -123,5 +125,5 @@ def test_cli_sends_the_resolved_config_to_wandb(offline_wandb, capsys):
     # Lightning's own hyper-parameter logging and the federated settings.
     assert config["in_features"] == 64 and config["hidden"] == [128] and config["lr"] == 0.1
     assert config["fl/algorithm"] == "FedAvg" and config["fl/num_clients"] == 20
-    assert run.steps("round/clients") == [0, 1]
-    assert run.steps("val_acc") == [0, 1]
+    assert run.rounds("round/clients") == [0, 1]
+    assert run.rounds("val_acc") == [0, 1]

@@ -86,8 +86,8 @@ def test_two_arms_two_seeds_give_table_plots_and_grouped_wandb_runs(write_study,
         assert resolved["seed_everything"] == resolved["trainer"]["seed"] == run.config["study"]["seed"]
         expected = "fl_lightning.FedProx" if run.job_type == "fedprox" else "fl_lightning.FedAvg"
         assert resolved["trainer"]["algorithm"]["class_path"] == expected
-        assert run.step_metrics["*"] == "trainer/global_step"  # the round is the x-axis
-        assert [row["trainer/global_step"] for row in run.history if "val_acc" in row] == [0, 1, 2]
+        assert run.step_metrics["val_acc"] == "round"  # the round is the x-axis
+        assert [row["round"] for row in run.history if "val_acc" in row] == [0, 1, 2]
         row = next(r for r in runs if r["arm"] == run.job_type and int(r["seed"]) == run.config["study"]["seed"])
         assert run.summary["best/val_acc"] == pytest.approx(float(row["best/val_acc"]))
         assert run.summary["final/val_loss"] == pytest.approx(float(row["final/val_loss"]))

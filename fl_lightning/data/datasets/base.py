@@ -8,9 +8,10 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from fl_lightning.data._checks import check_int
+from fl_lightning.utils.init_args import RecordsInitArgs
 
 
-class InMemoryDataset(Dataset[tuple[Tensor, Tensor]]):
+class InMemoryDataset(RecordsInitArgs, Dataset[tuple[Tensor, Tensor]]):
     """A labelled dataset held as two tensors, like :class:`torch.utils.data.TensorDataset`.
 
     The ``tensors`` attribute is what lets :func:`~fl_lightning.data.client_batches` cut a batch

@@ -19,6 +19,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from fl_lightning.data._checks import check_choice, check_int
+from fl_lightning.utils.init_args import RecordsInitArgs
 
 
 def mixture_proportions(pattern: str, num_clients: int, num_sources: int, rng: np.random.Generator) -> np.ndarray:
@@ -79,7 +80,7 @@ def _client_sizes(samples_per_client: int | Sequence[int], num_clients: int, rng
     return rng.integers(low, high + 1, num_clients)
 
 
-class SourceMixture(Dataset[tuple[Tensor, Tensor]]):
+class SourceMixture(RecordsInitArgs, Dataset[tuple[Tensor, Tensor]]):
     """Samples of several sources, with each sample's source and client.
 
     Attributes:
