@@ -7,7 +7,7 @@ release changes one of the names or behaviours relied on here.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
 from typing import Any
 
 import lightning.pytorch as pl
@@ -105,13 +105,14 @@ def step_takes_batch_idx(module: pl.LightningModule) -> bool:
     return _TAKES_BATCH_IDX[key]
 
 
-def run_client_epoch(fit_loop: _FitLoop, batches: Iterable[Any]) -> int:
+def run_client_epoch(fit_loop: _FitLoop, batches: Sized) -> int:
     """Runs Lightning's epoch loop over one client's batch stream; returns the optimizer steps taken.
 
     Replaces ``setup_data()``, whose barrier and dataloader-length reduce must not run per
     client; the batches go through the usual precision conversion, ``batch_to_device`` and hooks.
     """
-    combined = CombinedLoader(batches, "max_size_cycle")
+    # CombinedLoader reads a list, tuple or dict as several loaders: hand it one stream.
+    combined = CombinedLoader(_OneStream(batches) if isinstance(batches, (list, tuple, Mapping)) else batches, "max_size_cycle")
     fetcher = _DataFetcher()
     fetcher.setup(combined)
     iter(fetcher)
@@ -127,6 +128,19 @@ def run_client_epoch(fit_loop: _FitLoop, batches: Iterable[Any]) -> int:
     finally:
         epoch_loop.in_client = False
     return epoch_loop.global_step - steps_before
+
+
+class _OneStream:
+    """A sized iterable that :class:`CombinedLoader` takes as one loader, whatever it wraps."""
+
+    def __init__(self, batches: Sized) -> None:
+        self._batches = batches
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._batches)  # type: ignore[call-overload]
+
+    def __len__(self) -> int:
+        return len(self._batches)
 
 
 def run_lean_client(fit_loop: _FitLoop, batches: Iterable[Any], on_output: Callable[[Any], None]) -> int:

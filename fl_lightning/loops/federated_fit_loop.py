@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sized
 from typing import Any
 
 import torch
@@ -343,7 +344,7 @@ class FederatedFitLoop(compat.FitLoopBase):
 
         batches = self.client_batches(client)
         recorder = self._loss_recorder()
-        if not len(batches):  # type: ignore[arg-type]
+        if not len(batches):
             client.completed_steps = 0
         elif self.client_executor == "lean":
             client.completed_steps = compat.run_lean_client(self, batches, recorder.record)
@@ -366,15 +367,17 @@ class FederatedFitLoop(compat.FitLoopBase):
             seed=derive_seed(self.seed, "client", round_idx, cid) if seed is None else seed,
         )
 
-    def client_batches(self, client: ClientContext) -> Any:
-        """The client's local batch stream for this round, ordered by ``client.seed``."""
+    def client_batches(self, client: ClientContext) -> Sized:
+        """The client's local batch stream for this round, ordered by ``client.seed`` (an iterable
+        without a length, such as a generator, is read into a list)."""
         num_batches = None if client.num_steps is None else client.num_steps * self.trainer.accumulate_grad_batches
-        return self.federation.data.client_batches(
+        batches = self.federation.data.client_batches(
             client.client_id,
             num_epochs=client.num_epochs,
             num_batches=num_batches,
             generator=torch.Generator().manual_seed(client.seed),
         )
+        return batches if isinstance(batches, Sized) else list(batches)
 
     def _loss_recorder(self) -> ClientLossRecorder:
         for callback in self.trainer.callbacks:  # type: ignore[attr-defined]
