@@ -7,8 +7,8 @@ the lock (:attr:`RunLock.fd`), so the run stays claimed while that process lives
 its study is gone.
 
 The file is never deleted (deleting a lock file while another process waits to open it would let
-two processes lock two different files); releasing empties it instead, so a file that still names
-a holder when it is acquired was left by a process that died holding it.
+two processes lock two different files); the last holder to release it empties it instead, so a
+file that still names a holder when it is acquired was left by a process that died holding it.
 """
 
 from __future__ import annotations
@@ -74,10 +74,12 @@ class RunLock:
         self._write()
 
     def release(self) -> None:
-        """Empties the file and drops the lock (the run's process, if alive, still holds it)."""
+        """Drops this process's hold; empties the file unless the run's process lives on, holding the lock."""
         if self._fd is None:
             return
-        os.ftruncate(self._fd, 0)
+        child = self._holder.get("child")
+        if child is None or not _alive(child):
+            os.ftruncate(self._fd, 0)
         os.close(self._fd)  # closing the last descriptor of the file drops the flock
         self._fd = None
 

@@ -194,6 +194,26 @@ def test_killing_a_study_with_sigkill_kills_its_run_and_frees_the_run(tmp_path):
     lock.release()
 
 
+def test_a_runs_process_keeps_its_run_locked_after_the_study_lets_go(fake_runs, tmp_path):
+    # Where a killed study's run outlives it (no prctl), the run must still be refused to the next study.
+    pid_file = tmp_path / "run.pid"
+    study = fake_runs({"a": SLEEP.format(pid=pid_file)})
+    run, launcher = only_run(study), runner.Launcher(load_study(study))
+    thread = threading.Thread(target=launcher.run_all, args=([run], lambda run, state: None))
+    thread.start()
+    try:
+        wait_for(lambda: pid_file.exists() and pid_file.read_text().isdigit(), 20, "the run to start")
+        launcher.release_all()  # as if the study were gone: only the run's process holds the lock now
+        with pytest.raises(RunLocked, match=rf"and its run, process {int(pid_file.read_text())}:"):
+            RunLock(run.lock_file, run.name).acquire()
+    finally:
+        launcher.stop()
+        thread.join(timeout=30)
+    lock = RunLock(run.lock_file, run.name)
+    lock.acquire()  # free once the run's process has exited
+    lock.release()
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_study_stopped_by_a_signal_stops_its_run_and_exits_130(fake_runs, tmp_path, signum):
     pid_file = tmp_path / "run.pid"
