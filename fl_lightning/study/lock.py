@@ -63,6 +63,9 @@ class RunLock:
                 f"run {self.name} is already running, locked by {describe(read_holder(self.path))}: {self.path}. "
                 "Wait for it to finish, or stop that process, then run the study again."
             ) from None
+        except OSError as err:  # e.g. ENOLCK: a network file system without locks
+            os.close(fd)
+            raise OSError(err.errno, f"cannot lock {self.path} for run {self.name}: {err.strerror}") from err
         self._fd = fd
         self.taken_over = read_holder(self.path) or None
         self._holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": _now()}
