@@ -21,10 +21,17 @@ def check_choice(name: str, value: object, choices: Sequence[object]) -> None:
         raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}.")
 
 
+def out_of_range(source: str, cid: int, position: int, index: int, num_samples: int) -> ValueError:
+    """The error for entry ``position`` of client ``cid`` being ``index``, outside ``[0, num_samples)``."""
+    return ValueError(f"{source}: client {cid} has index {index} outside [0, {num_samples}) at entry {position}.")
+
+
 def check_partition(
     parts: Sequence[Sequence[int] | np.ndarray], *, num_clients: int, num_samples: int, source: str
 ) -> list[np.ndarray]:
     """Validates a partition and returns it as sorted ``int64`` arrays.
+
+    Errors name the client and the entry (its position in the client's indices as given).
 
     Args:
         parts: One index collection per client.
@@ -34,21 +41,43 @@ def check_partition(
 
     Raises:
         ValueError: On a wrong client count, an empty client, an index out of range or an index
-            given to more than one client.
+            given twice (to one client or to two).
     """
     if len(parts) != num_clients:
         raise ValueError(f"{source} has {len(parts)} clients but num_clients={num_clients}.")
-    arrays = [np.sort(np.asarray(part, dtype=np.int64).reshape(-1)) for part in parts]
+    arrays = [np.asarray(part, dtype=np.int64).reshape(-1) for part in parts]
     for cid, indices in enumerate(arrays):
         if indices.size == 0:
             raise ValueError(
                 f"{source} left client {cid} empty ({num_samples} samples, {num_clients} clients); use fewer clients."
             )
-        if indices[0] < 0 or indices[-1] >= num_samples:
-            bad = indices[0] if indices[0] < 0 else indices[-1]
-            raise ValueError(f"{source}: client {cid} has index {bad} outside [0, {num_samples}).")
-    merged = np.sort(np.concatenate(arrays))
-    repeated = merged[1:][merged[1:] == merged[:-1]]
-    if repeated.size:
-        raise ValueError(f"{source}: index {repeated[0]} is assigned to more than one client.")
-    return arrays
+        outside = np.flatnonzero((indices < 0) | (indices >= num_samples))
+        if outside.size:
+            raise out_of_range(source, cid, int(outside[0]), int(indices[outside[0]]), num_samples)
+    _check_disjoint(arrays, source)
+    return [np.sort(indices) for indices in arrays]
+
+
+def _check_disjoint(arrays: Sequence[np.ndarray], source: str) -> None:
+    """Raises ``ValueError`` naming both places of the first index that is given twice."""
+    merged = np.concatenate(arrays)
+    order = np.argsort(merged, kind="stable")  # stable: of two equal indices, the earlier place comes first
+    ordered = merged[order]
+    repeated = np.flatnonzero(ordered[1:] == ordered[:-1])
+    if not repeated.size:
+        return
+    starts = np.cumsum([0] + [indices.size for indices in arrays])
+    (first, first_entry), (second, second_entry) = (_place(starts, int(at)) for at in order[repeated[0] : repeated[0] + 2])
+    index = ordered[repeated[0]]
+    if first == second:
+        raise ValueError(f"{source}: client {first} has index {index} twice, at entries {first_entry} and {second_entry}.")
+    raise ValueError(
+        f"{source}: index {index} is assigned to more than one client: "
+        f"client {first} (entry {first_entry}) and client {second} (entry {second_entry})."
+    )
+
+
+def _place(starts: np.ndarray, flat: int) -> tuple[int, int]:
+    """``(client, entry)`` of position ``flat`` in the clients' concatenated indices (``starts``: their offsets)."""
+    cid = int(np.searchsorted(starts, flat, side="right")) - 1
+    return cid, flat - int(starts[cid])

@@ -57,7 +57,12 @@ class FederatedDataModule(RecordsInitArgs, LightningDataModule):
         eval_batch_size: Batch size of the evaluation dataloaders.
         holdout_fraction: Fraction of each client's samples held out, in ``[0, 1)``.
         seed: Seed of the partition and the held-out split.
-        partition_file: JSON file to load the partition from, or to save it to.
+        partition_file: JSON file to load the partition from, or to save it to. Its schema
+            (see :mod:`fl_lightning.data.partition_io`) is ``{"num_clients": n, "clients":
+            [[i, ...], ...]}``: exactly these two keys, ``num_clients`` equal to this
+            datamodule's and to the number of lists, each client a non-empty list of JSON
+            integers in ``[0, len(train))``, no index given twice. A file that breaks it raises
+            ``ValueError`` naming the file, the client and the entry.
         num_workers: DataLoader workers.
     """
 

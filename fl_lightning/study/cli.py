@@ -19,7 +19,7 @@ from typing import Literal
 
 from jsonargparse import auto_cli
 
-from fl_lightning.study.compare import run_study
+from fl_lightning.study.compare import StudyResult, run_study
 from fl_lightning.study.spec import WandbSpec, load_study
 
 
@@ -34,7 +34,7 @@ def compare(
     wandb_mode: Literal["online", "offline", "disabled"] | None = None,
     plots: bool | None = None,
     report_only: bool = False,
-) -> None:
+) -> StudyResult:
     """Runs every (arm, seed) of a study that has not finished, then writes its summary table and plots.
 
     Args:
@@ -59,19 +59,21 @@ def compare(
         os.environ["WANDB_MODE"] = wandb_mode  # over WANDB_MODE, for the runs and the summary run
     spec = spec.with_options(arms=arms, workers=workers, seeds=seeds, directory=directory, plots=plots)
     spec = replace(spec, wandb=wandb)
-    run_study(spec, report_only=report_only)
+    return run_study(spec, report_only=report_only)
 
 
 def main(args: list[str] | None = None) -> None:
-    """Console-script entry point."""
+    """Console-script entry point: exit status 0 if no run failed or was refused, 1 if one did, 130 if stopped."""
     # Stopped by SIGTERM (a scheduler, `kill`), a study stops its runs too, as on Ctrl-C.
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
-        auto_cli(compare, args=args, as_positional=True)
+        result = auto_cli(compare, args=args, as_positional=True)
     except KeyboardInterrupt:
         sys.exit(130)
     finally:
         signal.signal(signal.SIGTERM, previous)
+    if not result.ok:
+        sys.exit(1)  # the failed and refused runs and their errors are printed above
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ Example::
 
     for arm, seed in arms x seeds:
         if run.json says done: skip                    # (warn if its config changed since)
+        lock the run's folder, or refuse the run       # another study is running it
     parse each remaining arm's configs once            # an arm that does not parse fails now
     for each remaining run:                            # `workers` processes at a time
         fl-lightning fit --config base... --config arm... --config overrides.yaml --config run.yaml
@@ -27,7 +28,8 @@ from rich.table import Table
 
 from fl_lightning.study.config_check import config_error
 from fl_lightning.study.report import RunRecord, collect, display, write_tables
-from fl_lightning.study.runner import DONE, Launcher, Run, RunState, plan, prepare, record_failure
+from fl_lightning.study.lock import RunLocked, describe
+from fl_lightning.study.runner import DONE, FAILED, Launcher, Run, RunState, plan, prepare, record_failure
 from fl_lightning.study.spec import StudySpec, dump_yaml
 
 
@@ -39,7 +41,18 @@ class StudyResult:
     records: list[RunRecord]
     attempted: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    refused: dict[str, str] = field(default_factory=dict)
     plots: dict[str, Path] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> list[RunRecord]:
+        """The runs whose last attempt failed."""
+        return [record for record in self.records if record.status == FAILED]
+
+    @property
+    def ok(self) -> bool:
+        """No run failed, and none was refused because another process holds it."""
+        return not self.failed and not self.refused
 
     @property
     def summary_markdown(self) -> Path:
@@ -53,7 +66,8 @@ class StudyResult:
 def run_study(spec: StudySpec, *, report_only: bool = False, console: Console | None = None) -> StudyResult:
     """Runs the study's missing runs (none if ``report_only``), then reports on all of them.
 
-    A run that fails is recorded with its error and reported; it never stops the others.
+    A run that fails is recorded with its error and reported; it never stops the others. A run
+    that another process (another study) is running is refused, and listed in ``refused``.
     """
     # Off a terminal (a log file, CI) the table would be squeezed into 80 columns.
     console = console or Console(width=None if sys.stdout.isatty() else 200)
@@ -67,22 +81,15 @@ def run_study(spec: StudySpec, *, report_only: bool = False, console: Console | 
     runs = plan(spec)
     result = StudyResult(directory=study_dir, records=[])
 
-    todo = []
-    for run in runs:
-        state = RunState.load(run)
-        if state.status != DONE:
-            todo.append(run)
-            continue
-        result.skipped.append(run.name)
-        if state.fingerprint and state.fingerprint != spec.fingerprint(run.arm, run.seed):
-            console.print(
-                f"[yellow]{run.name} finished with a different config than the study's now; "
-                f"delete {run.directory} to run it again.[/yellow]"
-            )
-    if result.skipped:
-        console.print(f"{spec.name}: {len(result.skipped)} of {len(runs)} runs already done, skipped.")
-    if todo and not report_only:
-        _execute(spec, _check_configs(spec, todo, result, console), result, console)
+    launcher = Launcher(spec)
+    try:
+        todo = _pending(spec, runs, None if report_only else launcher, result, console)
+        if result.skipped:
+            console.print(f"{spec.name}: {len(result.skipped)} of {len(runs)} runs already done, skipped.")
+        if todo and not report_only:
+            _execute(spec, launcher, _check_configs(spec, todo, result, console), result, console)
+    finally:
+        launcher.release_all()  # runs an interruption left unstarted
 
     result.records = collect(spec, runs)
     cols, rows = write_tables(spec, study_dir, result.records)
@@ -104,13 +111,43 @@ def run_study(spec: StudySpec, *, report_only: bool = False, console: Console | 
         except Exception as error:  # noqa: BLE001 - the tables and plots are on disk; W&B is a copy
             console.print(f"[yellow]Could not log the summary run to W&B: {escape(repr(error))}[/yellow]")
     console.print(_rich_table(spec, *display(cols, rows)))
-    for record in result.records:
+    for run, record in zip(runs, result.records, strict=True):
         if record.status != DONE:
-            console.print(f"[red]{record.arm} seed {record.seed} {record.status}[/red]: {escape(record.error or 'not run yet')}")
+            error = result.refused.get(run.name) or record.error or "not run yet"
+            log = f" (log: {run.log_file})" if record.status == FAILED else ""
+            console.print(f"[red]{record.arm} seed {record.seed} {record.status}[/red]: {escape(error)}{log}")
     console.print(
         f"Tables: {result.summary_markdown}, {result.summary_csv}" + (f"; plots: {study_dir / 'plots'}" if result.plots else "")
     )
     return result
+
+
+def _pending(spec: StudySpec, runs: list[Run], launcher: Launcher | None, result: StudyResult, console: Console) -> list[Run]:
+    """The runs not done yet, each claimed by ``launcher`` (if given); fills ``result.skipped`` and ``refused``."""
+    todo = []
+    for run in runs:
+        if launcher is not None and RunState.load(run).status != DONE:
+            try:
+                lock = launcher.claim(run)
+            except RunLocked as refusal:
+                result.refused[run.name] = str(refusal)
+                console.print(f"[red]{escape(str(refusal))}[/red]")
+                continue
+            if lock.taken_over:
+                console.print(f"[yellow]{run.name}: took over the lock left by {describe(lock.taken_over)}.[/yellow]")
+        state = RunState.load(run)  # read after the claim: another study may have just finished the run
+        if state.status != DONE:
+            todo.append(run)
+            continue
+        if launcher is not None:
+            launcher.release(run)
+        result.skipped.append(run.name)
+        if state.fingerprint and state.fingerprint != spec.fingerprint(run.arm, run.seed):
+            console.print(
+                f"[yellow]{run.name} finished with a different config than the study's now; "
+                f"delete {run.directory} to run it again.[/yellow]"
+            )
+    return todo
 
 
 def _check_configs(spec: StudySpec, todo: list[Run], result: StudyResult, console: Console) -> list[Run]:
@@ -131,10 +168,9 @@ def _check_configs(spec: StudySpec, todo: list[Run], result: StudyResult, consol
     return launch
 
 
-def _execute(spec: StudySpec, todo: list[Run], result: StudyResult, console: Console) -> None:
+def _execute(spec: StudySpec, launcher: Launcher, todo: list[Run], result: StudyResult, console: Console) -> None:
     if not todo:
         return
-    launcher = Launcher(spec)
     console.print(f"{spec.name}: running {len(todo)} run(s), {launcher.workers} at a time; logs in {spec.study_dir / 'runs'}.")
     finished = 0
 

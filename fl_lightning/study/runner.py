@@ -3,6 +3,7 @@
 Each run lives in ``<study>/runs/<arm>/seed_<seed>/``::
 
     run.json            status, attempts (wall-clock, exit code, resumed from), error, W&B id
+    run.lock            locked while a study runs the run (see fl_lightning.study.lock)
     completed.json      written by the run itself when its fit ends normally
     overrides.yaml      the study's and the arm's overrides
     run.yaml            what the study sets: seed, loggers, checkpointing
@@ -13,7 +14,8 @@ Each run lives in ``<study>/runs/<arm>/seed_<seed>/``::
 
 A run is ``done`` when its process exits 0 *and* wrote ``completed.json``; a done run is
 skipped when the study runs again, and any other starts again, from ``checkpoints/last.ckpt``
-when there is one (written after every round).
+when there is one (written after every round). A run is locked while a study runs it: another
+study refuses it, and the run's process dies with its study (on Linux).
 """
 
 from __future__ import annotations
@@ -30,11 +32,13 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
+from fl_lightning.study.children import die_with_parent
+from fl_lightning.study.lock import RunLock, RunLocked
 from fl_lightning.study.spec import Arm, StudySpec, dump_yaml, expand_dotted, load_yaml, merge
 
 PENDING, RUNNING, DONE, FAILED, INTERRUPTED = "pending", "running", "done", "failed", "interrupted"
@@ -55,6 +59,10 @@ class Run:
     @property
     def state_file(self) -> Path:
         return self.directory / "run.json"
+
+    @property
+    def lock_file(self) -> Path:
+        return self.directory / "run.lock"
 
     @property
     def log_file(self) -> Path:
@@ -222,12 +230,17 @@ def record_failure(run: Run, state: RunState, args: Sequence[str], error: str) -
 
 
 class Launcher:
-    """Starts runs as processes, at most ``workers`` at a time, and stops them on request."""
+    """Starts runs as processes, at most ``workers`` at a time, and stops them on request.
+
+    A run is claimed (its folder locked) before it starts and released when its attempt ends;
+    its process inherits the lock and gets SIGTERM if this process dies.
+    """
 
     def __init__(self, spec: StudySpec, *, workers: int | None = None) -> None:
         self.spec = spec
         self.workers = workers if workers is not None else spec.workers
         self._live: set[subprocess.Popen[bytes]] = set()
+        self._claims: dict[Path, RunLock] = {}
         self._lock = threading.Lock()
         self._stopping = threading.Event()
 
@@ -236,6 +249,34 @@ class Launcher:
         """Runs in flight now."""
         with self._lock:
             return len(self._live)
+
+    def claim(self, run: Run) -> RunLock:
+        """Locks ``run``'s folder for this launcher (a no-op if it already has), until its attempt ends.
+
+        Raises:
+            RunLocked: Another process holds the run, naming it.
+        """
+        with self._lock:
+            lock = self._claims.get(run.directory)
+            if lock is None:
+                lock = RunLock(run.lock_file, run.name)
+                lock.acquire()
+                self._claims[run.directory] = lock
+            return lock
+
+    def release(self, run: Run) -> None:
+        """Drops the claim on ``run``, if this launcher holds it."""
+        with self._lock:
+            lock = self._claims.pop(run.directory, None)
+        if lock is not None:
+            lock.release()
+
+    def release_all(self) -> None:
+        """Drops every claim, e.g. of runs an interruption left unstarted."""
+        with self._lock:
+            locks, self._claims = list(self._claims.values()), {}
+        for lock in locks:
+            lock.release()
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -249,8 +290,8 @@ class Launcher:
     def run_all(self, runs: Sequence[Run], on_done: Callable[[Run, RunState], None]) -> None:
         """Runs ``runs`` and calls ``on_done`` after each; Ctrl-C stops them all (they resume next time)."""
         with ThreadPoolExecutor(max_workers=self.workers) as pool:
-            futures = {pool.submit(self.execute, run): run for run in runs}
             try:
+                futures = {pool.submit(self.execute, run): run for run in runs}
                 for future in as_completed(futures):
                     on_done(futures[future], future.result())
             except KeyboardInterrupt:
@@ -259,8 +300,9 @@ class Launcher:
                 raise
 
     def stop(self) -> None:
-        self._stopping.set()
+        """Stops the runs in flight (SIGTERM, then SIGKILL after 30 s) and starts no more."""
         with self._lock:
+            self._stopping.set()  # under the lock: no run starts after the snapshot below
             live = list(self._live)
         for process in live:
             # Lightning stops gracefully on SIGTERM; SIGINT may be ignored (a study started in the background).
@@ -272,9 +314,27 @@ class Launcher:
                 process.kill()
 
     def execute(self, run: Run) -> RunState:
-        """One attempt at ``run``: from its last checkpoint if it has one."""
+        """One attempt at ``run``, from its last checkpoint if it has one, unless another process holds it.
+
+        Returns:
+            The run's state after the attempt; for a run held by another process, its state as
+            that process last saved it, with the refusal as its (unsaved) error.
+        """
         if self._stopping.is_set():
             return RunState.load(run)
+        try:
+            lock = self.claim(run)
+        except RunLocked as refusal:
+            return replace(RunState.load(run), error=str(refusal))
+        try:
+            state = RunState.load(run)
+            if state.status == DONE:  # finished by another study since this one looked
+                return state
+            return self._attempt(run, lock)
+        finally:
+            self.release(run)
+
+    def _attempt(self, run: Run, lock: RunLock) -> RunState:
         state, args = prepare(self.spec, run)
         attempt = begin_attempt(run, state, args)
         run.marker.unlink(missing_ok=True)
@@ -283,18 +343,17 @@ class Launcher:
             log.write(f"\n=== attempt {len(state.attempts)} ({attempt['started']}): {state.command}\n".encode())
             log.flush()
             offset = log.tell()
-            process = subprocess.Popen(
-                args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.environment()
-            )
             with self._lock:
-                self._live.add(process)
-            returncode = process.wait()
-            with self._lock:
-                self._live.discard(process)
+                process = None if self._stopping.is_set() else self._start(args, log, lock)
+            returncode = None
+            if process is not None:
+                returncode = process.wait()
+                with self._lock:
+                    self._live.discard(process)
         attempt.update(wall_clock_s=round(time.perf_counter() - started, 3), returncode=returncode)
         if returncode == 0 and run.marker.is_file():
             state.status, state.error = DONE, None
-        elif self._stopping.is_set():
+        elif returncode is None or self._stopping.is_set():
             state.status, state.error = INTERRUPTED, "interrupted"
         elif returncode == 0:
             state.status, state.error = INTERRUPTED, "stopped before the end of fit (e.g. on SIGTERM)"
@@ -307,24 +366,90 @@ class Launcher:
         state.save(run)
         return state
 
+    def _start(self, args: Sequence[str], log: BinaryIO, lock: RunLock) -> subprocess.Popen[bytes]:
+        """Starts the run's process (called under ``self._lock``): it inherits the run's lock and dies with us."""
+        process = subprocess.Popen(
+            args,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=self.environment(),
+            pass_fds=(lock.fd,),  # the run stays locked while its process lives, even if this one dies
+            preexec_fn=die_with_parent(),  # it only calls prctl, so it is safe beside our threads
+        )
+        self._live.add(process)
+        lock.record_child(process.pid)
+        return process
 
+
+_TRACEBACK = "Traceback (most recent call last):"
+# A traceback Python prints without the process failing: in a destructor, or an atexit hook.
+_IGNORED = ("Exception ignored in", "Error in atexit._run_exitfuncs")
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>.+)$')
+# An exception printed without a traceback, or jsonargparse's parser error.
 _ERROR_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*(?:Error|Exception|Interrupt)\b|error:)")
 # jsonargparse's union diagnostics: the type list, the given value and the `None` alternative.
 _NOISE = re.compile(r"^\s*(?:Subtypes:|Given value|- Expected a <class 'NoneType'>)")
 
 
 def error_message(output: str, returncode: int, limit: int = 400) -> str:
-    """The error a failed run printed: the last exception line (or ``error:`` line) and its continuation.
+    """The error a failed run printed: its last traceback's exception and where it was raised.
+
+    Without a traceback, the last exception or parser (``error:``) line. For a process killed by a
+    signal, or one that printed no error, the signal or exit code, and the output's last line
+    labelled as such.
 
     Example:
-        >>> error_message("Traceback ...\\n  raise ...\\nValueError: `mu` must be >= 0\\n", 1)
+        >>> error_message("Traceback (most recent call last):\\n  File x\\nValueError: `mu` must be >= 0\\n", 1)
         'ValueError: `mu` must be >= 0'
     """
     lines = [line.rstrip() for line in output.splitlines()]
-    for index in range(len(lines) - 1, -1, -1):
-        if _ERROR_LINE.match(lines[index]):
-            message = " ".join(line.strip() for line in lines[index:] if line.strip() and not _NOISE.match(line))
-            return message if len(message) <= limit else message[: limit - 1] + "…"
-    tail = next((line.strip() for line in reversed(lines) if line.strip()), "")
-    reason = f"killed by signal {-returncode}" if returncode < 0 else f"exit code {returncode}"
-    return f"{reason}: {tail}"[:limit] if tail else reason
+    if returncode < 0:
+        message, reason = None, f"killed by signal {-returncode} ({_signal_name(-returncode)})"
+    else:
+        message, reason = _last_exception(lines), f"exit code {returncode}"
+        if message is None:
+            start = next((i for i in range(len(lines) - 1, -1, -1) if _ERROR_LINE.match(lines[i])), None)
+            message = None if start is None else _paragraph(lines, start)
+    if message is None:
+        tail = next((line.strip() for line in reversed(lines) if line.strip()), "")
+        message = f"{reason}; last output: {tail}" if tail else reason
+    return message if len(message) <= limit else message[: limit - 1] + "…"
+
+
+def _last_exception(lines: Sequence[str]) -> str | None:
+    """The exception of the last traceback that ended the process, with its innermost frame."""
+    headers = [i for i, line in enumerate(lines) if line == _TRACEBACK]
+    for header in reversed(headers):
+        before = next((line for line in reversed(lines[:header]) if line.strip()), "")
+        if before.startswith(_IGNORED):
+            continue
+        # The exception line is the first line after the header that is not a frame (frames are indented).
+        start = next((i for i in range(header + 1, len(lines)) if lines[i] and not lines[i][:1].isspace()), None)
+        if start is None:
+            return None
+        frames = [match for match in map(_FRAME.match, lines[header + 1 : start]) if match]
+        where = f" [{_short(frames[-1]['file'])}:{frames[-1]['line']} in {frames[-1]['function']}]" if frames else ""
+        return _paragraph(lines, start) + where
+    return None
+
+
+def _paragraph(lines: Sequence[str], start: int) -> str:
+    """Line ``start`` and the indented lines right after it (a message's details), without jsonargparse's noise.
+
+    An unindented line after it is other output (an ``atexit`` hook's, a logger's), not the message.
+    """
+    end = next((i for i in range(start + 1, len(lines)) if not lines[i][:1].isspace() or not lines[i].strip()), len(lines))
+    return " ".join(line.strip() for line in lines[start:end] if not _NOISE.match(line))
+
+
+def _short(path: str) -> str:
+    """``path``'s last two parts: enough to find the file, short enough for a table."""
+    return "/".join(Path(path).parts[-2:])
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return "unknown signal"

@@ -139,7 +139,7 @@ def test_the_config_check_names_the_bad_key(tmp_path, monkeypatch):
             2,
             'error: Parser key "trainer.algorithm": Does not validate',
         ),
-        ("some output\n", -9, "killed by signal 9: some output"),
+        ("some output\n", -9, "killed by signal 9 (SIGKILL); last output: some output"),
         ("", 3, "exit code 3"),
     ],
 )
