@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any, Literal
 
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.callbacks.progress import ProgressBar
 from lightning.pytorch.strategies import DDPStrategy, Strategy
+from typing_extensions import override
 
 from fl_lightning import _lightning_compat as compat
 from fl_lightning.algorithms.base import Algorithm
 from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.callbacks.client_loss import ClientLossRecorder
 from fl_lightning.callbacks.progress import FederatedProgressBar
+from fl_lightning.checkpointing import GlobalModelCheckpoint, find_last_checkpoint, round_checkpoint
 from fl_lightning.distributed.strategy import FederatedDDPStrategy
 from fl_lightning.loops.async_fit_loop import AsyncFitLoop
 from fl_lightning.loops.federated_fit_loop import FederatedFitLoop
@@ -56,7 +59,10 @@ class FederatedTrainer(pl.Trainer):
             once (each costs about three model copies of memory: weights, gradients, momentum);
             default: a whole group of same-shaped clients.
         callbacks: Lightning callbacks; the trainer adds its progress bar (unless one is given
-            or ``enable_progress_bar=False``) and the client-loss recorder.
+            or ``enable_progress_bar=False``), a ``ModelCheckpoint`` that keeps the latest round's
+            ``round_<r>.ckpt`` and ``last.ckpt`` (unless one is given or ``enable_checkpointing=False``;
+            :mod:`fl_lightning.checkpointing`), the client-loss recorder, and
+            :class:`~fl_lightning.checkpointing.GlobalModelCheckpoint`.
         **kwargs: forwarded to :class:`lightning.pytorch.Trainer`.
 
     Example::
@@ -118,7 +124,9 @@ class FederatedTrainer(pl.Trainer):
         callbacks = [callbacks] if isinstance(callbacks, Callback) else list(callbacks or [])
         if kwargs.get("enable_progress_bar", True) is not False and not any(isinstance(c, ProgressBar) for c in callbacks):
             callbacks.append(FederatedProgressBar())
-        callbacks.append(ClientLossRecorder())
+        if kwargs.get("enable_checkpointing", True) is not False and not any(isinstance(c, ModelCheckpoint) for c in callbacks):
+            callbacks.append(round_checkpoint())
+        callbacks += [ClientLossRecorder(), GlobalModelCheckpoint()]
         super().__init__(callbacks=callbacks, **kwargs)
 
         previous = self.fit_loop
@@ -144,6 +152,23 @@ class FederatedTrainer(pl.Trainer):
     def algorithm(self) -> Algorithm:
         """The federated algorithm."""
         return self.fit_loop.algorithm
+
+    @override
+    def fit(
+        self,
+        model: pl.LightningModule,
+        train_dataloaders: Any = None,
+        val_dataloaders: Any = None,
+        datamodule: pl.LightningDataModule | None = None,
+        ckpt_path: str | os.PathLike[str] | None = None,
+        weights_only: bool | None = None,
+    ) -> None:
+        """Lightning's ``fit``; ``ckpt_path="last"`` resumes from the newest ``last.ckpt`` of any
+        earlier run of the same experiment (:func:`~fl_lightning.checkpointing.find_last_checkpoint`),
+        and starts from scratch with Lightning's warning when there is none."""
+        if ckpt_path == "last":
+            ckpt_path = find_last_checkpoint(self) or ckpt_path
+        super().fit(model, train_dataloaders, val_dataloaders, datamodule, ckpt_path, weights_only)
 
 
 def _federated_strategy(strategy: str | Strategy) -> str | Strategy:

@@ -127,6 +127,15 @@ class FederatedFitLoop(compat.FitLoopBase):
     def federation(self) -> Federation:
         return self.algorithm.federation
 
+    @property
+    def in_round(self) -> bool:
+        """Whether a round is under way: the module then holds a client's weights, not the global model."""
+        return self._in_round
+
+    def global_module_state(self) -> State:
+        """The global model as the module's ``state_dict``: its keys and dtypes, detached copies."""
+        return {name: self.global_state[name].to(t.dtype, copy=True) for name, t in self._live.items()}
+
     @override
     def setup_data(self) -> None:
         """Nothing to set up: each client's batches are prepared when it trains."""

@@ -125,7 +125,8 @@ def test_validate_and_test_a_fitted_checkpoint(tmp_path):
     common = ["--config", QUICKSTART, "--trainer.logger", "false", "--trainer.enable_progress_bar", "false"]
     fitted = FederatedCLI(args=["fit", *common, "--trainer.max_epochs", "2"])
     fit_acc = float(fitted.trainer.callback_metrics["val_acc"])
-    (checkpoint,) = (tmp_path / "checkpoints").glob("*.ckpt")
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("*.ckpt")) == ["last.ckpt", "round_1.ckpt"]
+    checkpoint = tmp_path / "checkpoints" / "last.ckpt"
 
     for subcommand, metric in (("validate", "val_acc"), ("test", "test_acc")):
         cli = FederatedCLI(
