@@ -10,6 +10,7 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor
 
+from fl_lightning.algorithms.config import Configurable
 from fl_lightning.federation import Federation
 from fl_lightning.model_state import State, tensor_bytes
 
@@ -56,7 +57,7 @@ class ClientUpdate:
     staleness: int = 0
 
 
-class Algorithm(ABC):
+class Algorithm(Configurable, ABC):
     """Server-side logic of a synchronous federated algorithm.
 
     The loop calls, every round: :meth:`select_clients`; per client :meth:`configure_client`

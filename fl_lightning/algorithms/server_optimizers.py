@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from fl_lightning.algorithms.aggregation import apply_delta
+from fl_lightning.algorithms.config import Configurable
 
 State = dict[str, Tensor]
 
@@ -24,7 +25,7 @@ def _check_unit_interval(name: str, value: float) -> None:
         raise ValueError(f"`{name}` must be in [0, 1), got {value}.")
 
 
-class ServerOptimizer(ABC):
+class ServerOptimizer(Configurable, ABC):
     """Turns the round's aggregated delta into a new global model."""
 
     def __init__(self, *, lr: float) -> None:
