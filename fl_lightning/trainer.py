@@ -17,6 +17,7 @@ from fl_lightning.callbacks.progress import FederatedProgressBar
 from fl_lightning.distributed.strategy import FederatedDDPStrategy
 from fl_lightning.loops.async_fit_loop import AsyncFitLoop
 from fl_lightning.loops.federated_fit_loop import FederatedFitLoop
+from fl_lightning.update_bounds import UpdateBound
 
 
 class FederatedTrainer(pl.Trainer):
@@ -55,6 +56,9 @@ class FederatedTrainer(pl.Trainer):
         max_batched_clients: with ``client_executor="batched"``, at most this many clients train at
             once (each costs about three model copies of memory: weights, gradients, momentum);
             default: a whole group of same-shaped clients.
+        update_bound: a bound on the clients' update norms applied before every aggregation (synchronous
+            rounds, asynchronous buffers, sharded rounds): :class:`~fl_lightning.NormClip` or
+            :class:`~fl_lightning.MedianNormFilter` (:mod:`fl_lightning.update_bounds`); default none.
         callbacks: Lightning callbacks; the trainer adds its progress bar (unless one is given
             or ``enable_progress_bar=False``) and the client-loss recorder.
         **kwargs: forwarded to :class:`lightning.pytorch.Trainer`.
@@ -76,6 +80,7 @@ class FederatedTrainer(pl.Trainer):
         reset_optimizer: bool = True,
         client_executor: Literal["lightning", "lean", "batched"] = "lightning",
         max_batched_clients: int | None = None,
+        update_bound: UpdateBound | None = None,
         callbacks: list[Callback] | Callback | None = None,
         **kwargs: Any,
     ) -> None:
@@ -110,6 +115,11 @@ class FederatedTrainer(pl.Trainer):
             )
         if seed < 0:
             raise ValueError(f"`seed` must be >= 0, got {seed}.")
+        if update_bound is not None and not isinstance(update_bound, UpdateBound):
+            raise TypeError(
+                f"`update_bound` must be an fl_lightning.update_bounds.UpdateBound (NormClip, MedianNormFilter) "
+                f"or None, got {type(update_bound).__name__}."
+            )
         algorithm = algorithm if algorithm is not None else FedAvg()
 
         kwargs["strategy"] = _federated_strategy(kwargs.get("strategy", "auto"))
@@ -135,6 +145,7 @@ class FederatedTrainer(pl.Trainer):
             reset_optimizer=reset_optimizer,
             client_executor=client_executor,
             max_batched_clients=max_batched_clients,
+            update_bound=update_bound,
         )
         self.fit_loop.epoch_loop = compat.ClientEpochLoop(
             self, min_steps=previous.epoch_loop.min_steps, max_steps=previous.epoch_loop.max_steps

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Set
 from dataclasses import dataclass
 
 import torch
@@ -12,7 +13,7 @@ from fl_lightning.algorithms.base import ClientUpdate
 from fl_lightning.model_state import State
 
 #: Per-client scalars that travel in the round's all-reduce (one row per selected client).
-_REPORT_FIELDS = ("trained", "dropped", "num_samples", "num_steps", "upload_bytes", "has_loss", "train_loss")
+_REPORT_FIELDS = ("trained", "dropped", "rejected", "num_samples", "num_steps", "upload_bytes", "has_loss", "train_loss")
 
 
 @dataclass
@@ -24,6 +25,7 @@ class ShardedRound:
         weight: :math:`\\sum_k w_k` over the same updates.
         reports: one payload-free :class:`ClientUpdate` per selected client, in selection order.
         dropped: clients whose update was non-finite (and is not in ``total``).
+        rejected: clients whose update was malformed or refused by the update bound (not in ``total``).
         stop: whether any rank received SIGTERM.
     """
 
@@ -31,6 +33,7 @@ class ShardedRound:
     weight: float
     reports: list[ClientUpdate]
     dropped: int
+    rejected: int
     stop: bool
 
 
@@ -76,6 +79,7 @@ class ClientSharding:
         template: State,
         *,
         stop: bool,
+        rejected_ids: Set[int] = frozenset(),
     ) -> ShardedRound:
         """Combines this rank's updates (``local``) and partial sum with every other rank's.
 
@@ -86,6 +90,7 @@ class ClientSharding:
             partial: this rank's ``(sum of weighted deltas, sum of weights)``; an empty state if none.
             template: the global state, for names, shapes and dtypes.
             stop: whether this rank received SIGTERM.
+            rejected_ids: this rank's clients whose update was rejected (excluded from ``partial``).
         """
         device = self.strategy.root_device
         total, weight = partial
@@ -94,7 +99,8 @@ class ClientSharding:
         for update in local:
             loss = update.metrics.get("train_loss")
             reports[row_of[update.client_id]] = torch.tensor(
-                [1.0, float(update.client_id in dropped_ids), update.num_samples, update.num_steps,
+                [1.0, float(update.client_id in dropped_ids), float(update.client_id in rejected_ids),
+                 update.num_samples, update.num_steps,
                  update.upload_bytes, float(loss is not None), 0.0 if loss is None else loss],
                 dtype=torch.float64,
             )  # fmt: skip
@@ -120,12 +126,23 @@ class ClientSharding:
         received = [
             ClientUpdate(
                 client_id=cid,
-                num_samples=int(row[2]),
-                num_steps=int(row[3]),
+                num_samples=int(row[3]),
+                num_steps=int(row[4]),
                 payload={},
-                upload_bytes=int(row[4]),
-                metrics={"train_loss": float(row[6])} if row[5] else {},
+                upload_bytes=int(row[5]),
+                metrics={"train_loss": float(row[7])} if row[6] else {},
             )
             for cid, row in zip(clients, reports.tolist())
         ]
-        return ShardedRound(total, weight, received, dropped=int(reports[:, 1].sum()), stop=stop > 0)
+        dropped, rejected = int(reports[:, 1].sum()), int(reports[:, 2].sum())
+        return ShardedRound(total, weight, received, dropped=dropped, rejected=rejected, stop=stop > 0)
+
+    def gather_norms(self, clients: list[int], norms: Mapping[int, float]) -> dict[int, float]:
+        """Every rank's update norms (``norms``: this rank's, by client), in selection order, by one
+        small all-reduce; for an update bound that compares a round's updates."""
+        buffer = torch.zeros(2, len(clients), dtype=torch.float64)
+        for i, cid in enumerate(clients):
+            if cid in norms:
+                buffer[:, i] = torch.tensor([1.0, norms[cid]], dtype=torch.float64)
+        buffer = self.strategy.reduce(buffer.to(self.strategy.root_device), reduce_op="sum").cpu()
+        return {cid: float(buffer[1, i]) for i, cid in enumerate(clients) if buffer[0, i] > 0}

@@ -20,7 +20,9 @@ from fl_lightning.distributed.sharding import ClientSharding
 from fl_lightning.distributed.strategy import FederatedDDPStrategy
 from fl_lightning.federation import FederatedDataSource, Federation
 from fl_lightning.loops.batched_clients import train_clients_batched
-from fl_lightning.model_state import State, all_finite, compute_delta, live_tensors, load_into, snapshot
+from fl_lightning.loops.guards import aggregate_or_roll_back, apply_bound, bound_updates, decode_and_screen
+from fl_lightning.model_state import State, compute_delta, live_tensors, load_into, snapshot
+from fl_lightning.update_bounds import UpdateBound, update_norm
 from fl_lightning.utils.seeding import derive_seed
 
 
@@ -73,6 +75,7 @@ class FederatedFitLoop(compat.FitLoopBase):
             (:func:`~fl_lightning._lightning_compat.run_lean_client`) or ``"batched"``
             (:func:`~fl_lightning.loops.batched_clients.train_clients_batched`).
         max_batched_clients: the batched executor's cap on clients trained at once (``None``: no cap).
+        update_bound: clips or filters the clients' update norms before aggregation (``None``: no bound).
     """
 
     def __init__(
@@ -89,6 +92,7 @@ class FederatedFitLoop(compat.FitLoopBase):
         reset_optimizer: bool,
         client_executor: str = "lightning",
         max_batched_clients: int | None = None,
+        update_bound: UpdateBound | None = None,
     ) -> None:
         super().__init__(trainer, min_epochs=min_epochs, max_epochs=max_epochs)
         self.algorithm = algorithm
@@ -99,6 +103,7 @@ class FederatedFitLoop(compat.FitLoopBase):
         self.reset_optimizer = reset_optimizer
         self.client_executor = client_executor
         self.max_batched_clients = max_batched_clients
+        self.update_bound = update_bound
         self.global_state: State = {}
         #: Client ids selected in each round so far.
         self.history: list[list[int]] = []
@@ -138,25 +143,33 @@ class FederatedFitLoop(compat.FitLoopBase):
                 "FederatedTrainer needs federated data: pass `datamodule=FederatedDataModule(...)` "
                 f"(or any object with num_clients/client_num_samples/client_batches); got {type(data).__name__}."
             )
+        self._check_update_bound()
         self._live = live_tensors(module)
-        self.algorithm.setup(
-            Federation(
-                data=data,
-                module=module,
-                clients_per_round=resolve_clients_per_round(self.clients_per_round, data.num_clients),
-                seed=self.seed,
-                param_names=frozenset(name for name, _ in module.named_parameters()),
-                local_epochs=self.local_epochs,
-                local_steps=self.local_steps,
-                num_rounds=self.max_epochs if self.max_epochs is not None and self.max_epochs >= 0 else None,
-            )
+        federation = Federation(
+            data=data,
+            module=module,
+            clients_per_round=resolve_clients_per_round(self.clients_per_round, data.num_clients),
+            seed=self.seed,
+            param_names=frozenset(name for name, _ in module.named_parameters()),
+            local_epochs=self.local_epochs,
+            local_steps=self.local_steps,
+            num_rounds=self.max_epochs if self.max_epochs is not None and self.max_epochs >= 0 else None,
         )
+        self.algorithm.setup(federation)
         self.global_state = snapshot(self._live)
         for logger in trainer.loggers:
             logger.log_hyperparams(self.hparams())
         if self._loaded is not None:
             self._restore(self._loaded)
             self._loaded = None
+
+    def _check_update_bound(self) -> None:
+        if self.update_bound is not None and not self.algorithm.uploads_deltas:
+            raise ValueError(
+                f"update_bound={type(self.update_bound).__name__}(...) bounds the norms of client deltas, but "
+                f"{type(self.algorithm).__name__}'s uploads are not deltas (uploads_deltas is False): "
+                "remove the update bound for this algorithm."
+            )
 
     def _client_sharding(self) -> ClientSharding:
         """Checks that this run can shard its clients over the trainer's processes."""
@@ -208,57 +221,89 @@ class FederatedFitLoop(compat.FitLoopBase):
         self.end_round(round_idx, started, received, download_bytes, metrics)
 
     def aggregate(self, round_idx: int, received: list[ClientUpdate]) -> dict[str, float]:
-        """Aggregates the finite updates into the global model and loads it into the module.
+        """Aggregates the usable updates into the global model and loads it into the module.
 
-        A non-finite update (NaN/Inf) is dropped with a warning; with none left, the global
-        model is unchanged. Returns the algorithm's metrics plus the aggregated/dropped counts.
+        Each update is decoded (:meth:`~fl_lightning.Algorithm.decode_update`); a malformed one is
+        rejected, a non-finite one dropped, and the update bound may clip or reject the rest
+        (:mod:`fl_lightning.loops.guards`). With none left, the global model is unchanged; a
+        non-finite aggregate is rolled back. Returns the algorithm's metrics plus the counts.
         """
-        updates = self._finite(round_idx, received)
-        metrics = self.algorithm.aggregate(round_idx, self.global_state, updates) if updates else {}
-        return self._finish_aggregation(round_idx, len(updates), len(received) - len(updates), metrics)
+        screened = decode_and_screen(self.algorithm, round_idx, received)
+        updates, refused = screened.finite, []
+        if self.update_bound is not None:
+            updates, refused = bound_updates(self.update_bound, round_idx, updates)
+        metrics, rolled_back = {}, False
+        if updates:
+            metrics, rolled_back = aggregate_or_roll_back(
+                round_idx, self.algorithm, self.global_state, lambda: self.algorithm.aggregate(round_idx, self.global_state, updates)
+            )
+        return self._finish_aggregation(
+            round_idx,
+            metrics,
+            aggregated=len(updates),
+            dropped=len(screened.dropped),
+            rejected=len(screened.rejected) + len(refused),
+            rolled_back=rolled_back,
+        )
 
     def _aggregate_sharded(self, round_idx: int, clients: list[int]) -> tuple[list[ClientUpdate], dict[str, float]]:
         """This rank trains its share of ``clients``; one all-reduce combines every rank's weighted sum."""
         assert self._sharding is not None and isinstance(self.algorithm, SupportsWeightedSum)
         local = self.train_clients(round_idx, self._sharding.share(clients))
-        finite = self._finite(round_idx, local)
+        screened = decode_and_screen(self.algorithm, round_idx, local)
+        updates, refused = self._bound_sharded(round_idx, clients, screened.finite)
         combined = self._sharding.all_reduce(
             clients,
             local,
-            dropped_ids={u.client_id for u in local} - {u.client_id for u in finite},
-            partial=self.algorithm.weighted_delta_sum(finite) if finite else ({}, 0.0),
+            dropped_ids=set(screened.dropped),
+            rejected_ids={*screened.rejected, *refused},
+            partial=self.algorithm.weighted_delta_sum(updates) if updates else ({}, 0.0),
             template=self.global_state,
             stop=self.trainer.received_sigterm,
         )
         if combined.stop:
             raise SIGTERMException
-        aggregated = len(clients) - combined.dropped
-        metrics = {}
+        aggregated = len(clients) - combined.dropped - combined.rejected
+        metrics, rolled_back = {}, False
         if aggregated:
-            metrics = self.algorithm.apply_weighted_sum(round_idx, self.global_state, combined.total, combined.weight)
-        return combined.reports, self._finish_aggregation(round_idx, aggregated, combined.dropped, metrics)
+            metrics, rolled_back = aggregate_or_roll_back(
+                round_idx,
+                self.algorithm,
+                self.global_state,
+                lambda: self.algorithm.apply_weighted_sum(round_idx, self.global_state, combined.total, combined.weight),
+            )
+        return combined.reports, self._finish_aggregation(
+            round_idx, metrics, aggregated=aggregated, dropped=combined.dropped, rejected=combined.rejected, rolled_back=rolled_back
+        )
 
-    @staticmethod
-    def _finite(round_idx: int, received: list[ClientUpdate]) -> list[ClientUpdate]:
-        """The updates free of NaN/Inf; each other one is dropped with a warning."""
-        finite = []
-        for update in received:
-            if all_finite(update.payload):
-                finite.append(update)
-            else:
-                rank_zero_warn(
-                    f"Round {round_idx}: client {update.client_id} sent a non-finite update (NaN/Inf); it is dropped."
-                )
-        return finite
+    def _bound_sharded(
+        self, round_idx: int, clients: list[int], updates: list[ClientUpdate]
+    ) -> tuple[list[ClientUpdate], list[int]]:
+        """This rank's updates after the update bound; a bound that compares updates sees every rank's norms."""
+        bound = self.update_bound
+        if bound is None:
+            return updates, []
+        if not bound.needs_all_norms:
+            return bound_updates(bound, round_idx, updates)
+        assert self._sharding is not None
+        norms = self._sharding.gather_norms(clients, {u.client_id: update_norm(u.payload) for u in updates})
+        scale_of = dict(zip(norms, bound.scales(list(norms.values()))))
+        return apply_bound(bound, round_idx, updates, [scale_of[u.client_id] for u in updates])
 
     def _finish_aggregation(
-        self, round_idx: int, aggregated: int, dropped: int, metrics: dict[str, float]
+        self, round_idx: int, metrics: dict[str, float], *, aggregated: int, dropped: int, rejected: int, rolled_back: bool
     ) -> dict[str, float]:
         if not aggregated:
             rank_zero_warn(f"Round {round_idx}: no client update to aggregate; the global model is unchanged.")
         load_into(self._live, self.global_state)
         self._rounds_done = round_idx + 1
-        return {"aggregated_clients": float(aggregated), "dropped_clients": float(dropped), **metrics}
+        return {
+            "aggregated_clients": float(aggregated),
+            "dropped_clients": float(dropped),
+            "rejected_clients": float(rejected),
+            "rolled_back": float(rolled_back),
+            **metrics,
+        }
 
     def end_round(
         self, round_idx: int, started: float, received: list[ClientUpdate], download_bytes: int, metrics: dict[str, float]
