@@ -14,6 +14,7 @@ from fl_lightning.algorithms.base import Algorithm
 from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.callbacks.client_loss import ClientLossRecorder
 from fl_lightning.callbacks.progress import FederatedProgressBar
+from fl_lightning.checkpoint_io import CheckedCheckpointIO
 from fl_lightning.distributed.strategy import FederatedDDPStrategy
 from fl_lightning.loops.async_fit_loop import AsyncFitLoop
 from fl_lightning.loops.federated_fit_loop import FederatedFitLoop
@@ -59,6 +60,10 @@ class FederatedTrainer(pl.Trainer):
         update_bound: a bound on the clients' update norms applied before every aggregation (synchronous
             rounds, asynchronous buffers, sharded rounds): :class:`~fl_lightning.NormClip` or
             :class:`~fl_lightning.MedianNormFilter` (:mod:`fl_lightning.update_bounds`); default none.
+        allow_resume_changes: resume from a checkpoint whose federation (clients, partition, algorithm
+            and its arguments, update bound, clients per round, seed, local work) differs from this
+            run's, with a warning listing the changes; by default such a resume is refused
+            (:mod:`fl_lightning.fingerprint`).
         callbacks: Lightning callbacks; the trainer adds its progress bar (unless one is given
             or ``enable_progress_bar=False``) and the client-loss recorder.
         **kwargs: forwarded to :class:`lightning.pytorch.Trainer`.
@@ -81,6 +86,7 @@ class FederatedTrainer(pl.Trainer):
         client_executor: Literal["lightning", "lean", "batched"] = "lightning",
         max_batched_clients: int | None = None,
         update_bound: UpdateBound | None = None,
+        allow_resume_changes: bool = False,
         callbacks: list[Callback] | Callback | None = None,
         **kwargs: Any,
     ) -> None:
@@ -120,6 +126,8 @@ class FederatedTrainer(pl.Trainer):
                 f"`update_bound` must be an fl_lightning.update_bounds.UpdateBound (NormClip, MedianNormFilter) "
                 f"or None, got {type(update_bound).__name__}."
             )
+        if not isinstance(allow_resume_changes, bool):
+            raise TypeError(f"`allow_resume_changes` must be a bool, got {allow_resume_changes!r}.")
         algorithm = algorithm if algorithm is not None else FedAvg()
 
         kwargs["strategy"] = _federated_strategy(kwargs.get("strategy", "auto"))
@@ -130,6 +138,8 @@ class FederatedTrainer(pl.Trainer):
             callbacks.append(FederatedProgressBar())
         callbacks.append(ClientLossRecorder())
         super().__init__(callbacks=callbacks, **kwargs)
+        # A truncated or foreign checkpoint then fails with one error naming the file.
+        self.strategy.checkpoint_io = CheckedCheckpointIO(self.strategy.checkpoint_io)
 
         previous = self.fit_loop
         loop_class = AsyncFitLoop if algorithm.asynchronous else FederatedFitLoop
@@ -146,6 +156,7 @@ class FederatedTrainer(pl.Trainer):
             client_executor=client_executor,
             max_batched_clients=max_batched_clients,
             update_bound=update_bound,
+            allow_resume_changes=allow_resume_changes,
         )
         self.fit_loop.epoch_loop = compat.ClientEpochLoop(
             self, min_steps=previous.epoch_loop.min_steps, max_steps=previous.epoch_loop.max_steps

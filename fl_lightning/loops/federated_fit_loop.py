@@ -16,9 +16,11 @@ from fl_lightning.algorithms.base import Algorithm, ClientContext, ClientUpdate
 from fl_lightning.algorithms.summable import SupportsWeightedSum, can_shard
 from fl_lightning.callbacks.client_loss import ClientLossRecorder
 from fl_lightning.callbacks.federated_callback import call_federated_hook
+from fl_lightning.checkpoint_io import CheckpointError, validate_federated_state
 from fl_lightning.distributed.sharding import ClientSharding
 from fl_lightning.distributed.strategy import FederatedDDPStrategy
 from fl_lightning.federation import FederatedDataSource, Federation
+from fl_lightning.fingerprint import check_resume, federation_fingerprint
 from fl_lightning.loops.batched_clients import train_clients_batched
 from fl_lightning.loops.guards import aggregate_or_roll_back, apply_bound, bound_updates, decode_and_screen
 from fl_lightning.model_state import State, compute_delta, live_tensors, load_into, snapshot
@@ -76,6 +78,7 @@ class FederatedFitLoop(compat.FitLoopBase):
             (:func:`~fl_lightning.loops.batched_clients.train_clients_batched`).
         max_batched_clients: the batched executor's cap on clients trained at once (``None``: no cap).
         update_bound: clips or filters the clients' update norms before aggregation (``None``: no bound).
+        allow_resume_changes: resume from a checkpoint whose federation fingerprint differs (with a warning).
     """
 
     def __init__(
@@ -93,6 +96,7 @@ class FederatedFitLoop(compat.FitLoopBase):
         client_executor: str = "lightning",
         max_batched_clients: int | None = None,
         update_bound: UpdateBound | None = None,
+        allow_resume_changes: bool = False,
     ) -> None:
         super().__init__(trainer, min_epochs=min_epochs, max_epochs=max_epochs)
         self.algorithm = algorithm
@@ -104,6 +108,7 @@ class FederatedFitLoop(compat.FitLoopBase):
         self.client_executor = client_executor
         self.max_batched_clients = max_batched_clients
         self.update_bound = update_bound
+        self.allow_resume_changes = allow_resume_changes
         self.global_state: State = {}
         #: Client ids selected in each round so far.
         self.history: list[list[int]] = []
@@ -114,6 +119,7 @@ class FederatedFitLoop(compat.FitLoopBase):
         self._in_round = False
         self._loaded: dict[str, Any] | None = None
         self._sharding: ClientSharding | None = None
+        self._fingerprint: dict[str, Any] = {}
 
     @property
     def federation(self) -> Federation:
@@ -155,6 +161,14 @@ class FederatedFitLoop(compat.FitLoopBase):
             local_steps=self.local_steps,
             num_rounds=self.max_epochs if self.max_epochs is not None and self.max_epochs >= 0 else None,
         )
+        # Checked before the algorithm's set-up, whose own errors a changed federation could trigger.
+        self._fingerprint = federation_fingerprint(
+            federation, self.algorithm, update_bound=self.update_bound, reset_optimizer=self.reset_optimizer
+        )
+        if self._loaded is not None:
+            check_resume(
+                self._loaded.get("fingerprint"), self._fingerprint, path=trainer.ckpt_path, allow_changes=self.allow_resume_changes
+            )
         self.algorithm.setup(federation)
         self.global_state = snapshot(self._live)
         for logger in trainer.loggers:
@@ -412,6 +426,7 @@ class FederatedFitLoop(compat.FitLoopBase):
     def on_save_checkpoint(self) -> dict:
         state = super().on_save_checkpoint()
         federated: dict[str, Any] = {
+            "fingerprint": dict(self._fingerprint),
             "rounds_done": self._rounds_done,
             "algorithm": self.algorithm.state_dict(),
             "history": [list(c) for c in self.history],
@@ -429,16 +444,21 @@ class FederatedFitLoop(compat.FitLoopBase):
     def on_load_checkpoint(self, state_dict: dict) -> None:
         super().on_load_checkpoint(state_dict)
         federated = state_dict.get("federated")
-        if federated is None:
-            raise ValueError("This checkpoint was not written by FederatedTrainer: it has no federated loop state.")
-        self._rounds_done = int(federated["rounds_done"])
+        validate_federated_state(federated, path=self.trainer.ckpt_path, max_rounds=self.max_epochs)
+        self._rounds_done = federated["rounds_done"]
         self._loaded = federated
 
     def _restore(self, federated: dict[str, Any]) -> None:
         if "global_state" in federated:
             self.global_state = {k: v.to(self.global_state[k].device) for k, v in federated["global_state"].items()}
             load_into(self._live, self.global_state)
-        self.algorithm.load_state_dict(federated["algorithm"])
+        try:
+            self.algorithm.load_state_dict(federated["algorithm"])
+        except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as err:
+            raise CheckpointError(
+                f"Checkpoint {self.trainer.ckpt_path}: {type(self.algorithm).__name__} cannot load the saved algorithm "
+                f"state ({type(err).__name__}: {err}); was it written by another algorithm?"
+            ) from err
         self.history = [list(c) for c in federated["history"]]
         self.total_upload_bytes = int(federated["total_upload_bytes"])
         self.total_download_bytes = int(federated["total_download_bytes"])
