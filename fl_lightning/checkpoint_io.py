@@ -87,5 +87,9 @@ def validate_federated_state(federated: Any, *, path: Any, max_rounds: int | Non
     for key in ("total_upload_bytes", "total_download_bytes"):
         if federated[key] < 0:
             raise CheckpointError(f"{name}: `{key}={federated[key]}` is negative.")
-    if not all(isinstance(c, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in c) for c in federated["history"]):
+    if not all(map(_is_id_list, federated["history"])):
         raise CheckpointError(f"{name}: federated state `history` must be a list of lists of client ids.")
+
+
+def _is_id_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in value)

@@ -37,11 +37,12 @@ class Configurable:
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         self = super().__new__(cls)
+        signature = inspect.signature(cls.__init__)
         # bind_partial: copy/pickle call __new__ without arguments, then restore __dict__.
-        bound = inspect.signature(cls.__init__).bind_partial(None, *args, **kwargs)
+        bound = signature.bind_partial(None, *args, **kwargs)
         bound.apply_defaults()
         recorded: dict[str, Any] = {}
-        for name, parameter in list(inspect.signature(cls.__init__).parameters.items())[1:]:
+        for name, parameter in list(signature.parameters.items())[1:]:
             if name not in bound.arguments:
                 continue
             if parameter.kind is inspect.Parameter.VAR_KEYWORD:

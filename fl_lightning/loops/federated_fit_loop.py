@@ -166,9 +166,8 @@ class FederatedFitLoop(compat.FitLoopBase):
             federation, self.algorithm, update_bound=self.update_bound, reset_optimizer=self.reset_optimizer
         )
         if self._loaded is not None:
-            check_resume(
-                self._loaded.get("fingerprint"), self._fingerprint, path=trainer.ckpt_path, allow_changes=self.allow_resume_changes
-            )
+            saved = self._loaded.get("fingerprint")
+            check_resume(saved, self._fingerprint, path=trainer.ckpt_path, allow_changes=self.allow_resume_changes)
         self.algorithm.setup(federation)
         self.global_state = snapshot(self._live)
         for logger in trainer.loggers:
@@ -243,13 +242,14 @@ class FederatedFitLoop(compat.FitLoopBase):
         non-finite aggregate is rolled back. Returns the algorithm's metrics plus the counts.
         """
         screened = decode_and_screen(self.algorithm, round_idx, received)
-        updates, refused = screened.finite, []
-        if self.update_bound is not None:
-            updates, refused = bound_updates(self.update_bound, round_idx, updates)
+        updates, refused = self._bound(round_idx, [u.client_id for u in received], screened.finite)
         metrics, rolled_back = {}, False
         if updates:
             metrics, rolled_back = aggregate_or_roll_back(
-                round_idx, self.algorithm, self.global_state, lambda: self.algorithm.aggregate(round_idx, self.global_state, updates)
+                round_idx,
+                self.algorithm,
+                self.global_state,
+                lambda: self.algorithm.aggregate(round_idx, self.global_state, updates),
             )
         return self._finish_aggregation(
             round_idx,
@@ -265,7 +265,7 @@ class FederatedFitLoop(compat.FitLoopBase):
         assert self._sharding is not None and isinstance(self.algorithm, SupportsWeightedSum)
         local = self.train_clients(round_idx, self._sharding.share(clients))
         screened = decode_and_screen(self.algorithm, round_idx, local)
-        updates, refused = self._bound_sharded(round_idx, clients, screened.finite)
+        updates, refused = self._bound(round_idx, clients, screened.finite)
         combined = self._sharding.all_reduce(
             clients,
             local,
@@ -286,20 +286,19 @@ class FederatedFitLoop(compat.FitLoopBase):
                 self.global_state,
                 lambda: self.algorithm.apply_weighted_sum(round_idx, self.global_state, combined.total, combined.weight),
             )
-        return combined.reports, self._finish_aggregation(
-            round_idx, metrics, aggregated=aggregated, dropped=combined.dropped, rejected=combined.rejected, rolled_back=rolled_back
-        )
+        counts = {"dropped": combined.dropped, "rejected": combined.rejected, "rolled_back": rolled_back}
+        return combined.reports, self._finish_aggregation(round_idx, metrics, aggregated=aggregated, **counts)
 
-    def _bound_sharded(
+    def _bound(
         self, round_idx: int, clients: list[int], updates: list[ClientUpdate]
     ) -> tuple[list[ClientUpdate], list[int]]:
-        """This rank's updates after the update bound; a bound that compares updates sees every rank's norms."""
+        """``updates`` after the update bound, and the ids it rejects. Under client sharding, a bound
+        that compares updates sees the norms of every rank's updates (of the round's ``clients``)."""
         bound = self.update_bound
         if bound is None:
             return updates, []
-        if not bound.needs_all_norms:
+        if self._sharding is None or not bound.needs_all_norms:
             return bound_updates(bound, round_idx, updates)
-        assert self._sharding is not None
         norms = self._sharding.gather_norms(clients, {u.client_id: update_norm(u.payload) for u in updates})
         scale_of = dict(zip(norms, bound.scales(list(norms.values()))))
         return apply_bound(bound, round_idx, updates, [scale_of[u.client_id] for u in updates])

@@ -63,7 +63,9 @@ class RoundRecorder(FederatedCallback):
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.before.append(copy.deepcopy(pl_module.state_dict()))
 
-    def on_round_aggregated(self, trainer: pl.Trainer, pl_module: pl.LightningModule, round_idx: int, metrics: dict[str, float]) -> None:
+    def on_round_aggregated(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, round_idx: int, metrics: dict[str, float]
+    ) -> None:
         self.metrics.append(dict(metrics))
         self.after.append(copy.deepcopy(pl_module.state_dict()))
 

@@ -97,7 +97,8 @@ def test_deliberate_changes_resume_with_a_warning(checkpoint):
 
 
 def test_opt_out_still_refuses_algorithm_state_it_cannot_load(checkpoint):
-    with pytest.warns(UserWarning, match="deliberate changes"), pytest.raises(CheckpointError, match="FedBuff cannot load the saved algorithm state"):
+    refused = pytest.raises(CheckpointError, match="FedBuff cannot load the saved algorithm state")
+    with pytest.warns(UserWarning, match="deliberate changes"), refused:
         resume(checkpoint, algorithm=FedBuff(buffer_size=2), allow_resume_changes=True)
 
 
@@ -132,7 +133,7 @@ def test_checkpoint_without_federated_state_is_refused(checkpoint, tmp_path):
 def test_truncated_file_gives_one_clear_error(checkpoint, tmp_path):
     path = tmp_path / "truncated.ckpt"
     path.write_bytes(checkpoint.read_bytes()[: checkpoint.stat().st_size // 2])
-    with pytest.raises(CheckpointError, match=f"Cannot read checkpoint {path}: the file is truncated, corrupt or not a checkpoint"):
+    with pytest.raises(CheckpointError, match=f"Cannot read checkpoint {path}: the file is truncated, corrupt or not"):
         resume(path)
 
 

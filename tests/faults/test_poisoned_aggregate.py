@@ -61,7 +61,8 @@ def test_fedadam_rollback_restores_the_server_optimizer_moments():
 
     recorder = ServerState()
     model = tiny_model()
-    trainer = tiny_trainer(max_epochs=2, algorithm=FedAvg(server_optimizer=optimizer), callbacks=[recorder, Poison({2}, HUGE, limit=1)])
+    poison = Poison({2}, HUGE, limit=1)
+    trainer = tiny_trainer(max_epochs=2, algorithm=FedAvg(server_optimizer=optimizer), callbacks=[recorder, poison])
     trainer.fit(model, datamodule=tiny_data())
 
     assert [m["round/rolled_back"] for m in recorder.metrics] == [1.0, 0.0]
@@ -125,7 +126,8 @@ def test_median_filter_rejects_the_outlier_in_an_asynchronous_buffer():
     recorder = RoundRecorder()
     model = Quadratic()
     algorithm = FedBuff(buffer_size=4, delays=ConstantDelay(1.0))
-    trainer = quadratic_trainer(max_epochs=1, algorithm=algorithm, update_bound=MedianNormFilter(factor=3.0), callbacks=[recorder])
+    bound = MedianNormFilter(factor=3.0)
+    trainer = quadratic_trainer(max_epochs=1, algorithm=algorithm, update_bound=bound, callbacks=[recorder])
     with pytest.warns(UserWarning, match="MedianNormFilter rejects client 3's update"):
         trainer.fit(model, datamodule=quadratic_data(FAR))
 
@@ -144,7 +146,8 @@ def test_bound_applies_to_decoded_compressed_deltas():
             return super().aggregate_decoded(round_idx, global_state, updates)
 
     algorithm = Spy(codec=TopKCodec(density=0.5))
-    tiny_trainer(max_epochs=1, algorithm=algorithm, update_bound=NormClip(max_norm=1e-3)).fit(tiny_model(), datamodule=tiny_data())
+    trainer = tiny_trainer(max_epochs=1, algorithm=algorithm, update_bound=NormClip(max_norm=1e-3))
+    trainer.fit(tiny_model(), datamodule=tiny_data())
     assert len(norms) == 4 and all(n == pytest.approx(1e-3, rel=1e-6) for n in norms)
 
 
@@ -174,7 +177,7 @@ def test_algorithms_without_delta_uploads_refuse_a_bound(algorithm):
         (lambda: NormClip(max_norm=float("inf")), ValueError, "`max_norm` must be a finite number"),
         (lambda: NormClip(max_norm="1"), TypeError, "`max_norm` must be a number, got '1'"),
         (lambda: MedianNormFilter(factor=0.5), ValueError, r"`factor` must be a finite number >= 1.0, got 0.5"),
-        (lambda: FederatedTrainer(update_bound=3.0), TypeError, "`update_bound` must be an fl_lightning.update_bounds.UpdateBound"),
+        (lambda: FederatedTrainer(update_bound=3.0), TypeError, "`update_bound` must be an fl_lightning.update_bounds.Upd"),
     ],
 )
 def test_bad_bounds_are_refused(make, error, match):
@@ -192,6 +195,7 @@ def test_update_bound_is_selectable_from_yaml(tmp_path, monkeypatch):
 
 
 def test_bounds_are_configurable_and_fingerprinted():
-    assert flat_config(MedianNormFilter(factor=2.0), "update_bound") == {"update_bound": "MedianNormFilter", "update_bound.factor": 2.0}
+    expected = {"update_bound": "MedianNormFilter", "update_bound.factor": 2.0}
+    assert flat_config(MedianNormFilter(factor=2.0), "update_bound") == expected
     assert NormClip(max_norm=3).scales([0.0, 1.5, 6.0]) == [1.0, 1.0, 0.5]
     assert MedianNormFilter(factor=2.0).scales([0.0, 1.0, 2.0, 3.0, 10.0]) == [1.0, 1.0, 1.0, 1.0, None]
