@@ -27,6 +27,7 @@ from fl_lightning.callbacks import FederatedCallback, FederatedProgressBar
 from fl_lightning.federation import FederatedDataSource, Federation
 from fl_lightning.mixins import MaskedNoiseMixin, ProbabilityMaskMixin, ProximalMixin
 from fl_lightning.trainer import FederatedTrainer
+from fl_lightning.update_bounds import MedianNormFilter, NormClip, UpdateBound
 
 __version__ = "0.1.0"
 
@@ -53,6 +54,8 @@ __all__ = [
     "Federation",
     "IFCA",
     "MaskedNoiseMixin",
+    "MedianNormFilter",
+    "NormClip",
     "PriorityOnly",
     "ProbabilityMaskMixin",
     "ProximalMixin",
@@ -60,4 +63,5 @@ __all__ = [
     "ServerAdam",
     "ServerSGD",
     "ServerYogi",
+    "UpdateBound",
 ]

@@ -12,7 +12,6 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from torch import Tensor
 from lightning.pytorch.loops.fetchers import _DataFetcher
 from lightning.pytorch.loops.fit_loop import _FitLoop
 from lightning.pytorch.loops.loop import _Loop

@@ -16,10 +16,12 @@ from fl_lightning.algorithms.base import Algorithm
 from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.callbacks.client_loss import ClientLossRecorder
 from fl_lightning.callbacks.progress import FederatedProgressBar
+from fl_lightning.checkpoint_io import CheckedCheckpointIO
 from fl_lightning.checkpointing import GlobalModelCheckpoint, find_last_checkpoint, round_checkpoint
 from fl_lightning.distributed.strategy import FederatedDDPStrategy
 from fl_lightning.loops.async_fit_loop import AsyncFitLoop
 from fl_lightning.loops.federated_fit_loop import FederatedFitLoop
+from fl_lightning.update_bounds import UpdateBound
 
 
 class FederatedTrainer(pl.Trainer):
@@ -58,6 +60,13 @@ class FederatedTrainer(pl.Trainer):
         max_batched_clients: with ``client_executor="batched"``, at most this many clients train at
             once (each costs about three model copies of memory: weights, gradients, momentum);
             default: a whole group of same-shaped clients.
+        update_bound: a bound on the clients' update norms applied before every aggregation (synchronous
+            rounds, asynchronous buffers, sharded rounds): :class:`~fl_lightning.NormClip` or
+            :class:`~fl_lightning.MedianNormFilter` (:mod:`fl_lightning.update_bounds`); default none.
+        allow_resume_changes: resume from a checkpoint whose federation (clients, partition, algorithm
+            and its arguments, update bound, clients per round, seed, local work) differs from this
+            run's, with a warning listing the changes; by default such a resume is refused
+            (:mod:`fl_lightning.fingerprint`).
         callbacks: Lightning callbacks; the trainer adds its progress bar (unless one is given
             or ``enable_progress_bar=False``), a ``ModelCheckpoint`` that keeps the latest round's
             ``round_<r>.ckpt`` and ``last.ckpt`` (unless one is given or ``enable_checkpointing=False``;
@@ -82,6 +91,8 @@ class FederatedTrainer(pl.Trainer):
         reset_optimizer: bool = True,
         client_executor: Literal["lightning", "lean", "batched"] = "lightning",
         max_batched_clients: int | None = None,
+        update_bound: UpdateBound | None = None,
+        allow_resume_changes: bool = False,
         callbacks: list[Callback] | Callback | None = None,
         **kwargs: Any,
     ) -> None:
@@ -116,6 +127,13 @@ class FederatedTrainer(pl.Trainer):
             )
         if seed < 0:
             raise ValueError(f"`seed` must be >= 0, got {seed}.")
+        if update_bound is not None and not isinstance(update_bound, UpdateBound):
+            raise TypeError(
+                f"`update_bound` must be an fl_lightning.update_bounds.UpdateBound (NormClip, MedianNormFilter) "
+                f"or None, got {type(update_bound).__name__}."
+            )
+        if not isinstance(allow_resume_changes, bool):
+            raise TypeError(f"`allow_resume_changes` must be a bool, got {allow_resume_changes!r}.")
         algorithm = algorithm if algorithm is not None else FedAvg()
 
         kwargs["strategy"] = _federated_strategy(kwargs.get("strategy", "auto"))
@@ -128,6 +146,8 @@ class FederatedTrainer(pl.Trainer):
             callbacks.append(round_checkpoint())
         callbacks += [ClientLossRecorder(), GlobalModelCheckpoint()]
         super().__init__(callbacks=callbacks, **kwargs)
+        # A truncated or foreign checkpoint then fails with one error naming the file.
+        self.strategy.checkpoint_io = CheckedCheckpointIO(self.strategy.checkpoint_io)
 
         previous = self.fit_loop
         loop_class = AsyncFitLoop if algorithm.asynchronous else FederatedFitLoop
@@ -143,6 +163,8 @@ class FederatedTrainer(pl.Trainer):
             reset_optimizer=reset_optimizer,
             client_executor=client_executor,
             max_batched_clients=max_batched_clients,
+            update_bound=update_bound,
+            allow_resume_changes=allow_resume_changes,
         )
         self.fit_loop.epoch_loop = compat.ClientEpochLoop(
             self, min_steps=previous.epoch_loop.min_steps, max_steps=previous.epoch_loop.max_steps

@@ -106,6 +106,23 @@ class Algorithm(RecordsInitArgs, ABC):
             metrics=dict(client.metrics),
         )
 
+    @property
+    def uploads_deltas(self) -> bool:
+        """Whether :meth:`decode_update` gives deltas ``local - global``: the trainer's ``update_bound``
+        (:mod:`fl_lightning.update_bounds`) needs them and is refused otherwise."""
+        return True
+
+    def decode_update(self, update: ClientUpdate) -> ClientUpdate:
+        """The update as :meth:`aggregate` reads it (e.g. decompressed); by default unchanged.
+
+        Runs on the server before the loop's checks (non-finite values, update bound).
+
+        Raises:
+            fl_lightning.compression.PayloadError: for a malformed upload, which the loop then
+                rejects (``round/rejected_clients``) without touching the global model.
+        """
+        return update
+
     def download_bytes(self, global_state: State) -> int:
         """Bytes the server sends one client to start its round (the float32 global model)."""
         return tensor_bytes(global_state)

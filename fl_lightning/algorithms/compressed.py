@@ -6,17 +6,15 @@ from dataclasses import replace
 from typing import Literal
 
 import lightning.pytorch as pl
-import torch
-from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from fl_lightning.algorithms.base import ClientContext, ClientUpdate
 from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.algorithms.server_optimizers import ServerOptimizer
 from fl_lightning.compression.base import Codec, UpdateCodec
-from fl_lightning.compression.wire import Layout, PayloadError, as_wire, device_generator, from_wire
+from fl_lightning.compression.wire import Layout, as_wire, device_generator, from_wire
 from fl_lightning.federation import Federation
 from fl_lightning.mixins.masked_noise import default_maskable_names
-from fl_lightning.model_state import State, all_finite, live_tensors
+from fl_lightning.model_state import State, live_tensors
 from fl_lightning.utils.seeding import derive_seed
 
 
@@ -26,10 +24,11 @@ class CompressedFedAvg(FedAvg):
     Client: the delta of every *compressible* tensor (:meth:`compressible_names`: Conv/Linear
     weights, or the module's ``maskable_parameter_names()``) is compressed, every other tensor is
     sent in full precision; ``upload_bytes`` is the payload's exact length. Server: each payload
-    is decoded to a dense delta and the decoded deltas are averaged as in :class:`FedAvg`
-    (sample-count weights, server optimizer). A payload that fails to decode (wrong length, bad
-    header, unknown version, invalid content) or decodes to non-finite values is dropped with a
-    warning; decoding happens before the global state is touched, so it never changes the model.
+    is decoded to a dense delta (:meth:`decode_update`) and the decoded deltas are averaged as in
+    :class:`FedAvg` (sample-count weights, server optimizer). The loop rejects a payload that fails
+    to decode (wrong length, bad header, unknown version, invalid content; ``round/rejected_clients``)
+    and drops one that decodes to non-finite values (``round/dropped_clients``), with a warning;
+    decoding happens before the global state is touched, so it never changes the model.
     Stochastic codecs draw from a generator seeded by ``(client seed, "compress")``.
 
     Args:
@@ -84,34 +83,22 @@ class CompressedFedAvg(FedAvg):
         generator = device_generator(derive_seed(client.seed, "compress"), module.device)
         return self.codec.encode(delta, self.layout, generator=generator)
 
-    def decode(self, update: ClientUpdate, device: torch.device) -> State | None:
-        """The update's dense delta, or ``None`` (with a warning) if its payload is unusable."""
-        try:
-            delta = self.codec.decode(from_wire(update.payload), self.layout, device=device)
-        except PayloadError as err:
-            rank_zero_warn(f"Client {update.client_id}: undecodable payload ({err}); its update is dropped.")
-            return None
-        if not all_finite(delta):
-            rank_zero_warn(f"Client {update.client_id}: payload decodes to NaN/Inf; its update is dropped.")
-            return None
-        return delta
+    def decode_update(self, update: ClientUpdate) -> ClientUpdate:
+        """The update with its payload decoded to a dense delta on the module's device.
+
+        Raises:
+            PayloadError: the payload is malformed (the loop rejects the update).
+        """
+        delta = self.codec.decode(from_wire(update.payload), self.layout, device=self.federation.module.device)
+        return replace(update, payload=delta)
 
     def aggregate(self, round_idx: int, global_state: State, updates: list[ClientUpdate]) -> dict[str, float]:
-        device = next(iter(global_state.values())).device
-        decoded = []
-        for update in updates:
-            delta = self.decode(update, device)
-            if delta is not None:
-                decoded.append(replace(update, payload=delta))
+        """Aggregates decoded updates (:meth:`decode_update`) with :meth:`aggregate_decoded`."""
         metrics = {
-            "rejected_payloads": float(len(updates) - len(decoded)),
             "payload_bytes": sum(u.upload_bytes for u in updates) / max(len(updates), 1),
             "compression_ratio": self.dense_bytes() / self.codec.payload_size(self.layout),
         }
-        if not decoded:
-            rank_zero_warn(f"Round {round_idx}: no decodable client payload; the global model is unchanged.")
-            return metrics
-        return {**self.aggregate_decoded(round_idx, global_state, decoded), **metrics}
+        return {**self.aggregate_decoded(round_idx, global_state, updates), **metrics}
 
     def aggregate_decoded(self, round_idx: int, global_state: State, updates: list[ClientUpdate]) -> dict[str, float]:
         """Aggregates updates whose payloads are decoded (by default dense deltas, averaged as FedAvg)."""

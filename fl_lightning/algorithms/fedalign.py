@@ -185,6 +185,13 @@ class FedALIGN(Algorithm):
     def client_update(self, client: ClientContext, module: pl.LightningModule, delta: State) -> ClientUpdate:
         return self.inner.client_update(client, module, delta)
 
+    @property
+    def uploads_deltas(self) -> bool:
+        return self.inner.uploads_deltas
+
+    def decode_update(self, update: ClientUpdate) -> ClientUpdate:
+        return self.inner.decode_update(update)
+
     def aggregate(self, round_idx: int, global_state: State, updates: list[ClientUpdate]) -> dict[str, float]:
         return {**self.inner.aggregate(round_idx, global_state, updates), **self._round_metrics}
 

@@ -111,6 +111,11 @@ class FedPM(CompressedFedAvg):
         """The ``state_dict`` names of the mask probabilities :math:`\\theta`."""
         return list(module.mask_probability_names.values())  # type: ignore[attr-defined]
 
+    @property
+    def uploads_deltas(self) -> bool:
+        """No: the masked tensors' decoded uploads are masks, not deltas, so no update bound applies."""
+        return False
+
     def download_bytes(self, global_state: State) -> int:
         """4 bytes per element of :math:`\\theta` and of every unmasked tensor."""
         return self.dense_bytes()

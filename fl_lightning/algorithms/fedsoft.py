@@ -176,6 +176,11 @@ class FedSoft(ClusteredAlgorithm):
             for i, optimizer in enumerate(module.trainer.optimizers):
                 load_optimizer_state(optimizer, saved[i] if saved else None)
 
+    @property
+    def uploads_deltas(self) -> bool:
+        """No: a client uploads its whole model, so no update bound applies."""
+        return False
+
     def client_update(self, client: ClientContext, module: pl.LightningModule, delta: State) -> ClientUpdate:
         """The client uploads its whole new model :math:`w_k^{t+1}` (kept on the CPU)."""
         model = cpu_copy(self._live)

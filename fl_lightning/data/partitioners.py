@@ -70,7 +70,7 @@ class Partitioner(RecordsInitArgs, ABC):
         """Returns one index array per client; inputs are already validated."""
 
     def __repr__(self) -> str:
-        args = ", ".join(f"{key}={value!r}" for key, value in vars(self).items() if key != "needs")
+        args = ", ".join(f"{key}={value!r}" for key, value in self.init_args.items())
         return f"{type(self).__name__}({args})"
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Set
 from dataclasses import dataclass
 
 import torch
@@ -12,7 +13,7 @@ from fl_lightning.algorithms.base import TRAINING_METRICS, ClientUpdate
 from fl_lightning.model_state import State
 
 #: Per-client scalars that travel in the round's all-reduce (one row per selected client).
-_COUNT_FIELDS = ("trained", "dropped", "num_samples", "num_steps", "upload_bytes")
+_COUNT_FIELDS = ("trained", "dropped", "rejected", "num_samples", "num_steps", "upload_bytes")
 #: After the counts, each training metric takes two fields: whether the client reported it, and its value.
 _REPORT_FIELDS = _COUNT_FIELDS + tuple(f for key in TRAINING_METRICS for f in (f"has_{key}", key))
 
@@ -26,6 +27,7 @@ class ShardedRound:
         weight: :math:`\\sum_k w_k` over the same updates.
         reports: one payload-free :class:`ClientUpdate` per selected client, in selection order.
         dropped: clients whose update was non-finite (and is not in ``total``).
+        rejected: clients whose update was malformed or refused by the update bound (not in ``total``).
         stop: whether any rank received SIGTERM.
     """
 
@@ -33,6 +35,7 @@ class ShardedRound:
     weight: float
     reports: list[ClientUpdate]
     dropped: int
+    rejected: int
     stop: bool
 
 
@@ -78,6 +81,7 @@ class ClientSharding:
         template: State,
         *,
         stop: bool,
+        rejected_ids: Set[int] = frozenset(),
     ) -> ShardedRound:
         """Combines this rank's updates (``local``) and partial sum with every other rank's.
 
@@ -88,13 +92,17 @@ class ClientSharding:
             partial: this rank's ``(sum of weighted deltas, sum of weights)``; an empty state if none.
             template: the global state, for names, shapes and dtypes.
             stop: whether this rank received SIGTERM.
+            rejected_ids: this rank's clients whose update was rejected (excluded from ``partial``).
         """
         device = self.strategy.root_device
         total, weight = partial
         reports = torch.zeros(len(clients), len(_REPORT_FIELDS), dtype=torch.float64)
         row_of = {cid: i for i, cid in enumerate(clients)}
         for update in local:
-            counts = [1.0, float(update.client_id in dropped_ids), update.num_samples, update.num_steps, update.upload_bytes]
+            counts = [
+                1.0, float(update.client_id in dropped_ids), float(update.client_id in rejected_ids),
+                update.num_samples, update.num_steps, update.upload_bytes,
+            ]  # fmt: skip
             metrics = [f for key in TRAINING_METRICS for f in (float(key in update.metrics), update.metrics.get(key, 0.0))]
             reports[row_of[update.client_id]] = torch.tensor(counts + metrics, dtype=torch.float64)
         parts = [
@@ -119,15 +127,26 @@ class ClientSharding:
         received = [
             ClientUpdate(
                 client_id=cid,
-                num_samples=int(row[2]),
-                num_steps=int(row[3]),
+                num_samples=int(row[3]),
+                num_steps=int(row[4]),
                 payload={},
-                upload_bytes=int(row[4]),
+                upload_bytes=int(row[5]),
                 metrics=_reported_metrics(row[len(_COUNT_FIELDS) :]),
             )
             for cid, row in zip(clients, reports.tolist())
         ]
-        return ShardedRound(total, weight, received, dropped=int(reports[:, 1].sum()), stop=stop > 0)
+        dropped, rejected = int(reports[:, 1].sum()), int(reports[:, 2].sum())
+        return ShardedRound(total, weight, received, dropped=dropped, rejected=rejected, stop=stop > 0)
+
+    def gather_norms(self, clients: list[int], norms: Mapping[int, float]) -> dict[int, float]:
+        """Every rank's update norms (``norms``: this rank's, by client), in selection order, by one
+        small all-reduce; for an update bound that compares a round's updates."""
+        buffer = torch.zeros(2, len(clients), dtype=torch.float64)
+        for i, cid in enumerate(clients):
+            if cid in norms:
+                buffer[:, i] = torch.tensor([1.0, norms[cid]], dtype=torch.float64)
+        buffer = self.strategy.reduce(buffer.to(self.strategy.root_device), reduce_op="sum").cpu()
+        return {cid: float(buffer[1, i]) for i, cid in enumerate(clients) if buffer[0, i] > 0}
 
 
 def _reported_metrics(fields: list[float]) -> dict[str, float]:

@@ -17,12 +17,16 @@ from fl_lightning.algorithms.base import TRAINING_METRICS, Algorithm, ClientCont
 from fl_lightning.algorithms.summable import SupportsWeightedSum, can_shard
 from fl_lightning.callbacks.client_loss import ClientLossRecorder
 from fl_lightning.callbacks.federated_callback import call_federated_hook
+from fl_lightning.checkpoint_io import CheckpointError, validate_federated_state
 from fl_lightning.distributed.sharding import ClientSharding
 from fl_lightning.distributed.strategy import FederatedDDPStrategy
 from fl_lightning.federation import FederatedDataSource, Federation
+from fl_lightning.fingerprint import check_resume, federation_fingerprint
 from fl_lightning.loops.batched_clients import train_clients_batched
+from fl_lightning.loops.guards import aggregate_or_roll_back, apply_bound, bound_updates, decode_and_screen
 from fl_lightning.loops.round_log import log_round
-from fl_lightning.model_state import State, all_finite, compute_delta, live_tensors, load_into, snapshot
+from fl_lightning.model_state import State, compute_delta, live_tensors, load_into, snapshot
+from fl_lightning.update_bounds import UpdateBound, update_norm
 from fl_lightning.utils.init_args import RecordsInitArgs, flat_hparams
 from fl_lightning.utils.seeding import derive_seed
 
@@ -86,6 +90,8 @@ class FederatedFitLoop(compat.FitLoopBase):
             (:func:`~fl_lightning._lightning_compat.run_lean_client`) or ``"batched"``
             (:func:`~fl_lightning.loops.batched_clients.train_clients_batched`).
         max_batched_clients: the batched executor's cap on clients trained at once (``None``: no cap).
+        update_bound: clips or filters the clients' update norms before aggregation (``None``: no bound).
+        allow_resume_changes: resume from a checkpoint whose federation fingerprint differs (with a warning).
     """
 
     def __init__(
@@ -102,6 +108,8 @@ class FederatedFitLoop(compat.FitLoopBase):
         reset_optimizer: bool,
         client_executor: str = "lightning",
         max_batched_clients: int | None = None,
+        update_bound: UpdateBound | None = None,
+        allow_resume_changes: bool = False,
     ) -> None:
         super().__init__(trainer, min_epochs=min_epochs, max_epochs=max_epochs)
         self.algorithm = algorithm
@@ -112,6 +120,8 @@ class FederatedFitLoop(compat.FitLoopBase):
         self.reset_optimizer = reset_optimizer
         self.client_executor = client_executor
         self.max_batched_clients = max_batched_clients
+        self.update_bound = update_bound
+        self.allow_resume_changes = allow_resume_changes
         self.global_state: State = {}
         #: Client ids selected in each round so far.
         self.history: list[list[int]] = []
@@ -122,6 +132,7 @@ class FederatedFitLoop(compat.FitLoopBase):
         self._in_round = False
         self._loaded: dict[str, Any] | None = None
         self._sharding: ClientSharding | None = None
+        self._fingerprint: dict[str, Any] = {}
 
     @property
     def federation(self) -> Federation:
@@ -160,25 +171,40 @@ class FederatedFitLoop(compat.FitLoopBase):
                 "FederatedTrainer needs federated data: pass `datamodule=FederatedDataModule(...)` "
                 f"(or any object with num_clients/client_num_samples/client_batches); got {type(data).__name__}."
             )
+        self._check_update_bound()
         self._live = live_tensors(module)
-        self.algorithm.setup(
-            Federation(
-                data=data,
-                module=module,
-                clients_per_round=resolve_clients_per_round(self.clients_per_round, data.num_clients),
-                seed=self.seed,
-                param_names=frozenset(name for name, _ in module.named_parameters()),
-                local_epochs=self.local_epochs,
-                local_steps=self.local_steps,
-                num_rounds=self.max_epochs if self.max_epochs is not None and self.max_epochs >= 0 else None,
-            )
+        federation = Federation(
+            data=data,
+            module=module,
+            clients_per_round=resolve_clients_per_round(self.clients_per_round, data.num_clients),
+            seed=self.seed,
+            param_names=frozenset(name for name, _ in module.named_parameters()),
+            local_epochs=self.local_epochs,
+            local_steps=self.local_steps,
+            num_rounds=self.max_epochs if self.max_epochs is not None and self.max_epochs >= 0 else None,
         )
+        # Checked before the algorithm's set-up, whose own errors a changed federation could trigger.
+        self._fingerprint = federation_fingerprint(
+            federation, self.algorithm, update_bound=self.update_bound, reset_optimizer=self.reset_optimizer
+        )
+        if self._loaded is not None:
+            saved = self._loaded.get("fingerprint")
+            check_resume(saved, self._fingerprint, path=trainer.ckpt_path, allow_changes=self.allow_resume_changes)
+        self.algorithm.setup(federation)
         self.global_state = snapshot(self._live)
         for logger in trainer.loggers:
             logger.log_hyperparams(self.hparams())
         if self._loaded is not None:
             self._restore(self._loaded)
             self._loaded = None
+
+    def _check_update_bound(self) -> None:
+        if self.update_bound is not None and not self.algorithm.uploads_deltas:
+            raise ValueError(
+                f"update_bound={type(self.update_bound).__name__}(...) bounds the norms of client deltas, but "
+                f"{type(self.algorithm).__name__}'s uploads are not deltas (uploads_deltas is False): "
+                "remove the update bound for this algorithm."
+            )
 
     def _client_sharding(self) -> ClientSharding:
         """Checks that this run can shard its clients over the trainer's processes."""
@@ -239,57 +265,89 @@ class FederatedFitLoop(compat.FitLoopBase):
         self.end_round(round_idx, started, received, download_bytes, metrics)
 
     def aggregate(self, round_idx: int, received: list[ClientUpdate]) -> dict[str, float]:
-        """Aggregates the finite updates into the global model and loads it into the module.
+        """Aggregates the usable updates into the global model and loads it into the module.
 
-        A non-finite update (NaN/Inf) is dropped with a warning; with none left, the global
-        model is unchanged. Returns the algorithm's metrics plus the aggregated/dropped counts.
+        Each update is decoded (:meth:`~fl_lightning.Algorithm.decode_update`); a malformed one is
+        rejected, a non-finite one dropped, and the update bound may clip or reject the rest
+        (:mod:`fl_lightning.loops.guards`). With none left, the global model is unchanged; a
+        non-finite aggregate is rolled back. Returns the algorithm's metrics plus the counts.
         """
-        updates = self._finite(round_idx, received)
-        metrics = self.algorithm.aggregate(round_idx, self.global_state, updates) if updates else {}
-        return self._finish_aggregation(round_idx, len(updates), len(received) - len(updates), metrics)
+        screened = decode_and_screen(self.algorithm, round_idx, received)
+        updates, refused = self._bound(round_idx, [u.client_id for u in received], screened.finite)
+        metrics, rolled_back = {}, False
+        if updates:
+            metrics, rolled_back = aggregate_or_roll_back(
+                round_idx,
+                self.algorithm,
+                self.global_state,
+                lambda: self.algorithm.aggregate(round_idx, self.global_state, updates),
+            )
+        return self._finish_aggregation(
+            round_idx,
+            metrics,
+            aggregated=len(updates),
+            dropped=len(screened.dropped),
+            rejected=len(screened.rejected) + len(refused),
+            rolled_back=rolled_back,
+        )
 
     def _aggregate_sharded(self, round_idx: int, clients: list[int]) -> tuple[list[ClientUpdate], dict[str, float]]:
         """This rank trains its share of ``clients``; one all-reduce combines every rank's weighted sum."""
         assert self._sharding is not None and isinstance(self.algorithm, SupportsWeightedSum)
         local = self.train_clients(round_idx, self._sharding.share(clients))
-        finite = self._finite(round_idx, local)
+        screened = decode_and_screen(self.algorithm, round_idx, local)
+        updates, refused = self._bound(round_idx, clients, screened.finite)
         combined = self._sharding.all_reduce(
             clients,
             local,
-            dropped_ids={u.client_id for u in local} - {u.client_id for u in finite},
-            partial=self.algorithm.weighted_delta_sum(finite) if finite else ({}, 0.0),
+            dropped_ids=set(screened.dropped),
+            rejected_ids={*screened.rejected, *refused},
+            partial=self.algorithm.weighted_delta_sum(updates) if updates else ({}, 0.0),
             template=self.global_state,
             stop=self.trainer.received_sigterm,
         )
         if combined.stop:
             raise SIGTERMException
-        aggregated = len(clients) - combined.dropped
-        metrics = {}
+        aggregated = len(clients) - combined.dropped - combined.rejected
+        metrics, rolled_back = {}, False
         if aggregated:
-            metrics = self.algorithm.apply_weighted_sum(round_idx, self.global_state, combined.total, combined.weight)
-        return combined.reports, self._finish_aggregation(round_idx, aggregated, combined.dropped, metrics)
+            metrics, rolled_back = aggregate_or_roll_back(
+                round_idx,
+                self.algorithm,
+                self.global_state,
+                lambda: self.algorithm.apply_weighted_sum(round_idx, self.global_state, combined.total, combined.weight),
+            )
+        counts = {"dropped": combined.dropped, "rejected": combined.rejected, "rolled_back": rolled_back}
+        return combined.reports, self._finish_aggregation(round_idx, metrics, aggregated=aggregated, **counts)
 
-    @staticmethod
-    def _finite(round_idx: int, received: list[ClientUpdate]) -> list[ClientUpdate]:
-        """The updates free of NaN/Inf; each other one is dropped with a warning."""
-        finite = []
-        for update in received:
-            if all_finite(update.payload):
-                finite.append(update)
-            else:
-                rank_zero_warn(
-                    f"Round {round_idx}: client {update.client_id} sent a non-finite update (NaN/Inf); it is dropped."
-                )
-        return finite
+    def _bound(
+        self, round_idx: int, clients: list[int], updates: list[ClientUpdate]
+    ) -> tuple[list[ClientUpdate], list[int]]:
+        """``updates`` after the update bound, and the ids it rejects. Under client sharding, a bound
+        that compares updates sees the norms of every rank's updates (of the round's ``clients``)."""
+        bound = self.update_bound
+        if bound is None:
+            return updates, []
+        if self._sharding is None or not bound.needs_all_norms:
+            return bound_updates(bound, round_idx, updates)
+        norms = self._sharding.gather_norms(clients, {u.client_id: update_norm(u.payload) for u in updates})
+        scale_of = dict(zip(norms, bound.scales(list(norms.values()))))
+        return apply_bound(bound, round_idx, updates, [scale_of[u.client_id] for u in updates])
 
     def _finish_aggregation(
-        self, round_idx: int, aggregated: int, dropped: int, metrics: dict[str, float]
+        self, round_idx: int, metrics: dict[str, float], *, aggregated: int, dropped: int, rejected: int, rolled_back: bool
     ) -> dict[str, float]:
         if not aggregated:
             rank_zero_warn(f"Round {round_idx}: no client update to aggregate; the global model is unchanged.")
         load_into(self._live, self.global_state)
         self._rounds_done = round_idx + 1
-        return {"aggregated_clients": float(aggregated), "dropped_clients": float(dropped), **metrics}
+        return {
+            "aggregated_clients": float(aggregated),
+            "dropped_clients": float(dropped),
+            "rejected_clients": float(rejected),
+            "rolled_back": float(rolled_back),
+            **metrics,
+        }
 
     def end_round(
         self, round_idx: int, started: float, received: list[ClientUpdate], download_bytes: int, metrics: dict[str, float]
@@ -398,6 +456,7 @@ class FederatedFitLoop(compat.FitLoopBase):
     def on_save_checkpoint(self) -> dict:
         state = super().on_save_checkpoint()
         federated: dict[str, Any] = {
+            "fingerprint": dict(self._fingerprint),
             "rounds_done": self._rounds_done,
             "algorithm": self.algorithm.state_dict(),
             "history": [list(c) for c in self.history],
@@ -415,16 +474,21 @@ class FederatedFitLoop(compat.FitLoopBase):
     def on_load_checkpoint(self, state_dict: dict) -> None:
         super().on_load_checkpoint(state_dict)
         federated = state_dict.get("federated")
-        if federated is None:
-            raise ValueError("This checkpoint was not written by FederatedTrainer: it has no federated loop state.")
-        self._rounds_done = int(federated["rounds_done"])
+        validate_federated_state(federated, path=self.trainer.ckpt_path, max_rounds=self.max_epochs)
+        self._rounds_done = federated["rounds_done"]
         self._loaded = federated
 
     def _restore(self, federated: dict[str, Any]) -> None:
         if "global_state" in federated:
             self.global_state = {k: v.to(self.global_state[k].device) for k, v in federated["global_state"].items()}
             load_into(self._live, self.global_state)
-        self.algorithm.load_state_dict(federated["algorithm"])
+        try:
+            self.algorithm.load_state_dict(federated["algorithm"])
+        except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as err:
+            raise CheckpointError(
+                f"Checkpoint {self.trainer.ckpt_path}: {type(self.algorithm).__name__} cannot load the saved algorithm "
+                f"state ({type(err).__name__}: {err}); was it written by another algorithm?"
+            ) from err
         self.history = [list(c) for c in federated["history"]]
         self.total_upload_bytes = int(federated["total_upload_bytes"])
         self.total_download_bytes = int(federated["total_download_bytes"])

@@ -12,6 +12,7 @@ as flat keys that W&B groups and filters on::
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 from collections.abc import Mapping
 from typing import Any
@@ -33,6 +34,9 @@ class RecordsInitArgs:
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         instance = super().__new__(cls)
+        if cls.__init__ is object.__init__:  # nothing to record
+            instance._init_args = {}
+            return instance
         try:
             bound = inspect.signature(cls.__init__).bind(instance, *args, **kwargs)
         except TypeError:
@@ -64,18 +68,24 @@ def flat_hparams(prefix: str, value: Any) -> dict[str, Any]:
     An object that records its constructor arguments gives ``{prefix: class name}`` and each
     argument under ``prefix.<name>``, recursively; mappings and sequences of objects nest the
     same way (``prefix.<key>``, ``prefix.<index>``); numbers, strings, booleans, ``None`` and
-    lists of them are kept; a small tensor becomes a list, a large one its shape; anything else
-    its class (or function) name.
+    lists of them are kept; a small tensor becomes a list, a large one its shape and a hash of its
+    values; anything else its class (or function) name. A ``None`` argument for which the
+    constructor made a default object (``server_optimizer=None``) is described as that object.
     """
     if value is None or isinstance(value, (bool, int, float, str)):
         return {prefix: value}
     if isinstance(value, RecordsInitArgs):
         flat: dict[str, Any] = {prefix: type(value).__name__}
         for name, argument in value.init_args.items():
-            flat.update(flat_hparams(f"{prefix}.{name}", argument))
+            # ``server_optimizer=None`` stands for the default object the constructor made.
+            default = getattr(value, name, None) if argument is None else None
+            flat.update(flat_hparams(f"{prefix}.{name}", default if isinstance(default, RecordsInitArgs) else argument))
         return flat
     if isinstance(value, Tensor):
-        return {prefix: value.tolist() if value.numel() <= _MAX_LOGGED_ELEMENTS else f"Tensor{list(value.shape)}"}
+        if value.numel() <= _MAX_LOGGED_ELEMENTS:
+            return {prefix: value.tolist()}
+        digest = hashlib.sha256(value.detach().cpu().contiguous().numpy().tobytes()).hexdigest()[:16]
+        return {prefix: f"Tensor{list(value.shape)} sha256:{digest}"}  # a changed value shows
     if isinstance(value, Mapping):
         flat = {}
         for key, item in value.items():

@@ -64,9 +64,9 @@ def test_server_decoding_equals_client_update():
     payloads: list[bytes] = []
 
     class Recording(FedMRN):
-        def aggregate(self, round_idx, global_state, updates):
-            payloads.extend(from_wire(u.payload) for u in updates)
-            return super().aggregate(round_idx, global_state, updates)
+        def decode_update(self, update):
+            payloads.append(from_wire(update.payload))
+            return super().decode_update(update)
 
     alg = Recording()
     trainer(max_epochs=2, clients_per_round=3, local_epochs=1, algorithm=alg).fit(model, datamodule=digits())
@@ -131,7 +131,7 @@ CORRUPTIONS = {
 }
 
 
-@pytest.mark.filterwarnings("ignore:Round 0. no decodable client payload")
+@pytest.mark.filterwarnings("ignore:Round 0. no client update to aggregate")
 @pytest.mark.parametrize("corrupt", CORRUPTIONS.values(), ids=CORRUPTIONS.keys())
 def test_malformed_payloads_never_change_the_global_model(corrupt):
     model = tiny(batch_norm=True)
@@ -141,7 +141,7 @@ def test_malformed_payloads_never_change_the_global_model(corrupt):
     with pytest.warns(UserWarning, match="undecodable payload"):
         run.fit(model, datamodule=digits())
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
-    assert run.callback_metrics["round/rejected_payloads"].item() == 2
+    assert run.callback_metrics["round/rejected_clients"].item() == 2
 
 
 def test_one_malformed_payload_is_dropped_alone():

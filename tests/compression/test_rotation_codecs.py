@@ -170,5 +170,5 @@ def test_drive_through_the_trainer_learns():
     run.fit(tiny(hidden=64, lr=0.3), datamodule=digits(batch_size=16))
     assert run.fit_loop.total_upload_bytes == 5 * 3 * algorithm.codec.payload_size(algorithm.layout)
     assert algorithm.codec.payload_size(algorithm.layout) < TopKCodec(density=0.03).payload_size(algorithm.layout)
-    assert run.callback_metrics["round/rejected_payloads"].item() == 0
+    assert run.callback_metrics["round/rejected_clients"].item() == 0
     assert record.loss[-1] < 0.7 * record.loss[0]

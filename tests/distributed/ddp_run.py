@@ -13,7 +13,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 import torch
 
-from fl_lightning import FedALIGN, FedAvg, FederatedTrainer, FedProx, ServerSGD
+from fl_lightning import FedALIGN, FedAvg, FederatedTrainer, FedProx, MedianNormFilter, ServerSGD
 from fl_lightning.data import Digits, Dirichlet, FederatedDataModule
 from fl_lightning.distributed import FederatedDDPStrategy
 from fl_lightning.models import MLP
@@ -26,6 +26,11 @@ ALGORITHMS = {
     "fedalign": lambda: FedALIGN(priority=3, epsilon=0.3, warmup_fraction=0.0, algorithm=FedProx(mu=0.1)),
 }
 
+UPDATE_BOUNDS = {
+    "none": lambda: None,
+    "median": lambda: MedianNormFilter(factor=1.2),  # rejects some clients every round
+}
+
 
 def fit(
     out: Path,
@@ -36,6 +41,7 @@ def fit(
     rounds: int = 3,
     clients_per_round: int = 5,
     resume: Path | None = None,
+    update_bound: str = "none",
 ) -> None:
     """Runs the federated fit; every rank saves its final global state, round metrics and history."""
     pl.seed_everything(0, verbose=False)
@@ -50,6 +56,7 @@ def fit(
         local_epochs=1,
         seed=3,
         client_executor=executor,
+        update_bound=UPDATE_BOUNDS[update_bound](),
         max_epochs=rounds,
         accelerator="cpu",
         devices=devices,
@@ -81,6 +88,7 @@ def main() -> None:
     parser.add_argument("--clients-per-round", type=int, default=5)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--resume", type=Path, default=None, help="checkpoint to resume from")
+    parser.add_argument("--update-bound", choices=sorted(UPDATE_BOUNDS), default="none")
     args = parser.parse_args()
     torch.set_num_threads(1)
     fit(
@@ -91,6 +99,7 @@ def main() -> None:
         rounds=args.rounds,
         clients_per_round=args.clients_per_round,
         resume=args.resume,
+        update_bound=args.update_bound,
     )
 
 

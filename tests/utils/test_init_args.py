@@ -7,7 +7,7 @@ import pickle
 
 import torch
 
-from fl_lightning import FedALIGN, FedAvg, FedBuff, FedMRN, FedProx, ServerAdam
+from fl_lightning import FedALIGN, FedAvg, FedBuff, FedMRN, FedProx, FedStaleWeight, ServerAdam, ServerSGD
 from fl_lightning.data import Dirichlet, FederatedDataModule, FedProxSynthetic
 from fl_lightning.participation import ConstantDelay
 from fl_lightning.utils.init_args import RecordsInitArgs, flat_hparams
@@ -47,7 +47,7 @@ def test_values_of_every_kind() -> None:
     big = torch.zeros(4, 5)
     assert flat_hparams("k", {"t": torch.tensor([1.0, 2.0]), "big": big, "l": [1, None, "a"], "objs": [_Piece(1)], "f": len}) == {
         "k.t": [1.0, 2.0],
-        "k.big": "Tensor[4, 5]",
+        "k.big": flat_hparams("x", torch.zeros(4, 5))["x"],
         "k.l": [1, None, "a"],
         "k.objs.0": "_Piece",
         "k.objs.0.a": 1,
@@ -55,6 +55,22 @@ def test_values_of_every_kind() -> None:
         "k.objs.0.rest": [],
         "k.f": "len",
     }
+
+
+def test_large_tensors_show_their_shape_and_a_hash_of_their_values() -> None:
+    zeros, ones = flat_hparams("t", torch.zeros(4, 5))["t"], flat_hparams("t", torch.ones(4, 5))["t"]
+    assert zeros.startswith("Tensor[4, 5] sha256:") and zeros != ones
+
+
+def test_a_none_argument_the_constructor_replaced_by_a_default_object_is_described_as_that_object() -> None:
+    flat = flat_hparams("a", FedProx(mu=0.3))
+    assert (flat["a.server_optimizer"], flat["a.server_optimizer.lr"], flat["a.server_optimizer.momentum"]) == ("ServerSGD", 1.0, 0.0)
+    assert flat_hparams("a", FedAvg(server_optimizer=ServerSGD()))["a.server_optimizer"] == "ServerSGD"
+
+
+def test_kwargs_forwarded_to_a_parent_are_recorded_when_given() -> None:
+    flat = flat_hparams("a", FedStaleWeight(variant="alg1", buffer_size=3))
+    assert (flat["a"], flat["a.variant"], flat["a.buffer_size"]) == ("FedStaleWeight", "alg1", 3)
 
 
 def test_the_datamodule_records_its_partitioner_and_dataset() -> None:

@@ -1,0 +1,95 @@
+"""Reading checkpoints safely: a file that cannot be read, or holds no federated run, fails with
+one clear error naming it instead of a raw ``OSError``, ``KeyError`` or unpickling error."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from lightning.fabric.plugins import CheckpointIO
+from typing_extensions import override
+
+#: Entries of the federated loop state that every checkpoint has, and their types.
+_REQUIRED: dict[str, type] = {
+    "rounds_done": int,
+    "algorithm": dict,
+    "history": list,
+    "total_upload_bytes": int,
+    "total_download_bytes": int,
+}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file is unreadable (truncated, corrupt), foreign, or holds invalid federated state."""
+
+
+class CheckedCheckpointIO(CheckpointIO):
+    """Delegates to ``inner``; loading raises :class:`CheckpointError` naming the file when it cannot
+    be read or is not a Lightning checkpoint. :class:`~fl_lightning.FederatedTrainer` installs it.
+
+    Args:
+        inner: the strategy's checkpoint IO (by default Lightning's ``TorchCheckpointIO``).
+    """
+
+    def __init__(self, inner: CheckpointIO) -> None:
+        self.inner = inner
+
+    @override
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+        self.inner.save_checkpoint(checkpoint, path, storage_options=storage_options)
+
+    @override
+    def load_checkpoint(self, path: Any, map_location: Any | None = None, weights_only: bool | None = None) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"weights_only": weights_only}
+        if map_location is not None:
+            kwargs["map_location"] = map_location
+        try:
+            checkpoint = self.inner.load_checkpoint(path, **kwargs)
+        except FileNotFoundError:
+            raise
+        except Exception as err:  # torch.load's errors differ by where the file is cut
+            raise CheckpointError(
+                f"Cannot read checkpoint {path}: the file is truncated, corrupt or not a checkpoint "
+                f"({type(err).__name__}: {err})."
+            ) from err
+        if not isinstance(checkpoint, Mapping) or "state_dict" not in checkpoint or "pytorch-lightning_version" not in checkpoint:
+            found = sorted(map(str, checkpoint))[:8] if isinstance(checkpoint, Mapping) else type(checkpoint).__name__
+            raise CheckpointError(f"{path} is not a Lightning checkpoint (found {found}).")
+        return dict(checkpoint)
+
+    @override
+    def remove_checkpoint(self, path: Any) -> None:
+        self.inner.remove_checkpoint(path)
+
+    @override
+    def teardown(self) -> None:
+        self.inner.teardown()
+
+
+def validate_federated_state(federated: Any, *, path: Any, max_rounds: int | None) -> None:
+    """Checks the federated loop state read from checkpoint ``path`` before anything is restored.
+
+    Raises:
+        CheckpointError: naming the file and the bad entry, when the state is missing, an entry is
+            absent or of the wrong type, ``rounds_done`` is outside ``0..max_rounds``, or a byte count is negative.
+    """
+    name = f"Checkpoint {path}"
+    if not isinstance(federated, Mapping):
+        raise CheckpointError(f"{name} was not written by FederatedTrainer: it has no federated loop state.")
+    for key, kind in _REQUIRED.items():
+        value = federated.get(key)
+        if value is None or isinstance(value, bool) or not isinstance(value, kind):
+            raise CheckpointError(f"{name}: federated state `{key}` must be of type {kind.__name__}, got {value!r:.80}.")
+    rounds = federated["rounds_done"]
+    if rounds < 0 or (max_rounds is not None and max_rounds >= 0 and rounds > max_rounds):
+        allowed = f"0..{max_rounds} (max_epochs)" if max_rounds is not None and max_rounds >= 0 else ">= 0"
+        raise CheckpointError(f"{name}: `rounds_done={rounds}` is outside {allowed}.")
+    for key in ("total_upload_bytes", "total_download_bytes"):
+        if federated[key] < 0:
+            raise CheckpointError(f"{name}: `{key}={federated[key]}` is negative.")
+    if not all(map(_is_id_list, federated["history"])):
+        raise CheckpointError(f"{name}: federated state `history` must be a list of lists of client ids.")
+
+
+def _is_id_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in value)

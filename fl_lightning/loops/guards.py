@@ -1,0 +1,130 @@
+"""The server's checks between the clients' uploads and the new global model.
+
+Every update's fate is one of: *rejected* (malformed payload, or refused by the update bound),
+*dropped* (non-finite values) or *aggregated*; so ``aggregated + dropped + rejected = clients``.
+The aggregation itself is guarded too: a new global model (or server state) that is not finite
+is rolled back (:func:`aggregate_or_roll_back`).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import torch
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+from torch import Tensor
+
+from fl_lightning.algorithms.base import Algorithm, ClientUpdate
+from fl_lightning.compression.wire import PayloadError
+from fl_lightning.model_state import State, all_finite, load_into
+from fl_lightning.update_bounds import UpdateBound, scaled, update_norm
+
+
+@dataclass
+class Screened:
+    """A batch of updates after :func:`decode_and_screen`.
+
+    Attributes:
+        finite: the decoded updates free of NaN/Inf, in arrival order.
+        dropped: the ids of clients whose update was non-finite.
+        rejected: the ids of clients whose payload was malformed.
+    """
+
+    finite: list[ClientUpdate]
+    dropped: list[int]
+    rejected: list[int]
+
+
+def decode_and_screen(algorithm: Algorithm, round_idx: int, received: Sequence[ClientUpdate]) -> Screened:
+    """Decodes every update (:meth:`~fl_lightning.Algorithm.decode_update`) and sets apart, with a
+    warning each, the malformed ones (rejected) and the non-finite ones (dropped)."""
+    screened = Screened(finite=[], dropped=[], rejected=[])
+    for update in received:
+        try:
+            decoded = algorithm.decode_update(update)
+        except PayloadError as err:
+            rank_zero_warn(f"Round {round_idx}: client {update.client_id} sent an undecodable payload ({err}); it is rejected.")
+            screened.rejected.append(update.client_id)
+            continue
+        if all_finite(decoded.payload):
+            screened.finite.append(decoded)
+        else:
+            rank_zero_warn(f"Round {round_idx}: client {update.client_id} sent a non-finite update (NaN/Inf); it is dropped.")
+            screened.dropped.append(update.client_id)
+    return screened
+
+
+def apply_bound(
+    bound: UpdateBound, round_idx: int, updates: Sequence[ClientUpdate], scales: Sequence[float | None]
+) -> tuple[list[ClientUpdate], list[int]]:
+    """The updates scaled by ``scales`` (from ``bound.scales``) and the ids of those it rejects (``None``)."""
+    kept, rejected = [], []
+    for update, scale in zip(updates, scales, strict=True):
+        if scale is None:
+            rank_zero_warn(f"Round {round_idx}: {type(bound).__name__} rejects client {update.client_id}'s update.")
+            rejected.append(update.client_id)
+        else:
+            kept.append(update if scale == 1.0 else replace(update, payload=scaled(update.payload, scale)))
+    return kept, rejected
+
+
+def bound_updates(bound: UpdateBound, round_idx: int, updates: Sequence[ClientUpdate]) -> tuple[list[ClientUpdate], list[int]]:
+    """:func:`apply_bound` with the scales ``bound`` gives these updates' norms."""
+    return apply_bound(bound, round_idx, updates, bound.scales([update_norm(u.payload) for u in updates]))
+
+
+def aggregate_or_roll_back(
+    round_idx: int, algorithm: Algorithm, global_state: State, aggregate: Callable[[], dict[str, float]]
+) -> tuple[dict[str, float], bool]:
+    """Runs ``aggregate`` (which updates ``global_state`` and the algorithm's state in place) and
+    undoes it if the new global model or the algorithm's state holds NaN/Inf.
+
+    A finite but huge update can overflow the weighted sum (or a server optimizer's moments);
+    without the rollback every later update would be dropped against an Inf model.
+
+    Returns:
+        The aggregation's metrics and whether it was rolled back.
+    """
+    saved_global = {name: t.clone() for name, t in global_state.items()}
+    saved_algorithm = copy.deepcopy(algorithm.state_dict())
+    metrics = aggregate()
+    if all_finite(global_state) and nested_finite(algorithm.state_dict()):
+        return metrics, False
+    rank_zero_warn(
+        f"Round {round_idx}: the aggregate is not finite (NaN/Inf, e.g. an overflowing client update); "
+        "the round is rolled back: the global model and the algorithm's state stay as before it."
+    )
+    load_into(global_state, saved_global)
+    algorithm.load_state_dict(saved_algorithm)
+    return metrics, True
+
+
+def nested_finite(state: Any) -> bool:
+    """Whether every float in a nested structure of tensors, arrays, numbers, dicts and lists is finite
+    (one device sync per device)."""
+    by_device: dict[torch.device, State] = {}
+    for i, leaf in enumerate(_leaves(state)):
+        if isinstance(leaf, Tensor):
+            by_device.setdefault(leaf.device, {})[str(i)] = leaf
+        elif isinstance(leaf, np.ndarray):
+            if leaf.dtype.kind in "fc" and not np.isfinite(leaf).all():
+                return False
+        elif isinstance(leaf, float) and not math.isfinite(leaf):
+            return False
+    return all(all_finite(tensors) for tensors in by_device.values())
+
+
+def _leaves(state: Any) -> Iterator[Any]:
+    if isinstance(state, dict):
+        for value in state.values():
+            yield from _leaves(value)
+    elif isinstance(state, (list, tuple)):
+        for value in state:
+            yield from _leaves(value)
+    else:
+        yield state

@@ -1,0 +1,117 @@
+"""Issue 15 item 5: aggregated + dropped + rejected = clients, for every algorithm, sync and async."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import lightning.pytorch as pl
+import pytest
+
+import fl_lightning
+from fl_lightning import (
+    IFCA,
+    AllClients,
+    Algorithm,
+    CompressedFedAvg,
+    FedALIGN,
+    FedAvg,
+    FedBuff,
+    FederatedCallback,
+    FedMRN,
+    FedMRNS,
+    FedPM,
+    FedProx,
+    FedSoft,
+    FedStaleWeight,
+    FlexibleParticipation,
+    MaskedNoiseMixin,
+    PriorityOnly,
+    ProbabilityMaskMixin,
+)
+from fl_lightning.compression import TopKCodec, as_wire, from_wire
+from fl_lightning.models import LogisticRegression
+from fl_lightning.participation import ConstantDelay
+
+from .aggregate_helpers import Poison, RoundRecorder, tiny_data, tiny_model, tiny_trainer
+
+VICTIM = 0  # selected in every algorithm's first round (FedBuff: in the first buffer)
+
+
+class MaskedLogisticRegression(MaskedNoiseMixin, LogisticRegression):
+    pass
+
+
+class ProbabilityMaskedLogisticRegression(ProbabilityMaskMixin, LogisticRegression):
+    pass
+
+
+class CorruptPayload(FederatedCallback):
+    """Cuts the last byte off the victim's first compressed upload: a malformed payload."""
+
+    def __init__(self) -> None:
+        self.done = False
+
+    def on_client_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, client: Any, update: Any) -> None:
+        if client.client_id == VICTIM and not self.done:
+            update.payload = as_wire(from_wire(update.payload)[:-1])
+            self.done = True
+
+
+def compressed(model: Callable[[], pl.LightningModule] = tiny_model) -> dict[str, Any]:
+    return {"model": model, "fault": CorruptPayload, "outcome": "rejected"}
+
+
+def dense(**kwargs: Any) -> dict[str, Any]:
+    return {"model": tiny_model, "fault": lambda: Poison({VICTIM}, float("nan"), limit=1), "outcome": "dropped", **kwargs}
+
+
+def _masked(cls: type) -> Callable[[], pl.LightningModule]:
+    return lambda: cls(in_features=3, num_classes=2, lr=0.1)
+
+
+#: Per exported algorithm: a small instance, its model, the one-bad-client fault and how it is counted.
+CASES: dict[type[Algorithm], tuple[Callable[[], Algorithm], dict[str, Any]]] = {
+    FedAvg: (FedAvg, dense()),
+    FedProx: (lambda: FedProx(mu=0.1), dense()),
+    FedALIGN: (lambda: FedALIGN(priority=2, warmup_fraction=0.0, evaluate_priority=False), dense()),
+    AllClients: (lambda: AllClients(priority=2, warmup_fraction=0.0, evaluate_priority=False), dense()),
+    PriorityOnly: (lambda: PriorityOnly(priority=2, warmup_fraction=0.0, evaluate_priority=False), dense()),
+    FlexibleParticipation: (FlexibleParticipation, dense()),
+    FedSoft: (lambda: FedSoft(num_clusters=2, clients_per_cluster=4, personal_eval_every=0), dense()),
+    IFCA: (lambda: IFCA(num_clusters=2, personal_eval_every=0), dense()),
+    FedBuff: (lambda: FedBuff(buffer_size=2, delays=ConstantDelay(1.0)), dense()),
+    FedStaleWeight: (lambda: FedStaleWeight(buffer_size=2, delays=ConstantDelay(1.0)), dense()),
+    CompressedFedAvg: (lambda: CompressedFedAvg(codec=TopKCodec(density=0.5)), compressed()),
+    FedMRN: (FedMRN, compressed(_masked(MaskedLogisticRegression))),
+    FedMRNS: (FedMRNS, compressed(_masked(MaskedLogisticRegression))),
+    FedPM: (FedPM, compressed(_masked(ProbabilityMaskedLogisticRegression))),
+}
+
+
+def exported_algorithms() -> set[type]:
+    exported = (getattr(fl_lightning, name) for name in fl_lightning.__all__)
+    return {obj for obj in exported if inspect.isclass(obj) and issubclass(obj, Algorithm) and not inspect.isabstract(obj)}
+
+
+def test_every_exported_algorithm_is_covered():
+    assert exported_algorithms() == set(CASES)
+
+
+@pytest.mark.filterwarnings("ignore:Round 0. client 0 sent")
+@pytest.mark.parametrize("cls", list(CASES), ids=[c.__name__ for c in CASES])
+def test_counts_add_up_with_one_bad_client(cls):
+    make_algorithm, case = CASES[cls]
+    recorder = RoundRecorder()
+    trainer = tiny_trainer(max_epochs=2, algorithm=make_algorithm(), callbacks=[recorder, case["fault"]()])
+    trainer.fit(case["model"](), datamodule=tiny_data())
+
+    assert len(recorder.metrics) == 2
+    for metrics in recorder.metrics:
+        counted = sum(metrics[f"round/{kind}_clients"] for kind in ("aggregated", "dropped", "rejected"))
+        assert counted == metrics["round/clients"] > 0
+    bad = {kind: sum(m[f"round/{kind}_clients"] for m in recorder.metrics) for kind in ("dropped", "rejected")}
+    other = "rejected" if case["outcome"] == "dropped" else "dropped"
+    assert (bad[case["outcome"]], bad[other]) == (1.0, 0.0)
+    assert recorder.metrics[0][f"round/{case['outcome']}_clients"] == 1.0
