@@ -30,8 +30,7 @@ class FederatedTrainer(pl.Trainer):
     With ``strategy="ddp"`` and several devices (or nodes), each process trains a share of every
     round's clients and one all-reduce per round combines them
     (:class:`~fl_lightning.distributed.FederatedDDPStrategy`, ``docs/distributed.md``); every
-    process then validates on the whole validation set (``use_distributed_sampler`` defaults to
-    ``False``), so metrics equal a single process's.
+    process then validates on the whole validation set, so metrics equal a single process's.
 
     Args:
         algorithm: the federated algorithm (default :class:`~fl_lightning.FedAvg`).
@@ -55,6 +54,11 @@ class FederatedTrainer(pl.Trainer):
         max_batched_clients: with ``client_executor="batched"``, at most this many clients train at
             once (each costs about three model copies of memory: weights, gradients, momentum);
             default: a whole group of same-shaped clients.
+        use_distributed_sampler: must be ``False`` (the default). The loop shards clients over the
+            processes itself and every rank evaluates the whole validation set; Lightning's
+            ``DistributedSampler`` would split the evaluation data across ranks, so the logged
+            metrics would differ from a single process's. ``True`` raises ``ValueError`` rather than
+            being overridden silently, since it cannot be honoured.
         callbacks: Lightning callbacks; the trainer adds its progress bar (unless one is given
             or ``enable_progress_bar=False``) and the client-loss recorder.
         **kwargs: forwarded to :class:`lightning.pytorch.Trainer`.
@@ -76,6 +80,7 @@ class FederatedTrainer(pl.Trainer):
         reset_optimizer: bool = True,
         client_executor: Literal["lightning", "lean", "batched"] = "lightning",
         max_batched_clients: int | None = None,
+        use_distributed_sampler: bool = False,
         callbacks: list[Callback] | Callback | None = None,
         **kwargs: Any,
     ) -> None:
@@ -110,16 +115,21 @@ class FederatedTrainer(pl.Trainer):
             )
         if seed < 0:
             raise ValueError(f"`seed` must be >= 0, got {seed}.")
+        # A parameter rather than part of **kwargs, so that LightningCLI's default is False as well.
+        if use_distributed_sampler is not False:
+            raise ValueError(
+                f"`use_distributed_sampler` must be False under FederatedTrainer, got {use_distributed_sampler!r}: "
+                "the loop shards clients over the processes itself, and a DistributedSampler would split the "
+                "server's evaluation data across ranks (metrics would differ from one process's)."
+            )
         algorithm = algorithm if algorithm is not None else FedAvg()
 
         kwargs["strategy"] = _federated_strategy(kwargs.get("strategy", "auto"))
-        # Every rank evaluates the whole validation set, so metrics equal the single-process run's.
-        kwargs.setdefault("use_distributed_sampler", False)
         callbacks = [callbacks] if isinstance(callbacks, Callback) else list(callbacks or [])
         if kwargs.get("enable_progress_bar", True) is not False and not any(isinstance(c, ProgressBar) for c in callbacks):
             callbacks.append(FederatedProgressBar())
         callbacks.append(ClientLossRecorder())
-        super().__init__(callbacks=callbacks, **kwargs)
+        super().__init__(callbacks=callbacks, use_distributed_sampler=False, **kwargs)
 
         previous = self.fit_loop
         loop_class = AsyncFitLoop if algorithm.asynchronous else FederatedFitLoop
