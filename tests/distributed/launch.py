@@ -8,7 +8,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -21,17 +21,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def child_env(**extra: str) -> dict[str, str]:
-    """This environment, plus the repository on ``PYTHONPATH``, one thread per process and ``extra``."""
+def child_env() -> dict[str, str]:
+    """This environment, plus the repository on ``PYTHONPATH`` and one thread per process."""
     path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path, **extra}
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
 
 
 def run_together(
     commands: Sequence[Sequence[str]],
     *,
     timeout: float,
-    envs: Sequence[Mapping[str, str]] | None = None,
     cwd: Path | None = None,
 ) -> list[str]:
     """Runs ``commands`` at the same time and returns their outputs (stdout and stderr).
@@ -41,14 +40,12 @@ def run_together(
     ended; it fails if a command exits non-zero or if that takes longer than ``timeout`` seconds,
     and then kills them all, so a hang fails the test instead of outliving it.
     """
-    envs = envs if envs is not None else [child_env()] * len(commands)
+    env = child_env()
     deadline = time.monotonic() + timeout
-    logs = [tempfile.TemporaryFile("w+") for _ in commands]
+    logs = [tempfile.TemporaryFile("w+", errors="replace") for _ in commands]
     procs = [
-        subprocess.Popen(
-            [*command], env=dict(env), cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, text=True
-        )
-        for command, env, log in zip(commands, envs, logs)
+        subprocess.Popen(list(command), env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        for command, log in zip(commands, logs)
     ]
     timed_out = False
     try:
@@ -68,10 +65,9 @@ def run_together(
         log.seek(0)
         outputs.append(log.read())
         log.close()
-    for command, proc, output in zip(commands, procs, outputs):
-        name = " ".join(command[1:4])
-        assert not timed_out, f"Still running after {timeout} s ({name} ...):\n{output[-6000:]}"
-        assert proc.returncode == 0, f"{name} ... exited with {proc.returncode}:\n{output[-6000:]}"
+    report = "\n".join(f"$ {' '.join(c)}\n(exit {p.returncode}) ...{o[-4000:]}" for c, p, o in zip(commands, procs, outputs))
+    assert not timed_out, f"Still running after {timeout} s, killed:\n{report}"
+    assert all(proc.returncode == 0 for proc in procs), f"A command failed:\n{report}"
     return outputs
 
 
@@ -88,7 +84,7 @@ def _session_alive(session: int) -> bool:
     return False
 
 
-def _kill_session(proc: subprocess.Popen[str]) -> None:
+def _kill_session(proc: subprocess.Popen[bytes]) -> None:
     """Ends what is left of ``proc``'s session: SIGTERM first, since a ``torchrun`` agent then
     stops its workers (they run in sessions of their own), SIGKILL after a grace period."""
     for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 0.0)):
