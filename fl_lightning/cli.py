@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from rich.console import Console
 from rich.table import Table
 
@@ -41,7 +42,7 @@ def fit_summary(trainer: Trainer, wall_time_s: float) -> Table:
     table.add_row("uploaded", _human_bytes(loop.total_upload_bytes))
     table.add_row("downloaded", _human_bytes(loop.total_download_bytes))
     table.add_row("wall time", f"{wall_time_s:.1f} s")
-    table.add_row("logs", str(trainer.log_dir) if trainer.loggers else "(no logger)")
+    table.add_row("logs", str(_log_dir(trainer)) if trainer.loggers else "(no logger)")
     return table
 
 
@@ -52,6 +53,16 @@ def _human_bytes(n: int) -> str:
             return f"{value:.1f} {unit}" if unit != "B" else f"{n} B"
         value /= 1024
     raise AssertionError("unreachable")
+
+
+def _log_dir(trainer: Trainer) -> str | None:
+    """The first logger's directory, as ``Trainer.log_dir`` gives it, read on this rank only.
+
+    ``Trainer.log_dir`` broadcasts from rank 0: called by rank 0 alone after ``fit`` (the summary),
+    it fails or hangs because the other ranks have already moved on.
+    """
+    logger = trainer.loggers[0]
+    return logger.log_dir if isinstance(logger, (TensorBoardLogger, CSVLogger)) else logger.save_dir
 
 
 class FederatedCLI(LightningCLI):

@@ -35,8 +35,7 @@ class FederatedTrainer(pl.Trainer):
     With ``strategy="ddp"`` and several devices (or nodes), each process trains a share of every
     round's clients and one all-reduce per round combines them
     (:class:`~fl_lightning.distributed.FederatedDDPStrategy`, ``docs/distributed.md``); every
-    process then validates on the whole validation set (``use_distributed_sampler`` defaults to
-    ``False``), so metrics equal a single process's.
+    process then validates on the whole validation set, so metrics equal a single process's.
 
     Args:
         algorithm: the federated algorithm (default :class:`~fl_lightning.FedAvg`).
@@ -67,6 +66,11 @@ class FederatedTrainer(pl.Trainer):
             and its arguments, update bound, clients per round, seed, local work) differs from this
             run's, with a warning listing the changes; by default such a resume is refused
             (:mod:`fl_lightning.fingerprint`).
+        use_distributed_sampler: must be ``False`` (the default). The loop shards clients over the
+            processes itself and every rank evaluates the whole validation set; Lightning's
+            ``DistributedSampler`` would split the evaluation data across ranks, so the logged
+            metrics would differ from a single process's. ``True`` raises ``ValueError`` rather than
+            being overridden silently, since it cannot be honoured.
         callbacks: Lightning callbacks; the trainer adds its progress bar (unless one is given
             or ``enable_progress_bar=False``), a ``ModelCheckpoint`` that keeps the latest round's
             ``round_<r>.ckpt`` and ``last.ckpt`` (unless one is given or ``enable_checkpointing=False``;
@@ -93,6 +97,7 @@ class FederatedTrainer(pl.Trainer):
         max_batched_clients: int | None = None,
         update_bound: UpdateBound | None = None,
         allow_resume_changes: bool = False,
+        use_distributed_sampler: bool = False,
         callbacks: list[Callback] | Callback | None = None,
         **kwargs: Any,
     ) -> None:
@@ -134,18 +139,23 @@ class FederatedTrainer(pl.Trainer):
             )
         if not isinstance(allow_resume_changes, bool):
             raise TypeError(f"`allow_resume_changes` must be a bool, got {allow_resume_changes!r}.")
+        # A parameter rather than part of **kwargs, so that LightningCLI's default is False as well.
+        if use_distributed_sampler is not False:
+            raise ValueError(
+                f"`use_distributed_sampler` must be False under FederatedTrainer, got {use_distributed_sampler!r}: "
+                "the loop shards clients over the processes itself, and a DistributedSampler would split the "
+                "server's evaluation data across ranks (metrics would differ from one process's)."
+            )
         algorithm = algorithm if algorithm is not None else FedAvg()
 
         kwargs["strategy"] = _federated_strategy(kwargs.get("strategy", "auto"))
-        # Every rank evaluates the whole validation set, so metrics equal the single-process run's.
-        kwargs.setdefault("use_distributed_sampler", False)
         callbacks = [callbacks] if isinstance(callbacks, Callback) else list(callbacks or [])
         if kwargs.get("enable_progress_bar", True) is not False and not any(isinstance(c, ProgressBar) for c in callbacks):
             callbacks.append(FederatedProgressBar())
         if kwargs.get("enable_checkpointing", True) is not False and not any(isinstance(c, ModelCheckpoint) for c in callbacks):
             callbacks.append(round_checkpoint())
         callbacks += [ClientLossRecorder(), GlobalModelCheckpoint()]
-        super().__init__(callbacks=callbacks, **kwargs)
+        super().__init__(callbacks=callbacks, use_distributed_sampler=False, **kwargs)
         # A truncated or foreign checkpoint then fails with one error naming the file.
         self.strategy.checkpoint_io = CheckedCheckpointIO(self.strategy.checkpoint_io)
 

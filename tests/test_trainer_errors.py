@@ -92,6 +92,13 @@ def test_negative_seed() -> None:
         FederatedTrainer(seed=-1, **QUIET)
 
 
+@pytest.mark.parametrize("value", [True, 1, "true"])
+def test_distributed_sampler_cannot_be_turned_on(value: Any) -> None:
+    # It would split the server's evaluation data across ranks: metrics would differ from one process's.
+    with pytest.raises(ValueError, match=rf"`use_distributed_sampler` must be False under FederatedTrainer, got {value!r}"):
+        FederatedTrainer(use_distributed_sampler=value, **QUIET)
+
+
 def test_asynchronous_algorithm_must_be_buffered() -> None:
     class AsyncFedAvg(FedAvg):
         asynchronous = True

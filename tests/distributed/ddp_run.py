@@ -1,7 +1,8 @@
-"""A federated fit with N processes (``devices=N``), run as a script by ``test_ddp_equivalence.py``.
+"""A federated fit with N processes, run as a script by the tests of this folder.
 
-Lightning's DDP launcher re-runs this script once per extra rank. Every rank saves its final
-global state and the logged round metrics to ``<out>/rank<r>.pt``.
+With ``--devices N`` Lightning's DDP launcher re-runs this script once per extra rank; with
+``--num-nodes M`` it is launched once per node (``torchrun``). Every rank saves its final global
+state and the logged round metrics to ``<out>/rank<r>.pt``.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ def fit(
     out: Path,
     *,
     devices: int = 1,
+    num_nodes: int = 1,
     algorithm: str = "fedavg",
     executor: str = "lightning",
     rounds: int = 3,
@@ -60,7 +62,8 @@ def fit(
         max_epochs=rounds,
         accelerator="cpu",
         devices=devices,
-        strategy=FederatedDDPStrategy(timeout=timedelta(seconds=120)) if devices > 1 else "auto",
+        num_nodes=num_nodes,
+        strategy=FederatedDDPStrategy(timeout=timedelta(seconds=120)) if devices * num_nodes > 1 else "auto",
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
@@ -82,6 +85,7 @@ def fit(
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--devices", type=int, default=1)
+    parser.add_argument("--num-nodes", type=int, default=1)
     parser.add_argument("--algorithm", choices=sorted(ALGORITHMS), default="fedavg")
     parser.add_argument("--executor", choices=["lightning", "lean", "batched"], default="lightning")
     parser.add_argument("--rounds", type=int, default=3)
@@ -94,6 +98,7 @@ def main() -> None:
     fit(
         args.out,
         devices=args.devices,
+        num_nodes=args.num_nodes,
         algorithm=args.algorithm,
         executor=args.executor,
         rounds=args.rounds,

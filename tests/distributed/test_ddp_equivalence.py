@@ -7,8 +7,6 @@ the same ``fit`` in the test process.
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,19 +14,15 @@ import pytest
 import torch
 
 from tests.distributed.ddp_run import fit
+from tests.distributed.launch import run_together
 
 SCRIPT = Path(__file__).with_name("ddp_run.py")
-REPO = SCRIPT.parents[2]
 TOLERANCE = 1e-6
 
 
 def run(out: Path, *args: str) -> None:
     """Runs ``ddp_run.py`` (with ``--devices 2``, as 2 processes)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--out", str(out), *args], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert done.returncode == 0, f"ddp_run.py {' '.join(args)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+    run_together([[sys.executable, str(SCRIPT), "--out", str(out), *args]], timeout=600)
 
 
 def result(out: Path, rank: int = 0) -> dict:
