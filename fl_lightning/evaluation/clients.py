@@ -4,7 +4,8 @@ Built on the probes of :mod:`fl_lightning.probe` (no-grad, eval mode, BatchNorm 
 training modes untouched). When every client's held-out loader is a plain sequential
 ``DataLoader``, all clients are scored in **one** pass over the concatenation of their data and
 the per-sample metrics are split back by client: one forward per batch of ``eval_batch_size``
-samples instead of one DataLoader and one small forward per client.
+samples instead of one DataLoader and one small forward per client. Other held-out iterables
+are scored client by client.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import lightning.pytorch as pl
+import numpy as np
 import torch
 from torch import Tensor
-from torch.utils.data import ConcatDataset, DataLoader, SequentialSampler
+from torch.utils.data import ConcatDataset, DataLoader, SequentialSampler, Subset, default_collate
 
 from fl_lightning.evaluation.protocols import SupportsHoldout
 from fl_lightning.probe import sample_metrics, sample_metrics_many
@@ -110,9 +112,22 @@ def _poolable(loader: Any) -> bool:
     )
 
 
-def _pooled(loaders: Sequence[DataLoader[Any]]) -> DataLoader[Any]:
-    """One sequential loader over the clients' datasets, in order, with the first loader's batching."""
+def _pooled(loaders: Sequence[DataLoader[Any]]) -> Iterable[Any]:
+    """One sequential pass over the clients' datasets, in order, with the first loader's batching.
+
+    Subsets of one dataset with ``tensors`` (``InMemoryDataset``, ``TensorDataset``) are cut by
+    indexing, as :func:`~fl_lightning.data.client_batches` does, without a ``__getitem__`` per sample.
+    """
     first = loaders[0]
+    base = getattr(first.dataset, "dataset", None)
+    tensors = getattr(base, "tensors", None)
+    if (
+        tensors is not None
+        and first.collate_fn is default_collate
+        and all(isinstance(loader.dataset, Subset) and loader.dataset.dataset is base for loader in loaders)
+    ):
+        index = torch.as_tensor(np.concatenate([np.asarray(loader.dataset.indices) for loader in loaders]), device=tensors[0].device)
+        return [tuple(t[chunk] for t in tensors) for chunk in index.split(first.batch_size)]  # type: ignore[arg-type]
     return DataLoader(
         ConcatDataset([loader.dataset for loader in loaders]),
         batch_size=first.batch_size,

@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.loggers import CSVLogger, Logger
+from torch.utils.data import Dataset
 
 from fl_lightning import IFCA, FedALIGN, FedBuff, FederatedEvaluation, FederatedTrainer, FedSoft
 from fl_lightning.data import Digits, Dirichlet, FederatedDataModule, InMemoryDataset
@@ -101,9 +102,25 @@ class BatchListHoldout:
         return list(self.data.holdout_dataloader(cid))
 
 
-def test_data_without_dataloaders_is_scored_client_by_client_with_the_same_result():
+class SampleBySample(Dataset):
+    """A dataset without ``tensors``: the pooled pass reads it through ``ConcatDataset``, sample by sample."""
+
+    def __init__(self, inner: InMemoryDataset) -> None:
+        self.inner = inner
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.inner[i]
+
+
+def test_every_way_of_reading_held_out_data_gives_the_same_result():
     model, data = tiny_federation()
-    assert evaluate_clients(model, BatchListHoldout(data), [3, 1]) == evaluate_clients(model, data, [3, 1])
+    expected = evaluate_clients(model, data, [3, 1, 0])  # pooled, cut from the dataset's tensors
+    assert evaluate_clients(model, BatchListHoldout(data), [3, 1, 0]) == expected  # client by client
+    plain = FederatedDataModule(SampleBySample(data.train), num_clients=4, batch_size=4, eval_batch_size=5, holdout_fraction=0.5)
+    assert evaluate_clients(model, plain, [3, 1, 0]) == expected  # pooled, sample by sample
 
 
 def test_the_callback_evaluates_the_final_global_model_on_every_client(tmp_path):
@@ -272,12 +289,12 @@ def test_loggers_that_take_tables_get_the_per_client_table_and_no_csv_is_written
 
 @pytest.mark.parametrize(
     "case",
-    ["lightning", "lean", "batchnorm", "fedbuff", "ifca"],
+    ["lightning", "lean", "batched", "batchnorm", "fedbuff", "ifca"],
 )
 def test_training_is_bit_identical_with_and_without_the_evaluation(case):
     def run(callbacks: list[pl.Callback]) -> tuple[dict[str, torch.Tensor], list[list[int]]]:
         torch.manual_seed(0)
-        kwargs: dict[str, Any] = {"client_executor": "lean"} if case == "lean" else {}
+        kwargs: dict[str, Any] = {"client_executor": case} if case in ("lean", "batched") else {}
         model = MLP(in_features=64, hidden=(16,), lr=0.1)
         data = None
         if case == "batchnorm":
