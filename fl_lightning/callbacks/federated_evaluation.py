@@ -121,7 +121,8 @@ class FederatedEvaluation(FederatedCallback):
 
     def clients_for(self, round_idx: int) -> list[int]:
         """The clients evaluated after ``round_idx``: all, or a seeded sample (sorted)."""
-        assert self._algorithm is not None, "clients_for is available once the fit has started"
+        if self._algorithm is None:
+            raise RuntimeError("FederatedEvaluation.clients_for needs the federation: call it once the fit has started.")
         num_clients = self._algorithm.federation.num_clients
         if self.sample_size is None:
             return list(range(num_clients))
