@@ -139,7 +139,8 @@ class FedALIGN(Algorithm):
     def client_groups(self) -> dict[str, list[int]]:
         """``priority`` and ``nonpriority`` client ids, for federated evaluation."""
         priority = set(self.priority)
-        return {"priority": list(self.priority), "nonpriority": [c for c in range(self.federation.num_clients) if c not in priority]}
+        others = [c for c in range(self.federation.num_clients) if c not in priority]
+        return {"priority": list(self.priority), "nonpriority": others}
 
     def admits(self, round_idx: int, client_loss: float, global_loss: float) -> bool:
         """Whether a probed non-priority client trains this round (FedALIGN's rule)."""

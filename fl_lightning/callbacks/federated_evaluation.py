@@ -135,7 +135,9 @@ class FederatedEvaluation(FederatedCallback):
         return dict(self._resolved_groups)
 
     @override
-    def on_round_aggregated(self, trainer: pl.Trainer, pl_module: pl.LightningModule, round_idx: int, metrics: dict[str, float]) -> None:
+    def on_round_aggregated(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, round_idx: int, metrics: dict[str, float]
+    ) -> None:
         if not self.is_due(round_idx):
             return
         assert self._data is not None
@@ -161,14 +163,14 @@ class FederatedEvaluation(FederatedCallback):
 
     def _collect_groups(self, algorithm: Algorithm, data: object, num_clients: int) -> dict[str, list[int]]:
         """The explicit groups, else the union of those the algorithm and the data offer."""
+        sources: dict[str, dict[str, list[int]]] = {}
         if self.groups is not None:
-            sources = {"groups": self.groups}
+            sources["groups"] = self.groups
         else:
-            sources = {
-                f"{type(owner).__name__}.client_groups()": _checked_groups(owner.client_groups(), f"{type(owner).__name__}.client_groups()")
-                for owner in (algorithm, data)
-                if isinstance(owner, SupportsClientGroups)
-            }
+            for owner in (algorithm, data):
+                if isinstance(owner, SupportsClientGroups):
+                    source = f"{type(owner).__name__}.client_groups()"
+                    sources[source] = _checked_groups(owner.client_groups(), source)
         merged: dict[str, list[int]] = {}
         for source, groups in sources.items():
             for name, members in groups.items():

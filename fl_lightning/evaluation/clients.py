@@ -126,7 +126,8 @@ def _pooled(loaders: Sequence[DataLoader[Any]]) -> Iterable[Any]:
         and first.collate_fn is default_collate
         and all(isinstance(loader.dataset, Subset) and loader.dataset.dataset is base for loader in loaders)
     ):
-        index = torch.as_tensor(np.concatenate([np.asarray(loader.dataset.indices) for loader in loaders]), device=tensors[0].device)
+        indices = np.concatenate([np.asarray(loader.dataset.indices) for loader in loaders])
+        index = torch.as_tensor(indices, device=tensors[0].device)
         return [tuple(t[chunk] for t in tensors) for chunk in index.split(first.batch_size)]  # type: ignore[arg-type]
     return DataLoader(
         ConcatDataset([loader.dataset for loader in loaders]),

@@ -199,6 +199,26 @@ def test_explicit_groups_replace_those_the_algorithm_offers():
     assert group_metrics(trainer, "first")["count"] == 2 and not group_metrics(trainer, "priority")
 
 
+class GroupedData(FederatedDataModule):
+    """A data module that defines groups of its own."""
+
+    def __init__(self, groups: dict[str, list[int]], **kwargs: Any) -> None:
+        super().__init__(Digits(split="train"), partitioner=Dirichlet(alpha=0.5), num_clients=NUM_CLIENTS, batch_size=16, **kwargs)
+        self.groups = groups
+
+    def client_groups(self) -> dict[str, list[int]]:
+        return self.groups
+
+
+def test_the_data_modules_groups_join_the_algorithms_and_a_conflict_is_an_error():
+    fedalign = {"algorithm": FedALIGN(priority=3, epsilon=0.5, warmup_fraction=0.0)}
+    callback = FederatedEvaluation()
+    fit([callback], data=GroupedData({"tail": [7], "priority": [0, 1, 2]}, holdout_fraction=0.25), **fedalign)
+    assert callback.client_groups == {"priority": [0, 1, 2], "nonpriority": [3, 4, 5, 6, 7], "tail": [7]}
+    with pytest.raises(ValueError, match="define client group 'priority' differently; pass `groups=`"):
+        fit([FederatedEvaluation()], data=GroupedData({"priority": [0]}, holdout_fraction=0.25), **fedalign)
+
+
 def test_fedbuff_named_delay_groups_are_evaluated_after_every_kth_aggregation():
     delays = DelayGroups([4, 4], [UniformDelay(1.0, 2.0), UniformDelay(8.0, 12.0)], names=["fast", "slow"])
     callback = FederatedEvaluation(every_n_rounds=2)
@@ -365,6 +385,19 @@ def test_selectable_from_yaml_through_the_cli(tmp_path, monkeypatch):
 def test_bad_arguments_are_refused_at_construction(kwargs, error, match):
     with pytest.raises(error, match=match):
         FederatedEvaluation(**kwargs)
+
+
+def test_clients_for_before_the_fit_says_why():
+    with pytest.raises(RuntimeError, match="once the fit has started"):
+        FederatedEvaluation(sample_size=2).clients_for(0)
+
+
+def test_delay_groups_are_named_group_g_by_default_and_need_one_distinct_name_each():
+    models = [UniformDelay(1.0, 2.0), UniformDelay(8.0, 12.0)]
+    assert DelayGroups([2, 3], models).client_groups() == {"group0": [0, 1], "group1": [2, 3, 4]}
+    for names in (["fast"], ["fast", "fast"]):
+        with pytest.raises(ValueError, match="one distinct name per group"):
+            DelayGroups([2, 3], models, names=names)
 
 
 def test_a_sample_larger_than_the_federation_is_refused_when_the_fit_starts():
