@@ -14,7 +14,8 @@ from typing_extensions import override
 from fl_lightning import _lightning_compat as compat
 from fl_lightning.algorithms.base import Algorithm
 from fl_lightning.callbacks.federated_callback import FederatedCallback
-from fl_lightning.evaluation.clients import ClientEvaluation, evaluate_clients
+from fl_lightning.evaluation.clients import evaluate_clients
+from fl_lightning.evaluation.results import ClientEvaluation
 from fl_lightning.evaluation.protocols import SupportsClientGroups, SupportsHoldout, SupportsPersonalizedState
 from fl_lightning.evaluation.summary import grouped_summary
 from fl_lightning.evaluation.table import ClientTable, table_rows

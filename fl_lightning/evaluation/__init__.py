@@ -1,10 +1,12 @@
 """Federated evaluation: per-client metrics on held-out data and their distribution over clients.
 
-The callback is :class:`fl_lightning.FederatedEvaluation`; this package holds its pure parts.
+The callback is :class:`fl_lightning.FederatedEvaluation`; this package holds its parts: the protocols
+algorithms and data implement, per-client scoring, the summaries (pure NumPy) and the table.
 """
 
-from fl_lightning.evaluation.clients import ClientEvaluation, evaluate_clients
+from fl_lightning.evaluation.clients import evaluate_clients
 from fl_lightning.evaluation.protocols import SupportsClientGroups, SupportsHoldout, SupportsPersonalizedState
+from fl_lightning.evaluation.results import ClientEvaluation
 from fl_lightning.evaluation.summary import (
     accuracy_summary,
     grouped_summary,

@@ -11,7 +11,6 @@ are scored client by client.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import lightning.pytorch as pl
@@ -21,25 +20,10 @@ from torch import Tensor
 from torch.utils.data import ConcatDataset, DataLoader, SequentialSampler, Subset, default_collate
 
 from fl_lightning.evaluation.protocols import SupportsHoldout
+from fl_lightning.evaluation.results import ClientEvaluation
 from fl_lightning.probe import sample_metrics, sample_metrics_many
 
 Score = Callable[[Iterable[Any]], dict[str, Tensor]]
-
-
-@dataclass(frozen=True)
-class ClientEvaluation:
-    """One client's held-out metrics in one evaluation round.
-
-    ``accuracy`` is ``None`` when the module's ``sample_metrics`` reports no ``"correct"``;
-    the ``personal_*`` fields are ``None`` when the client has no model of its own.
-    """
-
-    client_id: int
-    num_samples: int
-    loss: float
-    accuracy: float | None
-    personal_loss: float | None = None
-    personal_accuracy: float | None = None
 
 
 def evaluate_clients(

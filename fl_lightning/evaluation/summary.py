@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from fl_lightning.evaluation.clients import ClientEvaluation
+from fl_lightning.evaluation.results import ClientEvaluation
 
 #: The percentiles logged as ``p{q}``.
 PERCENTILES = (10, 50, 90)

@@ -12,7 +12,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
-from fl_lightning.evaluation.clients import ClientEvaluation
+from fl_lightning.evaluation.results import ClientEvaluation
 
 #: Columns of every table; ``acc`` and the personal columns only when some row has them.
 BASE_COLUMNS = ("round", "client", "group", "n", "loss")
