@@ -131,8 +131,8 @@ class FederatedEvaluation(FederatedCallback):
         return sorted(order[: self.sample_size].tolist())
 
     @property
-    def client_groups(self) -> dict[str, list[int]]:
-        """The groups summarised in this fit (resolved when it starts)."""
+    def resolved_groups(self) -> dict[str, list[int]]:
+        """The groups summarised in this fit: ``groups``, or those offered (resolved when the fit starts)."""
         return dict(self._resolved_groups)
 
     @override

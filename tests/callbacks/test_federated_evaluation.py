@@ -185,8 +185,8 @@ def group_metrics(trainer: pl.Trainer, group: str) -> dict[str, float]:
 def test_fedalign_priority_and_nonpriority_groups_are_summarised():
     callback = FederatedEvaluation()
     _, trainer = fit([callback], algorithm=FedALIGN(priority=3, epsilon=0.5, warmup_fraction=0.0))
-    assert callback.client_groups == {"priority": [0, 1, 2], "nonpriority": [3, 4, 5, 6, 7]}
-    for name, members in callback.client_groups.items():
+    assert callback.resolved_groups == {"priority": [0, 1, 2], "nonpriority": [3, 4, 5, 6, 7]}
+    for name, members in callback.resolved_groups.items():
         expected = summarize([r for r in callback.last_results if r.client_id in members])
         assert group_metrics(trainer, name) == pytest.approx(expected)
     assert group_metrics(trainer, "priority")["count"] == 3
@@ -195,7 +195,7 @@ def test_fedalign_priority_and_nonpriority_groups_are_summarised():
 def test_explicit_groups_replace_those_the_algorithm_offers():
     callback = FederatedEvaluation(groups={"first": [1, 0, 1]})
     _, trainer = fit([callback], algorithm=FedALIGN(priority=3, epsilon=0.5, warmup_fraction=0.0))
-    assert callback.client_groups == {"first": [0, 1]}
+    assert callback.resolved_groups == {"first": [0, 1]}
     assert group_metrics(trainer, "first")["count"] == 2 and not group_metrics(trainer, "priority")
 
 
@@ -214,7 +214,7 @@ def test_the_data_modules_groups_join_the_algorithms_and_a_conflict_is_an_error(
     fedalign = {"algorithm": FedALIGN(priority=3, epsilon=0.5, warmup_fraction=0.0)}
     callback = FederatedEvaluation()
     fit([callback], data=GroupedData({"tail": [7], "priority": [0, 1, 2]}, holdout_fraction=0.25), **fedalign)
-    assert callback.client_groups == {"priority": [0, 1, 2], "nonpriority": [3, 4, 5, 6, 7], "tail": [7]}
+    assert callback.resolved_groups == {"priority": [0, 1, 2], "nonpriority": [3, 4, 5, 6, 7], "tail": [7]}
     with pytest.raises(ValueError, match="define client group 'priority' differently; pass `groups=`"):
         fit([FederatedEvaluation()], data=GroupedData({"priority": [0]}, holdout_fraction=0.25), **fedalign)
 
@@ -223,7 +223,7 @@ def test_fedbuff_named_delay_groups_are_evaluated_after_every_kth_aggregation():
     delays = DelayGroups([4, 4], [UniformDelay(1.0, 2.0), UniformDelay(8.0, 12.0)], names=["fast", "slow"])
     callback = FederatedEvaluation(every_n_rounds=2)
     _, trainer = fit([callback], algorithm=FedBuff(buffer_size=2, delays=delays), max_epochs=2, local_steps=1)
-    assert callback.client_groups == {"fast": [0, 1, 2, 3], "slow": [4, 5, 6, 7]}
+    assert callback.resolved_groups == {"fast": [0, 1, 2, 3], "slow": [4, 5, 6, 7]}
     assert group_metrics(trainer, "slow")["count"] == 4 and "acc_worst10" in group_metrics(trainer, "fast")
 
 
