@@ -136,6 +136,12 @@ class FedALIGN(Algorithm):
             raise ValueError(f"Priority client ids {bad} are out of range: ids are 0..{federation.num_clients - 1}.")
         return ids
 
+    def client_groups(self) -> dict[str, list[int]]:
+        """``priority`` and ``nonpriority`` client ids, for federated evaluation."""
+        priority = set(self.priority)
+        others = [c for c in range(self.federation.num_clients) if c not in priority]
+        return {"priority": list(self.priority), "nonpriority": others}
+
     def admits(self, round_idx: int, client_loss: float, global_loss: float) -> bool:
         """Whether a probed non-priority client trains this round (FedALIGN's rule)."""
         decision = alignment_decision(

@@ -11,6 +11,7 @@ import numpy as np
 
 from fl_lightning.algorithms.aggregation import apply_delta, weighted_sum
 from fl_lightning.algorithms.base import Algorithm, ClientUpdate
+from fl_lightning.evaluation.protocols import SupportsClientGroups
 from fl_lightning.federation import Federation
 from fl_lightning.model_state import State
 from fl_lightning.participation.speed import DelayModel, UniformDelay
@@ -96,6 +97,11 @@ class FedBuff(Algorithm):
         self.delays.setup(num_clients=n, seed=federation.seed)
         if len(self.influence) != n:
             self.influence = np.zeros(n)
+
+    def client_groups(self) -> dict[str, list[int]]:
+        """The speed groups of ``delays`` (:class:`~fl_lightning.participation.DelayGroups`), for
+        federated evaluation; none for other delay models."""
+        return dict(self.delays.client_groups()) if isinstance(self.delays, SupportsClientGroups) else {}
 
     def select_clients(self, round_idx: int) -> list[int]:
         raise TypeError(f"{type(self).__name__} is asynchronous: clients are dispatched by the AsyncFitLoop.")

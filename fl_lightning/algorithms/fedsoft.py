@@ -211,6 +211,10 @@ class FedSoft(ClusteredAlgorithm):
         """The personalised models of the clients that have trained at least once."""
         return dict(self.clients.models)
 
+    def personalized_state(self, client_id: int) -> Mapping[str, Tensor] | None:
+        """Client ``client_id``'s personalised model :math:`w_k` (``None`` before its first round), for federated evaluation."""
+        return self.clients.models.get(client_id)
+
     def state_dict(self) -> dict[str, Any]:
         return {
             **super().state_dict(),

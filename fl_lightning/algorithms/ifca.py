@@ -114,3 +114,9 @@ class IFCA(ClusteredAlgorithm):
     def personal_models(self) -> dict[int, Mapping[str, Tensor]]:
         centres = self.centres_on_device()
         return {cid: centres[j] for cid, j in enumerate(self._choices().tolist())}
+
+    def personalized_state(self, client_id: int) -> Mapping[str, Tensor]:
+        """Client ``client_id``'s cluster centre (lowest loss on its training data), for federated
+        evaluation; clients of one cluster share the mapping, so it is scored once for all of them."""
+        choice = self.choose(client_id) if self._hard is None else int(self._hard[client_id])
+        return self.centres_on_device()[choice]

@@ -136,13 +136,25 @@ class TraceDelay(DelayModel):
 
 
 class DelayGroups(DelayModel):
-    """Consecutive groups of clients with their own models, e.g. 10 fast U(1,2) then 5 slow U(8,12)."""
+    """Consecutive groups of clients with their own models, e.g. 10 fast U(1,2) then 5 slow U(8,12).
 
-    def __init__(self, sizes: Sequence[int], models: Sequence[DelayModel]) -> None:
+    The groups are also offered to federated evaluation (:meth:`client_groups`) under ``names``
+    (default ``group0``, ``group1``, ...), e.g. ``names=["fast", "slow"]``.
+    """
+
+    def __init__(self, sizes: Sequence[int], models: Sequence[DelayModel], names: Sequence[str] | None = None) -> None:
         if len(sizes) != len(models) or not sizes:
             raise ValueError(f"DelayGroups needs one model per group size, got {len(sizes)} sizes and {len(models)} models.")
+        if names is not None and (len(names) != len(sizes) or len(set(names)) != len(names)):
+            raise ValueError(f"DelayGroups needs one distinct name per group ({len(sizes)} groups), got names={list(names)!r}.")
         self.sizes = [check_int("sizes[i]", s, minimum=1) for s in sizes]
         self.models = list(models)
+        self.names = [f"group{g}" for g in range(len(sizes))] if names is None else list(names)
+
+    def client_groups(self) -> dict[str, list[int]]:
+        """``{name: client ids}`` of every group, in client order."""
+        offsets = [sum(self.sizes[:g]) for g in range(len(self.sizes))]
+        return {name: list(range(offset, offset + size)) for name, offset, size in zip(self.names, offsets, self.sizes)}
 
     def setup(self, *, num_clients: int, seed: int) -> None:
         super().setup(num_clients=num_clients, seed=seed)
