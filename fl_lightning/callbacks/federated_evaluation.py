@@ -19,6 +19,7 @@ from fl_lightning.evaluation.results import ClientEvaluation
 from fl_lightning.evaluation.protocols import SupportsClientGroups, SupportsHoldout, SupportsPersonalizedState
 from fl_lightning.evaluation.summary import grouped_summary
 from fl_lightning.evaluation.table import ClientTable, table_rows
+from fl_lightning.loops.round_log import log_round
 from fl_lightning.utils.seeding import make_generator
 
 #: Metric-name prefix of every logged statistic.
@@ -30,7 +31,7 @@ class FederatedEvaluation(FederatedCallback):
     every client's local held-out data every ``every_n_rounds`` rounds, and logs the distribution.
 
     After the ``k``-th, ``2k``-th, ... aggregation (rounds, or model versions under FedBuff and
-    FedStaleWeight), with the new global model loaded, it logs with the round as the step:
+    FedStaleWeight), with the new global model loaded, it logs a row with the round (``round``):
     ``clients/{acc_weighted_mean, acc_mean, acc_std, acc_min, acc_p10, acc_p50, acc_p90,
     acc_worst10, loss_weighted_mean, loss_mean, loss_max, loss_worst10, count}``; the same under
     ``clients/personal/`` for the clients' own models (algorithms with ``personalized_state``:
@@ -152,10 +153,10 @@ class FederatedEvaluation(FederatedCallback):
         if not results:
             rank_zero_warn(f"Round {round_idx}: no evaluated client has held-out samples; nothing to log.")
             return
-        compat.log_metrics(trainer, grouped_summary(results, self._resolved_groups, prefix=PREFIX), step=round_idx)
+        log_round(trainer, round_idx, grouped_summary(results, self._resolved_groups, prefix=PREFIX))
         if self.log_table and trainer.is_global_zero:
             columns, rows = table_rows(round_idx, results, self._resolved_groups, personal=personal is not None)
-            self.table.send(trainer, columns, rows, step=round_idx)
+            self.table.send(trainer, columns, rows, step=compat.epoch_end_log_step(trainer))
 
     def _personal_source(self) -> SupportsPersonalizedState | None:
         if self.personalized and isinstance(self._algorithm, SupportsPersonalizedState):

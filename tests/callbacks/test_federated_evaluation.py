@@ -242,12 +242,15 @@ def test_sampling_is_seeded_by_round_and_the_trainer_seed_by_default():
     assert float(trainer.callback_metrics["clients/count"]) == 3
 
 
-def test_metrics_and_table_rows_come_every_kth_round_with_the_round_as_step(tmp_path):
+def test_metrics_and_table_rows_come_every_kth_round_with_their_round(tmp_path):
     callback = FederatedEvaluation(every_n_rounds=2)
     logger = CSVLogger(tmp_path, name="run", version=0)
     fit([callback], logger=logger, max_epochs=5)
     rows = list(csv.DictReader(Path(logger.log_dir, "metrics.csv").read_text().splitlines()))
-    assert [int(r["step"]) for r in rows if r.get("clients/acc_p10")] == [1, 3]
+    assert [int(float(r["round"])) for r in rows if r.get("clients/acc_p10")] == [1, 3]
+    # In the step order of the file: each evaluation row sits at its round's last optimizer step.
+    steps = [int(r["step"]) for r in rows]
+    assert steps == sorted(steps)
     assert Path(callback.table.path) == Path(logger.log_dir, "federated_evaluation.csv")
     table = list(csv.DictReader(Path(callback.table.path).read_text().splitlines()))
     assert list(table[0]) == ["round", "client", "group", "n", "loss", "acc"]
@@ -296,7 +299,9 @@ def test_loggers_that_take_tables_get_the_per_client_table_and_no_csv_is_written
     logger = TableLogger()
     callback = FederatedEvaluation()
     fit([callback], logger=logger, algorithm=IFCA(num_clusters=2), default_root_dir=tmp_path)
-    assert [(t["key"], t["step"]) for t in logger.tables] == [("clients/table", 0), ("clients/table", 1)]
+    assert [t["key"] for t in logger.tables] == ["clients/table", "clients/table"]
+    assert [row[0] for t in logger.tables for row in t["data"][:1]] == [0, 1]  # the round column
+    assert 0 < logger.tables[0]["step"] < logger.tables[1]["step"]  # the rounds' last optimizer steps
     assert logger.tables[0]["columns"] == ["round", "client", "group", "n", "loss", "acc", "personal_loss", "personal_acc"]
     last = logger.tables[-1]["data"]
     assert [row[1] for row in last] == list(range(NUM_CLIENTS))
