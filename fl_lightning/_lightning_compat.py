@@ -37,6 +37,8 @@ __all__ = [
     "run_client_epoch",
     "run_lean_client",
     "run_server_validation",
+    "run_test_during_fit",
+    "evaluation_metric_names",
     "step_epoch_schedulers",
     "step_takes_batch_idx",
     "set_completed_epochs",
@@ -248,3 +250,28 @@ def run_server_validation(fit_loop: _FitLoop) -> bool:
     finally:
         trainer.training = True
     return True
+
+
+def run_test_during_fit(trainer: pl.Trainer) -> None:
+    """Runs the test loop on the current (global) model in the middle of ``fit``, without printing.
+
+    As validation's, its metrics go to the loggers (step = the round) and ``callback_metrics``.
+    """
+    loop = trainer.test_loop
+    verbose, loop.verbose = loop.verbose, False
+    trainer.testing = True
+    try:
+        loop.run()
+    finally:
+        loop.verbose = verbose
+        trainer.training = True
+
+
+def evaluation_metric_names(trainer: pl.Trainer, stage: str) -> list[str]:
+    """The names the LightningModule has logged with ``self.log`` in validation hooks
+    (``stage="validate"``) or test hooks (``stage="test"``), in first-logged order."""
+    hook = {"validate": "validation", "test": "test"}[stage]
+    # A test run inside fit logs into the fit's validation results (Trainer._evaluation_loop
+    # follows trainer.state.fn), so every evaluation loop's results are read, by hook name.
+    loops = (trainer.fit_loop.epoch_loop.val_loop, trainer.validate_loop, trainer.test_loop)
+    return list(dict.fromkeys(m.meta.name for loop in loops for m in loop._results.values() if hook in m.meta.fx))
