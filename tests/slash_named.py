@@ -24,10 +24,15 @@ def blob_federation(**kwargs: object) -> FederatedDataModule:
 
 
 class SlashNamedMLP(MLP):
-    """Logs ``val/acc`` (progress bar), ``val/nll`` (not) and ``test/acc``: no ``val_acc`` anywhere."""
+    """Logs ``val/acc`` (progress bar), ``val/nll`` (not) and ``test/acc``: no ``val_acc`` anywhere.
 
-    def __init__(self) -> None:
-        super().__init__(in_features=4, hidden=[8], num_classes=3, lr=0.1)
+    Also a ``model.class_path`` for ``fl-lightning`` runs (studies' subprocesses import it).
+    """
+
+    @classmethod
+    def for_blobs(cls) -> SlashNamedMLP:
+        """Sized for :func:`blob_federation`."""
+        return cls(in_features=4, hidden=(8,), num_classes=3, lr=0.1)
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         self._log_named(batch, "val")

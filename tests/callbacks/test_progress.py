@@ -25,7 +25,7 @@ def round_infos(monkeypatch: pytest.MonkeyPatch, bar: FederatedProgressBar) -> l
     monkeypatch.setattr(Progress, "update", record)
     torch.manual_seed(0)
     trainer = FederatedTrainer(max_epochs=2, callbacks=[bar], **{**QUIET, "enable_progress_bar": True})
-    trainer.fit(SlashNamedMLP(), datamodule=blob_federation())
+    trainer.fit(SlashNamedMLP.for_blobs(), datamodule=blob_federation())
     return infos
 
 

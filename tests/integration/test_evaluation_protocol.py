@@ -94,7 +94,7 @@ def test_test_curve_rejects_a_bad_interval(every: object) -> None:
 def fit_slash_named(tmp_path: Path, callbacks: list) -> FederatedTrainer:
     torch.manual_seed(0)
     trainer = FederatedTrainer(max_epochs=2, callbacks=callbacks, default_root_dir=tmp_path, **{**QUIET, "enable_checkpointing": True})
-    trainer.fit(SlashNamedMLP(), datamodule=blob_federation())
+    trainer.fit(SlashNamedMLP.for_blobs(), datamodule=blob_federation())
     return trainer
 
 
