@@ -23,7 +23,7 @@ from fl_lightning.algorithms import (
     ServerSGD,
     ServerYogi,
 )
-from fl_lightning.callbacks import FederatedCallback, FederatedProgressBar
+from fl_lightning.callbacks import FederatedCallback, FederatedProgressBar, TestCurve
 from fl_lightning.federation import FederatedDataSource, Federation
 from fl_lightning.mixins import MaskedNoiseMixin, ProbabilityMaskMixin, ProximalMixin
 from fl_lightning.trainer import FederatedTrainer
@@ -60,4 +60,5 @@ __all__ = [
     "ServerAdam",
     "ServerSGD",
     "ServerYogi",
+    "TestCurve",
 ]
