@@ -187,8 +187,8 @@ class FederatedDataModule(LightningDataModule):
         else:
             # Partition the pool left after the validation split, then map back to training-set indices.
             pool = self._split.pool
-            labels = self._partition_input()
-            parts = self.partitioner(None if labels is None else labels[pool], len(pool), self.num_clients, rng)
+            values = self._partition_input()
+            parts = self.partitioner(None if values is None else values[pool], len(pool), self.num_clients, rng)
             parts = [pool[np.asarray(part, dtype=np.int64)] for part in parts]
         self._set_partition(parts)
         if path is not None:

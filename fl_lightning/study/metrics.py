@@ -129,12 +129,14 @@ def summarize_run(
     for key in validation_keys(validation, monitor):
         reduction, _, name = key.partition("/")
         summary[key] = reduce(series(history, name), "final" if reduction == "final" else mode)
-    summary.update({
-        "rounds": float(len(history)),
-        "rounds_to_target": None if target is None or monitor is None else rounds_to_target(history, target, monitor, mode),
-        "total_upload_bytes": reduce(series(history, TOTAL_UPLOAD), "final"),
-        "total_download_bytes": reduce(series(history, TOTAL_DOWNLOAD), "final"),
-    })
+    summary.update(
+        {
+            "rounds": float(len(history)),
+            "rounds_to_target": None if target is None or monitor is None else rounds_to_target(history, target, monitor, mode),
+            "total_upload_bytes": reduce(series(history, TOTAL_UPLOAD), "final"),
+            "total_download_bytes": reduce(series(history, TOTAL_DOWNLOAD), "final"),
+        }
+    )
     for metric, reduction in metrics.items() if isinstance(metrics, Mapping) else metrics:
         summary[f"{reduction}/{metric}"] = reduce(series(history, metric), reduction)
     return summary

@@ -34,7 +34,9 @@ class CountingDataset(Dataset):
         return len(self.dataset)
 
 
-def setup(tmp_path: Path, callbacks: list, max_epochs: int = 3) -> tuple[FederatedTrainer, MLP, FederatedDataModule, CountingDataset]:
+def setup(
+    tmp_path: Path, callbacks: list, max_epochs: int = 3
+) -> tuple[FederatedTrainer, MLP, FederatedDataModule, CountingDataset]:
     torch.manual_seed(0)
     test = CountingDataset(blobs(90, seed=1))
     data = FederatedDataModule(blobs(300, seed=0), test, val_fraction=0.2, num_clients=5, batch_size=10)
@@ -93,7 +95,9 @@ def test_test_curve_rejects_a_bad_interval(every: object) -> None:
 
 def fit_slash_named(tmp_path: Path, callbacks: list) -> FederatedTrainer:
     torch.manual_seed(0)
-    trainer = FederatedTrainer(max_epochs=2, callbacks=callbacks, default_root_dir=tmp_path, **{**QUIET, "enable_checkpointing": True})
+    trainer = FederatedTrainer(
+        max_epochs=2, callbacks=callbacks, default_root_dir=tmp_path, **{**QUIET, "enable_checkpointing": True}
+    )
     trainer.fit(SlashNamedMLP.for_blobs(), datamodule=blob_federation())
     return trainer
 

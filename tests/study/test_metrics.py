@@ -96,7 +96,9 @@ def test_run_summary_reduces_every_series_under_the_modules_names():
 
 def test_a_monitored_metric_that_was_never_logged_is_named_with_the_available_ones():
     history = [{"round": 0.0, "val/acc": 0.4, "round/clients": 2.0}]
-    with pytest.raises(ValueError, match=r"monitored metric 'val_acc' was never logged; the logged metrics are \['round/clients', 'val/acc'\]"):
+    with pytest.raises(
+        ValueError, match=r"monitored metric 'val_acc' was never logged; the logged metrics are \['round/clients', 'val/acc'\]"
+    ):
         summarize_run(history, monitor="val_acc")
     with pytest.raises(ValueError, match=r"mode must be one of \['min', 'max'\], got 'up'"):
         summarize_run(history, monitor="val/acc", mode="up")

@@ -80,7 +80,12 @@ def test_each_run_gets_its_seed_loggers_and_checkpoints_after_the_configs_callba
 
 def test_wandb_runs_share_the_study_group_with_the_arm_as_job_type(tmp_path):
     spec = make_spec(
-        tmp_path, wandb={"project": "p", "entity": "team", "tags": ["t"]}, monitor="val/acc", mode="max", target_accuracy=0.5, metrics=["round/x"]
+        tmp_path,
+        wandb={"project": "p", "entity": "team", "tags": ["t"]},
+        monitor="val/acc",
+        mode="max",
+        target_accuracy=0.5,
+        metrics=["round/x"],
     )
     keep = plan(spec)[0]
     state, _ = prepare(spec, keep)
