@@ -114,7 +114,13 @@ def main(
     pl.seed_everything(seed, verbose=False)
     model = MLP(in_features=64, hidden=(128,), num_classes=10, lr=0.1)
     data = FederatedDataModule(
-        Digits(split="train"), Digits(split="test"), partitioner=Dirichlet(alpha=0.5), num_clients=20, batch_size=16, seed=seed
+        Digits(split="train"),
+        Digits(split="test"),
+        val_fraction=0.1,  # validate on held-back training digits, never on the test set
+        partitioner=Dirichlet(alpha=0.5),
+        num_clients=20,
+        batch_size=16,
+        seed=seed,
     )
     callbacks = [SignFlipAttack(client_ids=range(byzantine))] if byzantine else []
     trainer = FederatedTrainer(

@@ -23,7 +23,7 @@ from fl_lightning.algorithms import (
     ServerSGD,
     ServerYogi,
 )
-from fl_lightning.callbacks import FederatedCallback, FederatedEvaluation, FederatedProgressBar
+from fl_lightning.callbacks import FederatedCallback, FederatedEvaluation, FederatedProgressBar, TestCurve
 from fl_lightning.federation import FederatedDataSource, Federation
 from fl_lightning.mixins import MaskedNoiseMixin, ProbabilityMaskMixin, ProximalMixin
 from fl_lightning.trainer import FederatedTrainer
@@ -64,5 +64,6 @@ __all__ = [
     "ServerAdam",
     "ServerSGD",
     "ServerYogi",
+    "TestCurve",
     "UpdateBound",
 ]

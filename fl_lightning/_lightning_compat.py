@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
+from contextlib import contextmanager
 from typing import Any
 
 import lightning.pytorch as pl
@@ -38,6 +39,8 @@ __all__ = [
     "run_client_epoch",
     "run_lean_client",
     "run_server_validation",
+    "run_test_during_fit",
+    "evaluation_metric_names",
     "step_epoch_schedulers",
     "step_takes_batch_idx",
     "set_completed_epochs",
@@ -269,17 +272,50 @@ def run_server_validation(fit_loop: _FitLoop) -> dict[str, float] | None:
     trainer, epoch_loop = fit_loop.trainer, fit_loop.epoch_loop
     if not epoch_loop._should_check_val_epoch():
         return None
-    logged: dict[str, float] = {}
-    connector = trainer._logger_connector
-    connector.log_eval_end_metrics = lambda metrics: logged.update(_scalars(metrics))  # type: ignore[method-assign]
     trainer.validating = True
     try:
-        epoch_loop.val_loop.run()
+        with _eval_end_metrics(trainer) as logged:
+            epoch_loop.val_loop.run()
     finally:
         trainer.training = True
-        del connector.log_eval_end_metrics
     return logged
 
 
-def _scalars(metrics: Mapping[str, Any]) -> dict[str, float]:
-    return {k: float(v) for k, v in metrics.items()}
+def run_test_during_fit(trainer: pl.Trainer) -> dict[str, float]:
+    """Runs the test loop on the current (global) model in the middle of ``fit``, without printing.
+
+    As with :func:`run_server_validation`, the metrics are returned for the round's row instead
+    of being logged as a row of their own; callbacks see them in ``callback_metrics``.
+    """
+    loop = trainer.test_loop
+    verbose, loop.verbose = loop.verbose, False
+    trainer.testing = True
+    try:
+        with _eval_end_metrics(trainer) as logged:
+            loop.run()
+    finally:
+        loop.verbose = verbose
+        trainer.training = True
+    return logged
+
+
+@contextmanager
+def _eval_end_metrics(trainer: pl.Trainer) -> Iterator[dict[str, float]]:
+    """Collects what an evaluation loop logs at its end instead of sending it to the loggers."""
+    logged: dict[str, float] = {}
+    connector = trainer._logger_connector
+    connector.log_eval_end_metrics = lambda metrics: logged.update({k: float(v) for k, v in metrics.items()})  # type: ignore[method-assign]
+    try:
+        yield logged
+    finally:
+        del connector.log_eval_end_metrics
+
+
+def evaluation_metric_names(trainer: pl.Trainer, stage: str) -> list[str]:
+    """The names the LightningModule has logged with ``self.log`` in validation hooks
+    (``stage="validate"``) or test hooks (``stage="test"``), in first-logged order."""
+    hook = {"validate": "validation", "test": "test"}[stage]
+    # A test run inside fit logs into the fit's validation results (Trainer._evaluation_loop
+    # follows trainer.state.fn), so every evaluation loop's results are read, by hook name.
+    loops = (trainer.fit_loop.epoch_loop.val_loop, trainer.validate_loop, trainer.test_loop)
+    return list(dict.fromkeys(m.meta.name for loop in loops for m in loop._results.values() if hook in m.meta.fx))

@@ -18,6 +18,7 @@ from rich.table import Table
 
 from fl_lightning.data.datamodule import FederatedDataModule
 from fl_lightning.trainer import FederatedTrainer
+from fl_lightning.utils.metric_names import logged_test_metrics, logged_validation_metrics, monitored_metrics, require_logged
 
 
 class LoggerSaveConfigCallback(SaveConfigCallback):
@@ -31,19 +32,47 @@ class LoggerSaveConfigCallback(SaveConfigCallback):
 
 
 def fit_summary(trainer: Trainer, wall_time_s: float) -> Table:
-    """Rounds run, final global-model metrics, bytes moved, wall time and log location."""
-    metrics = trainer.callback_metrics
+    """Rounds run, the global model's final validation (and, if run, test) metrics under the
+    module's own names, bytes moved, wall time and log location."""
     loop = trainer.fit_loop
     table = Table(title="Federated fit summary", show_header=False)
     table.add_row("rounds run", str(trainer.current_epoch))
-    for key, label in (("val_acc", "global test accuracy"), ("val_loss", "global test loss")):
-        if key in metrics:
-            table.add_row(label, f"{float(metrics[key]):.4f}")
+    for label, value in evaluation_rows(trainer):
+        table.add_row(label, value)
     table.add_row("uploaded", _human_bytes(loop.total_upload_bytes))
     table.add_row("downloaded", _human_bytes(loop.total_download_bytes))
     table.add_row("wall time", f"{wall_time_s:.1f} s")
     table.add_row("logs", str(_log_dir(trainer)) if trainer.loggers else "(no logger)")
     return table
+
+
+def evaluation_rows(trainer: Trainer) -> list[tuple[str, str]]:
+    """``(label, value)`` rows of the final validation and test metrics, never one labelled as the other.
+
+    Validation: the ``ModelCheckpoint``/``EarlyStopping`` monitors first, then every other
+    metric the module logged in validation. Test: what :class:`~fl_lightning.callbacks.TestCurve`
+    logged, else how to get test numbers.
+
+    Raises:
+        ValueError: A monitored metric was never logged (names it and lists those that were).
+    """
+    metrics = trainer.callback_metrics
+    monitors = monitored_metrics(trainer)
+    for name in monitors:
+        require_logged(name, metrics, role="The monitored metric")
+    validation = [*monitors, *(m for m in logged_validation_metrics(trainer) if m not in monitors and m in metrics)]
+    rows = [
+        (f"validation {name}" + (f" (monitored, {monitors[name]})" if name in monitors else ""), f"{float(metrics[name]):.4f}")
+        for name in validation
+    ]
+    if not rows:
+        rows.append(("validation", "none (no validation set, or validation never due)"))
+    tested = [m for m in logged_test_metrics(trainer) if m in metrics]
+    rows += [(f"test {name} (TestCurve, not for selection)", f"{float(metrics[name]):.4f}") for name in tested]
+    if not tested:
+        checkpoint = getattr(trainer.checkpoint_callback, "best_model_path", "") or "<checkpoint>"
+        rows.append(("test", f"not run in fit: fl-lightning test --config <this config> --ckpt_path {checkpoint}"))
+    return rows
 
 
 def _human_bytes(n: int) -> str:

@@ -229,13 +229,13 @@ class _LoggingLogisticRegression(LogisticRegression):
 def _tiny_fit(**trainer_kwargs: Any) -> tuple[FederatedTrainer, _RecordingLogger, LogisticRegression]:
     g = torch.Generator().manual_seed(0)
     train = InMemoryDataset(inputs=torch.randn(24, 4, generator=g), labels=torch.randint(0, 2, (24,), generator=g), num_classes=2)
-    test = InMemoryDataset(inputs=torch.randn(8, 4, generator=g), labels=torch.randint(0, 2, (8,), generator=g), num_classes=2)
+    val = InMemoryDataset(inputs=torch.randn(8, 4, generator=g), labels=torch.randint(0, 2, (8,), generator=g), num_classes=2)
     logger = _RecordingLogger()
     trainer = FederatedTrainer(
         **{**QUIET, "logger": logger, "log_every_n_steps": 1, "max_epochs": 3, "clients_per_round": 2, **trainer_kwargs}
     )
     model = _LoggingLogisticRegression(in_features=4, num_classes=2, lr=0.1)
-    trainer.fit(model, datamodule=FederatedDataModule(train, test, num_clients=3, batch_size=4))
+    trainer.fit(model, datamodule=FederatedDataModule(train, val=val, num_clients=3, batch_size=4))
     return trainer, logger, model
 
 
@@ -272,3 +272,8 @@ def test_every_logger_counts_rounds_and_validation_runs_once_per_round() -> None
     assert trainer.fit_loop.epoch_loop._batches_that_stepped == trainer.global_step
 
 
+def test_evaluation_results_record_each_metrics_hook_and_name() -> None:
+    trainer, _, _ = _tiny_fit()
+    assert compat.evaluation_metric_names(trainer, "validate") == ["val_loss", "val_acc"]
+    assert compat.evaluation_metric_names(trainer, "test") == []
+    assert isinstance(trainer.test_loop.verbose, bool), REVIEW  # run_test_during_fit silences it

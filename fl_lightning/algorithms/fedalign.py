@@ -64,8 +64,9 @@ class FedALIGN(Algorithm):
     Each round logs ``round/priority_loss`` (:math:`F(w_t)`), ``round/epsilon``,
     ``round/accepted_nonpriority``, ``round/theta`` (:math:`1/(1+\sum_{accepted} p_k)`), and, for
     the new global model, ``round/priority_test_acc``/``round/priority_test_loss``: test accuracy
-    and loss per class weighted by the priority clients' class proportions. ``val_acc`` stays the
-    full-test-set accuracy.
+    and loss per class weighted by the priority clients' class proportions (a per-round test
+    curve, not for model selection). The module's validation metrics stay on the server's whole
+    validation set.
 
     Args:
         priority: priority client ids, or a count (the first ``n`` ids), or ``None`` to read

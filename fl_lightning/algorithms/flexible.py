@@ -169,7 +169,7 @@ class FlexibleParticipation(Algorithm):
         elif self._evaluated is None:
             rank_zero_warn(
                 "The objective changes over rounds but the data has no per-client held-out split "
-                "(holdout_fraction=0): the server keeps evaluating on the full test set."
+                "(holdout_fraction=0): the server keeps validating on its whole validation set."
             )
         self._evaluated = members
 

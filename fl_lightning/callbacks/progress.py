@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import lightning.pytorch as pl
@@ -14,17 +15,25 @@ from fl_lightning.algorithms.base import ClientContext, ClientUpdate
 from fl_lightning.callbacks.federated_callback import FederatedCallback
 from fl_lightning.distributed.sharding import shard
 
+#: The federated loop's own round metric: the mean of the round's client training losses.
+TRAIN_LOSS = "round/train_loss"
+
 
 class FederatedProgressBar(ProgressBar, FederatedCallback):
     """Two Rich bars: rounds done, and clients done in the current round, with the latest metrics.
 
     Installed by :class:`~fl_lightning.FederatedTrainer` unless ``enable_progress_bar=False`` or
     another progress bar is given.
+
+    Args:
+        metrics: the metrics to show, from ``trainer.callback_metrics`` and the round's metrics;
+            by default every metric logged with ``prog_bar=True`` (Lightning's
+            :meth:`get_metrics`) and the round's mean training loss.
     """
 
-    def __init__(self, metrics: tuple[str, ...] = ("val_acc", "val_loss", "round/train_loss")) -> None:
+    def __init__(self, metrics: Sequence[str] | None = None) -> None:
         super().__init__()
-        self.metrics = metrics
+        self.metrics = None if metrics is None else tuple(metrics)
         self._enabled = True
         self._progress: Progress | None = None
         self._rounds = self._clients = None
@@ -73,8 +82,12 @@ class FederatedProgressBar(ProgressBar, FederatedCallback):
     def on_round_aggregated(self, trainer: pl.Trainer, pl_module: pl.LightningModule, round_idx: int, metrics: dict[str, float]) -> None:
         if self._progress is None:
             return
-        values = {**{k: float(v) for k, v in trainer.callback_metrics.items()}, **metrics}
-        info = "  ".join(f"{k}={values[k]:.4g}" for k in self.metrics if k in values)
+        if self.metrics is None:
+            values = {**self.get_metrics(trainer, pl_module), **{k: v for k, v in metrics.items() if k == TRAIN_LOSS}}
+        else:
+            available = {**trainer.callback_metrics, **metrics}
+            values = {k: available[k] for k in self.metrics if k in available}
+        info = "  ".join(f"{k}={_format(v)}" for k, v in values.items())
         self._progress.update(self._rounds, advance=1, info=info)
 
     @override
@@ -89,3 +102,11 @@ class FederatedProgressBar(ProgressBar, FederatedCallback):
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
+
+
+def _format(value: Any) -> str:
+    # Lightning's standard metrics include the logger's version, which may be a string.
+    try:
+        return f"{float(value):.4g}"
+    except (TypeError, ValueError):
+        return str(value)

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 from lightning.pytorch import LightningDataModule
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch.utils.data import DataLoader, Dataset, Subset
 from typing_extensions import override
 
@@ -15,6 +16,7 @@ from fl_lightning.data import partition_io
 from fl_lightning.data._checks import check_int
 from fl_lightning.data.batches import ClientBatches, client_batches
 from fl_lightning.data.partitioners import IID, Partitioner
+from fl_lightning.data.validation_split import ValidationSplit, check_val_fraction, split_validation
 from fl_lightning.utils.init_args import RecordsInitArgs
 
 # Entropy appended to the seed for the held-out split, so that it is independent of the
@@ -42,21 +44,31 @@ def host_array(values: Any) -> np.ndarray:
 class FederatedDataModule(RecordsInitArgs, LightningDataModule):
     """Partitions a training set among clients and serves each client's batches.
 
-    The partition is computed once, with ``partitioner(..., rng=np.random.default_rng(seed))``,
-    or read from ``partition_file`` when that file exists (and written there otherwise). With
-    ``holdout_fraction > 0`` each client then sets aside that fraction of its samples (at least
-    one, never all), chosen from ``seed`` alone, as a local validation split; the partition file
-    stores the partition before this split.
+    Three splits, never mixed (``docs/evaluation.md``): the clients' training data; the server's
+    validation set (``val_dataloader``: model selection, ``EarlyStopping``, the monitored metric);
+    the test set (``test_dataloader``: ``trainer.test()`` only). The validation set is ``val``, or
+    with ``val_fraction`` a uniformly random fraction of ``train`` drawn from ``seed`` alone and
+    removed *before* partitioning, so no client ever trains on it and it follows the pooled
+    training distribution whatever the partitioner. With neither, nothing is validated (a
+    warning says so): the test set never stands in for the validation set.
+
+    The partition is computed once, with ``partitioner(..., rng=np.random.default_rng(seed))``
+    over the remaining samples, or read from ``partition_file`` when that file exists (and
+    written there otherwise). With ``holdout_fraction > 0`` each client then sets aside that
+    fraction of its samples (at least one, never all), chosen from ``seed`` alone, as its local
+    held-out data; the partition file stores the partition before this split.
 
     Args:
         train: The training set; samples are ``(x, y)`` tuples.
-        test: The server's evaluation set, served by ``val_dataloader`` and ``test_dataloader``.
+        test: The test set, served by ``test_dataloader`` only.
+        val: The server's validation set (exclusive with ``val_fraction``).
+        val_fraction: Fraction of ``train`` split off as the validation set, in ``(0, 1)``.
         partitioner: How to split ``train``; :class:`~fl_lightning.data.IID` by default.
         num_clients: Number of clients.
         batch_size: Clients' local batch size.
         eval_batch_size: Batch size of the evaluation dataloaders.
         holdout_fraction: Fraction of each client's samples held out, in ``[0, 1)``.
-        seed: Seed of the partition and the held-out split.
+        seed: Seed of the validation split, the partition and the held-out split.
         partition_file: JSON file to load the partition from, or to save it to. Its schema
             (see :mod:`fl_lightning.data.partition_io`) is ``{"num_clients": n, "clients":
             [[i, ...], ...]}``: exactly these two keys, ``num_clients`` equal to this
@@ -71,6 +83,8 @@ class FederatedDataModule(RecordsInitArgs, LightningDataModule):
         train: Dataset,
         test: Dataset | None = None,
         *,
+        val: Dataset | None = None,
+        val_fraction: float | None = None,
         partitioner: Partitioner | None = None,
         num_clients: int = 10,
         batch_size: int = 10,
@@ -87,22 +101,33 @@ class FederatedDataModule(RecordsInitArgs, LightningDataModule):
         if not 0 <= holdout_fraction < 1:
             raise ValueError(f"holdout_fraction must be in [0, 1), got {holdout_fraction!r}.")
         self.num_workers = check_int("num_workers", num_workers, minimum=0)
-        self.train = train
-        if num_clients > self._num_samples():
+        if val is not None and val_fraction is not None:
             raise ValueError(
-                f"num_clients={num_clients} exceeds the {self._num_samples()} training samples; "
-                "every client needs at least one sample."
+                f"Pass either val (a validation set) or val_fraction (split one off train), not both; got "
+                f"val={type(val).__name__} and val_fraction={val_fraction!r}."
+            )
+        # NumPy seed sequences reject negative entropy.
+        self.seed = check_int("seed", seed, minimum=0)
+        self.train = train
+        self.val = val
+        self.val_fraction = None if val_fraction is None else check_val_fraction(val_fraction)
+        self._split: ValidationSplit | None = None
+        if self.val_fraction is not None:
+            self._split = split_validation(self._num_samples(), self.val_fraction, self.seed)
+        if num_clients > self._num_client_samples():
+            raise ValueError(
+                f"num_clients={num_clients} exceeds the {self._num_client_samples()} training samples left to "
+                "the clients; every client needs at least one sample."
             )
         self.test = test
         self.partitioner = partitioner if partitioner is not None else IID()
         self.holdout_fraction = float(holdout_fraction)
-        # NumPy seed sequences reject negative entropy.
-        self.seed = check_int("seed", seed, minimum=0)
         self.partition_file = partition_file
         self._full_parts: list[np.ndarray] = []
         self._train_parts: list[np.ndarray] | None = None
         self._holdout_parts: list[np.ndarray] = []
         self.evaluation_clients: list[int] | None = None
+        self._warned_no_validation = False
 
     @classmethod
     def from_datamodule(
@@ -115,9 +140,10 @@ class FederatedDataModule(RecordsInitArgs, LightningDataModule):
         **kwargs: Any,
     ) -> FederatedDataModule:
         """Federates an ordinary ``LightningDataModule``: its training set is partitioned among
-        clients and its validation set becomes the server's evaluation set.
+        clients, its validation set becomes the server's validation set and its test set the test set.
 
-        The clients' batch size defaults to that of the datamodule's ``train_dataloader``.
+        The clients' batch size defaults to that of the datamodule's ``train_dataloader``. A
+        datamodule without ``val_dataloader`` can pass ``val_fraction`` to split one off the training set.
 
         Example::
 
@@ -126,11 +152,16 @@ class FederatedDataModule(RecordsInitArgs, LightningDataModule):
         datamodule.prepare_data()
         datamodule.setup("fit")
         train_loader = datamodule.train_dataloader()
-        val_loader = datamodule.val_dataloader() if _overrides(datamodule, "val_dataloader") else None
+        if _overrides(datamodule, "val_dataloader"):
+            kwargs.setdefault("val", datamodule.val_dataloader().dataset)
+        test = None
+        if _overrides(datamodule, "test_dataloader"):
+            datamodule.setup("test")
+            test = datamodule.test_dataloader().dataset
         kwargs.setdefault("batch_size", train_loader.batch_size or 1)
         return cls(
             train_loader.dataset,
-            None if val_loader is None else val_loader.dataset,
+            test,
             partitioner=partitioner,
             num_clients=num_clients,
             seed=seed,
@@ -157,9 +188,22 @@ class FederatedDataModule(RecordsInitArgs, LightningDataModule):
             self.load_partition(path)
             return
         rng = np.random.default_rng(self.seed)
-        self._set_partition(self.partitioner(self._partition_input(), self._num_samples(), self.num_clients, rng))
+        if self._split is None:
+            parts = self.partitioner(self._partition_input(), self._num_samples(), self.num_clients, rng)
+        else:
+            # Partition the pool left after the validation split, then map back to training-set indices.
+            pool = self._split.pool
+            values = self._partition_input()
+            parts = self.partitioner(None if values is None else values[pool], len(pool), self.num_clients, rng)
+            parts = [pool[np.asarray(part, dtype=np.int64)] for part in parts]
+        self._set_partition(parts)
         if path is not None:
             self.save_partition(path)
+
+    @property
+    def validation_indices(self) -> np.ndarray:
+        """Sorted training-set indices of the validation split (empty unless ``val_fraction`` is set)."""
+        return np.empty(0, dtype=np.int64) if self._split is None else self._split.validation
 
     def client_indices(self, cid: int) -> np.ndarray:
         """Sorted training-set indices of client ``cid``'s training samples (held-out ones excluded)."""
@@ -215,6 +259,13 @@ class FederatedDataModule(RecordsInitArgs, LightningDataModule):
     def load_partition(self, path: str | os.PathLike[str]) -> None:
         """Replaces the partition by the one in ``path``, validated against this datamodule."""
         parts = partition_io.load_partition(path, num_clients=self.num_clients, num_samples=self._num_samples())
+        leaked = np.intersect1d(np.concatenate(parts), self.validation_indices)
+        if leaked.size:
+            raise ValueError(
+                f"partition file {str(path)!r} gives {leaked.size} validation samples (e.g. index {leaked[0]}) to "
+                f"clients, but val_fraction={self.val_fraction} reserves them for the server: it was written "
+                "with another val_fraction or seed; delete it to partition again."
+            )
         self._set_partition(parts)
 
     @override
@@ -227,10 +278,10 @@ class FederatedDataModule(RecordsInitArgs, LightningDataModule):
         return self._loader(Subset(self.train, pooled.tolist()), shuffle=True, batch_size=self.batch_size)
 
     def set_evaluation_clients(self, clients: list[int] | None) -> None:
-        """Evaluates the global model on these clients' held-out samples instead of the test set.
+        """Validates the global model on these clients' held-out samples instead of the validation set.
 
         Used when the objective is a subset of the clients (e.g. after arrivals or departures);
-        ``None`` restores the test set. Needs ``holdout_fraction > 0``.
+        ``None`` restores the validation set. Needs ``holdout_fraction > 0``. The test set is unaffected.
         """
         if clients is not None:
             if self.holdout_fraction == 0:
@@ -240,17 +291,28 @@ class FederatedDataModule(RecordsInitArgs, LightningDataModule):
 
     @override
     def val_dataloader(self) -> DataLoader[Any] | list[Any]:
-        """The server's evaluation set for the global model: the test set, or the held-out samples
-        of :attr:`evaluation_clients` when set (none: no evaluation)."""
+        """The server's validation set for the global model, or the held-out samples of
+        :attr:`evaluation_clients` when set; none (with a one-time warning) without either."""
         if self.evaluation_clients is not None:
             self._parts()
             held = np.concatenate([self._holdout_parts[c] for c in self.evaluation_clients])
             return self._loader(Subset(self.train, np.sort(held).tolist()), shuffle=False)
-        return [] if self.test is None else self._loader(self.test, shuffle=False)
+        if self.val is not None:
+            return self._loader(self.val, shuffle=False)
+        if self._split is not None:
+            return self._loader(Subset(self.train, self._split.validation.tolist()), shuffle=False)
+        if not self._warned_no_validation:
+            self._warned_no_validation = True
+            rank_zero_warn(
+                "FederatedDataModule has no validation set, so the global model is not validated and no model "
+                "selection (ModelCheckpoint/EarlyStopping monitor) can happen; the test set is never used in its "
+                "place. Pass val=... or val_fraction=... (e.g. 0.1)."
+            )
+        return []
 
     @override
     def test_dataloader(self) -> DataLoader[Any]:
-        """The test set, for the server's evaluation of the global model."""
+        """The test set, for ``trainer.test()`` (and the opt-in :class:`~fl_lightning.callbacks.TestCurve`)."""
         return self._loader(self._test_set(), shuffle=False)
 
     def _set_partition(self, parts: list[np.ndarray]) -> None:
@@ -274,6 +336,9 @@ class FederatedDataModule(RecordsInitArgs, LightningDataModule):
 
     def _num_samples(self) -> int:
         return len(self.train)  # type: ignore[arg-type]
+
+    def _num_client_samples(self) -> int:
+        return self._num_samples() if self._split is None else len(self._split.pool)
 
     def _parts(self) -> list[np.ndarray]:
         # Partitions on first use, so the datamodule also works outside a Trainer.
@@ -301,7 +366,7 @@ class FederatedDataModule(RecordsInitArgs, LightningDataModule):
 
     def _test_set(self) -> Dataset[Any]:
         if self.test is None:
-            raise RuntimeError("FederatedDataModule has no test set; pass test=... to evaluate the global model.")
+            raise RuntimeError("FederatedDataModule has no test set; pass test=... to test the global model.")
         return self.test
 
     def _loader(self, dataset: Dataset[Any], *, shuffle: bool, batch_size: int | None = None) -> DataLoader[Any]:

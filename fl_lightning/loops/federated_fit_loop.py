@@ -308,6 +308,8 @@ class FederatedFitLoop(compat.FitLoopBase):
         )
         if combined.stop:
             raise SIGTERMException
+        # The logging step counts every client's steps, as one process would, not this rank's share.
+        compat.advance_log_step(self.trainer, sum(r.num_steps for r in combined.reports) - sum(u.num_steps for u in local))
         aggregated = len(clients) - combined.dropped - combined.rejected
         metrics, rolled_back = {}, False
         if aggregated:

@@ -14,7 +14,8 @@ from lightning.pytorch.loggers import WandbLogger
 from typing_extensions import override
 
 from fl_lightning.callbacks.federated_callback import FederatedCallback
-from fl_lightning.study.metrics import MODEL_VERSION, VAL_ACC, VAL_LOSS, VIRTUAL_TIME, History, summarize_run
+from fl_lightning.study.metrics import MODEL_VERSION, VIRTUAL_TIME, History, summarize_run
+from fl_lightning.utils.metric_names import logged_validation_metrics, monitored_metrics
 
 #: The step key Lightning's ``WandbLogger`` writes; the federated loop logs with the round as step.
 ROUND_AXIS = "trainer/global_step"
@@ -23,10 +24,12 @@ ROUND_AXIS = "trainer/global_step"
 class CompletionMarker(Callback):
     """Writes ``path`` when ``fit`` ends normally: the evidence that a run finished.
 
-    An exit status of 0 is not: Lightning stops gracefully, and exits 0, on SIGTERM.
+    An exit status of 0 is not: Lightning stops gracefully, and exits 0, on SIGTERM. The
+    marker also records the metric names the study reports: what the module logged in
+    validation and what the run's ``ModelCheckpoint``/``EarlyStopping`` monitor.
 
     Args:
-        path: the marker file (JSON: when, and the rounds run).
+        path: the marker file (JSON: when, the rounds run, ``validation_metrics``, ``monitors``: name -> mode).
     """
 
     def __init__(self, path: str) -> None:
@@ -36,7 +39,12 @@ class CompletionMarker(Callback):
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if getattr(trainer, "received_sigterm", False) or trainer.interrupted:
             return
-        marker = {"finished": datetime.now(timezone.utc).isoformat(timespec="seconds"), "rounds": trainer.current_epoch}
+        marker = {
+            "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "rounds": trainer.current_epoch,
+            "validation_metrics": logged_validation_metrics(trainer),
+            "monitors": monitored_metrics(trainer),
+        }
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(marker))
         os.replace(tmp, self.path)
@@ -49,18 +57,28 @@ class WandbRunSummary(FederatedCallback):
     Every metric is plotted against the round (``trainer/global_step``) by default; virtual
     time and model version, which asynchronous loops log every round, are declared as
     metrics of their own (pick them as the x-axis of a W&B chart), with their maximum in
-    the summary. The summary gets ``final/val_acc``,
-    ``best/val_acc``, ``final/val_loss``, ``best/val_loss``, ``rounds_to_target``, the byte
-    totals and ``<reduction>/<metric>`` for the study's extra metrics and the algorithm's
-    ``summary_metrics``. The per-round history is checkpointed, so a resumed run's summary
-    covers all its rounds.
+    the summary. The summary gets :func:`~fl_lightning.study.metrics.summarize_run`'s keys:
+    ``final/<metric>`` of every metric the module logged in validation, ``best/<monitor>``,
+    ``rounds_to_target``, the byte totals and ``<reduction>/<metric>`` for the study's extra
+    metrics and the algorithm's ``summary_metrics``. The per-round history is checkpointed, so a
+    resumed run's summary covers all its rounds.
 
     Args:
-        target_accuracy: ``val_acc`` threshold for ``rounds_to_target``.
+        monitor: the metric behind ``best/`` and ``rounds_to_target`` (default: the trainer's
+            ``ModelCheckpoint``/``EarlyStopping`` monitor, if any).
+        mode: ``"max"`` or ``"min"``: how ``monitor`` improves (default ``"max"``, or the monitoring callback's).
+        target_accuracy: the threshold of ``monitor`` for ``rounds_to_target``.
         metrics: extra round metrics to summarise: name -> reduction (``final``, ``mean``, ...).
     """
 
-    def __init__(self, target_accuracy: float | None = None, metrics: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        monitor: str | None = None,
+        mode: str | None = None,
+        target_accuracy: float | None = None,
+        metrics: dict[str, str] | None = None,
+    ) -> None:
+        self.monitor, self.mode = monitor, mode
         self.target_accuracy = target_accuracy
         self.metrics = dict(metrics or {})
         self.history: History = []
@@ -79,9 +97,10 @@ class WandbRunSummary(FederatedCallback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, round_idx: int, metrics: dict[str, float]
     ) -> None:
         row = {"round": float(round_idx), **{k: float(v) for k, v in metrics.items()}}
-        for key in (VAL_ACC, VAL_LOSS):
-            if key in trainer.callback_metrics:
-                row[key] = float(trainer.callback_metrics[key])
+        logged = trainer.callback_metrics
+        for key in [*logged_validation_metrics(trainer), *monitored_metrics(trainer), *filter(None, [self.monitor])]:
+            if key in logged:
+                row[key] = float(logged[key])
         # A round re-run after a mid-round resume replaces its earlier record.
         self.history = [r for r in self.history if r["round"] < round_idx] + [row]
 
@@ -89,7 +108,16 @@ class WandbRunSummary(FederatedCallback):
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         algorithm = getattr(trainer, "algorithm", None)
         metrics = [*dict(getattr(type(algorithm), "summary_metrics", None) or {}).items(), *self.metrics.items()]
-        summary = summarize_run(self.history, target_accuracy=self.target_accuracy, metrics=metrics)
+        monitors = monitored_metrics(trainer)
+        monitor = self.monitor or next(iter(monitors), None)
+        summary = summarize_run(
+            self.history,
+            validation=logged_validation_metrics(trainer),
+            monitor=monitor,
+            mode=self.mode or monitors.get(monitor or "", "max"),
+            target=self.target_accuracy,
+            metrics=metrics,
+        )
         summary = {k: v for k, v in summary.items() if v is not None}
         for run in _wandb_runs(trainer):
             run.summary.update(summary)

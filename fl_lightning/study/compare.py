@@ -101,7 +101,9 @@ def run_study(spec: StudySpec, *, report_only: bool = False, console: Console | 
         from fl_lightning.study.plots import write_plots
 
         ordered = {arm.name: histories[arm.name] for arm in spec.arms if histories[arm.name]}
-        result.plots = write_plots(study_dir / "plots", ordered, study=spec.name, target=spec.target_accuracy)
+        # The validation metrics of the finished runs, the monitored one first (its "final/" key comes first).
+        metrics = list(dict.fromkeys(k.partition("/")[2] for r in result.records if r.status == DONE for k in r.scores))
+        result.plots = write_plots(study_dir / "plots", ordered, metrics=metrics, study=spec.name, target=spec.target_accuracy)
     if spec.wandb is not None:
         from fl_lightning.study.tracking import log_summary_run
 

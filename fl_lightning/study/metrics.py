@@ -16,8 +16,9 @@ from typing import Any
 
 import numpy as np
 
-#: Metric names the study reads; the loop logs them in every round's row.
-VAL_ACC, VAL_LOSS = "val_acc", "val_loss"
+from fl_lightning.utils.metric_names import MODES, require_logged
+
+#: The loop's own metrics the study reads; it logs them in every round's row.
 TOTAL_UPLOAD, TOTAL_DOWNLOAD = "round/total_upload_bytes", "round/total_download_bytes"
 #: Asynchronous loops log these beside the round; a study plots against them when present.
 VIRTUAL_TIME, MODEL_VERSION = "round/virtual_time", "round/version"
@@ -73,15 +74,17 @@ def series(history: History, key: str) -> np.ndarray:
     return np.asarray([row[key] for row in history if key in row], dtype=float)
 
 
-def rounds_to_target(history: History, target: float, key: str = VAL_ACC) -> int | None:
+def rounds_to_target(history: History, target: float, key: str, mode: str = "max") -> int | None:
     """Rounds run until ``key`` first reached ``target`` (1 if after the first round), or ``None``.
 
+    Reached means ``>= target`` with ``mode="max"`` (an accuracy), ``<= target`` with ``"min"`` (a loss).
+
     Example:
-        >>> rounds_to_target([{"round": 0, "val_acc": 0.5}, {"round": 1, "val_acc": 0.8}], 0.75)
+        >>> rounds_to_target([{"round": 0, "val/acc": 0.5}, {"round": 1, "val/acc": 0.8}], 0.75, "val/acc")
         2
     """
     for row in history:
-        if key in row and row[key] >= target:
+        if key in row and (row[key] >= target if mode == "max" else row[key] <= target):
             return int(row["round"]) + 1
     return None
 
@@ -95,35 +98,58 @@ def reduce(values: np.ndarray, reduction: str) -> float | None:
     return float(getattr(np, reduction)(values))
 
 
+def validation_keys(validation: Sequence[str], monitor: str | None) -> list[str]:
+    """The summary keys of the validation metrics: ``final/`` and ``best/`` of the monitor, then ``final/`` of the others.
+
+    Example:
+        >>> validation_keys(["val/nll", "val/acc"], "val/acc")
+        ['final/val/acc', 'best/val/acc', 'final/val/nll']
+    """
+    monitored = [f"final/{monitor}", f"best/{monitor}"] if monitor else []
+    return monitored + [f"final/{name}" for name in validation if name != monitor]
+
+
 def summarize_run(
     history: History,
     *,
-    target_accuracy: float | None = None,
+    validation: Sequence[str] = (),
+    monitor: str | None = None,
+    mode: str = "max",
+    target: float | None = None,
     metrics: Mapping[str, str] | Iterable[tuple[str, str]] = (),
 ) -> dict[str, float | None]:
-    """A run's summary numbers: final and best accuracy and loss, rounds, bytes, extra metrics.
+    """A run's summary numbers: its validation metrics, rounds, bytes, extra metrics.
 
-    Keys are ``<reduction>/<metric>`` (``final/val_acc``, ``best/val_loss``, ``mean/round/clients``)
-    plus ``rounds``, ``rounds_to_target``, ``total_upload_bytes`` and ``total_download_bytes``.
-    ``metrics`` are the extra ``(metric, reduction)`` pairs (or a metric -> reduction mapping).
+    Keys are :func:`validation_keys` (``final/<metric>`` of every validation metric, and
+    ``best/<monitor>``: its minimum or maximum over rounds by ``mode``), ``rounds``,
+    ``rounds_to_target`` (of ``monitor``), ``total_upload_bytes``, ``total_download_bytes``, and
+    ``<reduction>/<metric>`` of the extra ``(metric, reduction)`` pairs (or mapping) ``metrics``.
+
+    Raises:
+        ValueError: ``monitor`` is in none of the rounds of a non-empty history (names the metrics that are).
 
     Example:
-        >>> history = [{"round": 0, "val_acc": 0.5, "val_loss": 1.0}, {"round": 1, "val_acc": 0.4, "val_loss": 0.9}]
-        >>> s = summarize_run(history, target_accuracy=0.5)
-        >>> s["final/val_acc"], s["best/val_acc"], s["best/val_loss"], s["rounds_to_target"]
+        >>> history = [{"round": 0, "val/acc": 0.5, "val/nll": 1.0}, {"round": 1, "val/acc": 0.4, "val/nll": 0.9}]
+        >>> s = summarize_run(history, validation=["val/acc", "val/nll"], monitor="val/acc", target=0.5)
+        >>> s["final/val/acc"], s["best/val/acc"], s["final/val/nll"], s["rounds_to_target"]
         (0.4, 0.5, 0.9, 1)
     """
-    acc, loss = series(history, VAL_ACC), series(history, VAL_LOSS)
-    summary: dict[str, float | None] = {
-        "final/val_acc": reduce(acc, "final"),
-        "best/val_acc": reduce(acc, "max"),
-        "final/val_loss": reduce(loss, "final"),
-        "best/val_loss": reduce(loss, "min"),
-        "rounds": float(len(history)),
-        "rounds_to_target": None if target_accuracy is None else rounds_to_target(history, target_accuracy),
-        "total_upload_bytes": reduce(series(history, TOTAL_UPLOAD), "final"),
-        "total_download_bytes": reduce(series(history, TOTAL_DOWNLOAD), "final"),
-    }
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}.")
+    if monitor is not None and history:
+        require_logged(monitor, {key for row in history for key in row} - {"round"}, role="The monitored metric")
+    summary: dict[str, float | None] = {}
+    for key in validation_keys(validation, monitor):
+        reduction, _, name = key.partition("/")
+        summary[key] = reduce(series(history, name), "final" if reduction == "final" else mode)
+    summary.update(
+        {
+            "rounds": float(len(history)),
+            "rounds_to_target": None if target is None or monitor is None else rounds_to_target(history, target, monitor, mode),
+            "total_upload_bytes": reduce(series(history, TOTAL_UPLOAD), "final"),
+            "total_download_bytes": reduce(series(history, TOTAL_DOWNLOAD), "final"),
+        }
+    )
     for metric, reduction in metrics.items() if isinstance(metrics, Mapping) else metrics:
         summary[f"{reduction}/{metric}"] = reduce(series(history, metric), reduction)
     return summary

@@ -1,4 +1,7 @@
-"""PNG plots of a study: one line per arm, the mean over seeds with a ±1 std band (needs matplotlib)."""
+"""PNG plots of a study: one line per arm, the mean over seeds with a ±1 std band (needs matplotlib).
+
+The plotted metrics are the runs' own validation metrics (see :mod:`fl_lightning.study.report`).
+"""
 
 from __future__ import annotations
 
@@ -7,9 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import re
+
 import numpy as np
 
-from fl_lightning.study.metrics import TOTAL_UPLOAD, VAL_ACC, VAL_LOSS, VIRTUAL_TIME, History, byte_unit, mean_curve
+from fl_lightning.study.metrics import TOTAL_UPLOAD, VIRTUAL_TIME, History, byte_unit, mean_curve
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -29,12 +34,22 @@ class PlotSpec:
     bytes_axis: bool = False
 
 
-PLOTS = (
-    PlotSpec("accuracy_vs_round", ROUND, VAL_ACC, "round", "test accuracy"),
-    PlotSpec("accuracy_vs_upload", TOTAL_UPLOAD, VAL_ACC, "uploaded by all clients", "test accuracy", bytes_axis=True),
-    PlotSpec("accuracy_vs_virtual_time", VIRTUAL_TIME, VAL_ACC, "virtual time", "test accuracy"),
-    PlotSpec("loss_vs_round", ROUND, VAL_LOSS, "round", "test loss"),
-)
+def plot_specs(metrics: Sequence[str]) -> list[PlotSpec]:
+    """``<metric>_vs_round`` for every metric; the first (the monitored one) also against the bytes
+    uploaded and the virtual time. File names replace characters other than letters, digits, ``.-_`` by ``_``.
+
+    Example:
+        >>> [plot.name for plot in plot_specs(["val/acc", "val/nll"])]
+        ['val_acc_vs_round', 'val_acc_vs_upload', 'val_acc_vs_virtual_time', 'val_nll_vs_round']
+    """
+    plots = []
+    for index, metric in enumerate(metrics):
+        stem = re.sub(r"[^A-Za-z0-9._-]", "_", metric)
+        plots.append(PlotSpec(f"{stem}_vs_round", ROUND, metric, "round", metric))
+        if index == 0:
+            plots.append(PlotSpec(f"{stem}_vs_upload", TOTAL_UPLOAD, metric, "uploaded by all clients", metric, bytes_axis=True))
+            plots.append(PlotSpec(f"{stem}_vs_virtual_time", VIRTUAL_TIME, metric, "virtual time", metric))
+    return plots
 
 
 def require_matplotlib() -> None:
@@ -58,7 +73,7 @@ def curve(history: History, x: str, y: str) -> tuple[np.ndarray, np.ndarray]:
 def draw(
     plot: PlotSpec, histories: Mapping[str, Sequence[History]], *, title: str = "", target: float | None = None
 ) -> Figure | None:
-    """The figure of ``plot``, one line per arm; ``None`` if no run logged its x and y."""
+    """The figure of ``plot``, one line per arm (and a dashed ``target`` line); ``None`` if no run logged its x and y."""
     require_matplotlib()
     from matplotlib.figure import Figure
 
@@ -77,7 +92,7 @@ def draw(
         (line,) = axes.plot(x, mean, label=f"{arm} (n={len(runs)})", marker="o" if len(x) <= 12 else None, markersize=3)
         if len(runs) > 1:
             axes.fill_between(x, mean - std, mean + std, color=line.get_color(), alpha=0.2, linewidth=0)
-    if target is not None and plot.y == VAL_ACC:
+    if target is not None:
         axes.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target:g}")
     axes.set_xlabel(f"{plot.xlabel} ({unit})" if unit else plot.xlabel)
     axes.set_ylabel(plot.ylabel)
@@ -88,13 +103,22 @@ def draw(
 
 
 def write_plots(
-    directory: Path, histories: Mapping[str, Sequence[History]], *, study: str = "", target: float | None = None
+    directory: Path,
+    histories: Mapping[str, Sequence[History]],
+    *,
+    metrics: Sequence[str],
+    study: str = "",
+    target: float | None = None,
 ) -> dict[str, Path]:
-    """Draws every plot that has data into ``directory/<name>.png``; returns name -> path."""
+    """Draws every plot of :func:`plot_specs` that has data into ``directory/<name>.png``; returns name -> path.
+
+    ``target`` is drawn on the plots of the first metric (the monitored one).
+    """
     directory.mkdir(parents=True, exist_ok=True)
     written = {}
-    for plot in PLOTS:
-        figure = draw(plot, histories, title=f"{study}: {plot.ylabel} vs {plot.xlabel}" if study else "", target=target)
+    for plot in plot_specs(metrics):
+        title = f"{study}: {plot.ylabel} vs {plot.xlabel}" if study else ""
+        figure = draw(plot, histories, title=title, target=target if plot.y == metrics[0] else None)
         if figure is not None:
             path = directory / f"{plot.name}.png"
             figure.savefig(path)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from fl_lightning.study.metrics import (
     metrics_files,
     read_history,
     summarize_run,
+    validation_keys,
 )
 from fl_lightning.study.runner import DONE, FAILED, Run, RunState
 from fl_lightning.study.spec import StudySpec, load_yaml
@@ -34,6 +36,8 @@ class RunRecord:
     attempts: int
     history: History = field(default_factory=list)
     summary: dict[str, float | None] = field(default_factory=dict)
+    #: The summary keys of the run's validation metrics (:func:`~fl_lightning.study.metrics.validation_keys`).
+    scores: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,7 @@ def collect(spec: StudySpec, runs: Sequence[Run]) -> list[RunRecord]:
         files = metrics_files(run.csv_dir)
         metrics = [*_algorithm_metrics(files), *spec.metrics.items()]
         history = read_history(files)
+        validation, monitor, mode = reported_metrics(spec, run)
         records.append(
             RunRecord(
                 arm=run.arm.name,
@@ -63,12 +68,27 @@ def collect(spec: StudySpec, runs: Sequence[Run]) -> list[RunRecord]:
                 attempts=len(state.attempts),
                 history=history,
                 summary={
-                    **summarize_run(history, target_accuracy=spec.target_accuracy, metrics=metrics),
+                    **summarize_run(
+                        history, validation=validation, monitor=monitor, mode=mode, target=spec.target_accuracy, metrics=metrics
+                    ),
                     "wall_clock_s": state.wall_clock_s,
                 },
+                scores=validation_keys(validation, monitor),
             )
         )
     return records
+
+
+def reported_metrics(spec: StudySpec, run: Run) -> tuple[list[str], str | None, str]:
+    """The run's validation metrics, monitor and mode: the study's ``monitor``/``mode``, else the
+    run's first ``ModelCheckpoint``/``EarlyStopping`` monitor, as its completion marker recorded them."""
+    marker = json.loads(run.marker.read_text()) if run.marker.is_file() else {}
+    validation = list(marker.get("validation_metrics", []))
+    if spec.monitor is not None:
+        return validation, spec.monitor, spec.mode or "max"
+    monitors: dict[str, str] = marker.get("monitors", {})
+    monitor = next(iter(monitors), None)
+    return validation, monitor, monitors.get(monitor or "", "max")
 
 
 def _algorithm_metrics(files: Sequence[Path]) -> list[tuple[str, str]]:
@@ -80,13 +100,12 @@ def _algorithm_metrics(files: Sequence[Path]) -> list[tuple[str, str]]:
 
 
 def columns(spec: StudySpec, records: Sequence[RunRecord]) -> list[Column]:
-    """The base columns, then the study's and the algorithms' extra metrics."""
+    """The runs' validation metrics (``<metric> (final)``, ``<monitor> (best)``), rounds to target,
+    bytes and wall-clock, then the study's and the algorithms' extra metrics."""
     target = "" if spec.target_accuracy is None else f"{spec.target_accuracy:g}"
+    scores = dict.fromkeys(key for record in records for key in record.scores)
     base = [
-        Column("final/val_acc", "final acc"),
-        Column("best/val_acc", "best acc"),
-        Column("final/val_loss", "final loss"),
-        Column("best/val_loss", "best loss"),
+        *(Column(key, _label(key), "score") for key in scores),
         *([Column("rounds_to_target", f"rounds to {target}", "rounds")] if target else []),
         Column("total_upload_bytes", "uploaded", "bytes"),
         Column("total_download_bytes", "downloaded", "bytes"),
@@ -98,9 +117,13 @@ def columns(spec: StudySpec, records: Sequence[RunRecord]) -> list[Column]:
         for key in record.summary:
             if key not in known:
                 known.add(key)
-                reduction, _, metric = key.partition("/")
-                extra.append(Column(key, f"{metric} ({reduction})", "number"))
+                extra.append(Column(key, _label(key), "number"))
     return base + extra
+
+
+def _label(key: str) -> str:
+    reduction, _, metric = key.partition("/")
+    return f"{metric} ({reduction})"
 
 
 def arm_rows(spec: StudySpec, records: Sequence[RunRecord], cols: Sequence[Column]) -> list[dict[str, object]]:
@@ -172,8 +195,9 @@ def markdown(spec: StudySpec, cols: Sequence[Column], rows: Sequence[dict[str, o
         "",
         (
             f"Mean ± sample standard deviation over the finished runs of seeds {', '.join(map(str, spec.seeds))}. "
-            "Accuracy and loss are the global model's on the test split (`val_acc`, `val_loss`); "
-            "final = after the last round, best = over all rounds. Bytes are totals over all clients."
+            "Metrics are the module's own, logged in validation (the global model on the server's validation "
+            "split, never the test set): final = after the last round, best = the monitored metric's best round. "
+            "Bytes are totals over all clients."
         ),
         "",
         "| " + " | ".join(header) + " |",

@@ -157,7 +157,12 @@ def run_config(spec: StudySpec, run: Run, state: RunState, overrides: dict[str, 
         callbacks.append(
             {
                 "class_path": "fl_lightning.study.callback.WandbRunSummary",
-                "init_args": {"target_accuracy": spec.target_accuracy, "metrics": dict(spec.metrics)},
+                "init_args": {
+                    "monitor": spec.monitor,
+                    "mode": spec.mode,
+                    "target_accuracy": spec.target_accuracy,
+                    "metrics": dict(spec.metrics),
+                },
             }
         )
     trainer = {

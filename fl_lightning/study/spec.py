@@ -13,6 +13,8 @@ from typing import Any
 import yaml
 from jsonargparse import get_loader
 
+from fl_lightning.utils.metric_names import MODES
+
 #: How a run's per-round series of a metric becomes one number in the summary table.
 REDUCTIONS = ("final", "mean", "min", "max", "sum")
 #: The keys a run's seed is written to unless the study lists its own ``seed_keys``.
@@ -71,7 +73,11 @@ class StudySpec:
         base: ``fl-lightning`` config files every arm starts from.
         overrides: config values applied to every arm, before the arm's own.
         seed_keys: dotted config keys that receive the run's seed.
-        target_accuracy: the ``val_acc`` whose first crossing the table reports as "rounds to target".
+        monitor: the metric the table reports the best value of, and rounds to ``target_accuracy`` for
+            (a name the module logs, e.g. ``val_acc``); default: the runs' ``ModelCheckpoint``/``EarlyStopping``
+            monitor, else none (every validation metric's final value only).
+        mode: ``"max"`` or ``"min"``: how ``monitor`` improves; required with ``monitor``.
+        target_accuracy: the value of ``monitor`` whose first crossing the table reports as "rounds to target".
         metrics: extra table columns: logged metric name -> reduction over rounds (one of :data:`REDUCTIONS`).
         workers: runs in flight at once (each its own process).
         directory: the study directory (default ``studies/<name>``, relative to the working directory).
@@ -86,6 +92,8 @@ class StudySpec:
     base: tuple[Path, ...] = ()
     overrides: dict[str, Any] = field(default_factory=dict)
     seed_keys: tuple[str, ...] = DEFAULT_SEED_KEYS
+    monitor: str | None = None
+    mode: str | None = None
     target_accuracy: float | None = None
     metrics: dict[str, str] = field(default_factory=dict)
     workers: int = 1
@@ -114,9 +122,18 @@ class StudySpec:
             raise ValueError(f"Seeds must be distinct, got {list(self.seeds)}.")
         if not self.seed_keys:
             raise ValueError("`seed_keys` must name at least one config key (e.g. `seed_everything`).")
+        if self.monitor is not None and (not isinstance(self.monitor, str) or not self.monitor):
+            raise ValueError(f"`monitor` must be a logged metric's name, got {self.monitor!r}.")
+        if (self.monitor is None) != (self.mode is None) or (self.mode is not None and self.mode not in MODES):
+            raise ValueError(
+                f"`monitor` and `mode` go together, mode one of {list(MODES)} (how the metric improves); "
+                f"got monitor={self.monitor!r}, mode={self.mode!r}."
+            )
         target = self.target_accuracy
         if target is not None and (isinstance(target, bool) or not isinstance(target, (int, float)) or not 0 < target <= 1):
             raise ValueError(f"`target_accuracy` must be in (0, 1], got {target!r}.")
+        if target is not None and self.monitor is None:
+            raise ValueError(f"`target_accuracy: {target}` needs `monitor` (the metric to reach it) and `mode`.")
         for metric, reduction in self.metrics.items():
             if reduction not in REDUCTIONS:
                 raise ValueError(f"Metric {metric!r}: reduction must be one of {', '.join(REDUCTIONS)}, got {reduction!r}.")
@@ -235,7 +252,7 @@ def load_study(path: str | Path) -> StudySpec:
 
 
 _KNOWN_KEYS = {
-    "name", "arms", "seeds", "base", "overrides", "seed_keys", "target_accuracy",
+    "name", "arms", "seeds", "base", "overrides", "seed_keys", "monitor", "mode", "target_accuracy",
     "metrics", "workers", "directory", "wandb", "plots",
 }  # fmt: skip
 
@@ -269,6 +286,8 @@ def study_from_dict(data: Mapping[str, Any], *, root: Path = Path("."), source: 
         base=_paths(data.get("base", []), root),
         overrides=expand_dotted(data.get("overrides") or {}),
         seed_keys=tuple(data.get("seed_keys", DEFAULT_SEED_KEYS)),
+        monitor=data.get("monitor"),
+        mode=data.get("mode"),
         target_accuracy=float(target) if isinstance(target, int) and not isinstance(target, bool) else target,
         metrics=_metrics(data.get("metrics") or {}),
         workers=data.get("workers", 1),

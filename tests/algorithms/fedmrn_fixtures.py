@@ -54,10 +54,11 @@ def tiny_pm(seed: int = 0, **kwargs: Any) -> TinyProbabilityMasked:
     return TinyProbabilityMasked(**kwargs)
 
 
-def digits(num_clients: int = 6, batch_size: int = 32) -> FederatedDataModule:
+def digits(num_clients: int = 6, batch_size: int = 32, val_fraction: float | None = None) -> FederatedDataModule:
     return FederatedDataModule(
         Digits(split="train"),
         Digits(split="test"),
+        val_fraction=val_fraction,
         partitioner=Dirichlet(alpha=0.5),
         num_clients=num_clients,
         batch_size=batch_size,

@@ -1,4 +1,5 @@
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -149,20 +150,86 @@ def test_natural_without_client_ids() -> None:
         datamodule(partitioner=Natural()).setup("fit")
 
 
+VAL = InMemoryDataset(inputs=1000 + torch.arange(20.0).unsqueeze(1), labels=torch.arange(20) % 5, num_classes=5)
+
+
+def first_feature(loader) -> list[float]:
+    return torch.cat([x[:, 0] for x, _ in loader]).tolist()
+
+
 def test_dataloaders() -> None:
-    dm = datamodule(eval_batch_size=8, batch_size=16)
+    dm = datamodule(val=VAL, eval_batch_size=8, batch_size=16)
     train_seen = torch.cat([x[:, 0] for x, _ in dm.train_dataloader()])
     assert sorted(train_seen.long().tolist()) == list(range(200))
-    for loader in (dm.val_dataloader(), dm.test_dataloader()):
-        assert loader.batch_size == 8
-        assert torch.cat([x[:, 0] for x, _ in loader]).tolist() == [-float(i) for i in range(30)]
+    assert dm.val_dataloader().batch_size == dm.test_dataloader().batch_size == 8
+    assert first_feature(dm.val_dataloader()) == [1000.0 + i for i in range(20)]
+    assert first_feature(dm.test_dataloader()) == [-float(i) for i in range(30)]
+
+
+def test_without_validation_set_nothing_is_validated_and_a_warning_says_so() -> None:
+    dm = datamodule()  # a test set, but no val / val_fraction: the test set must not stand in
+    with pytest.warns(UserWarning, match=r"no validation set.*never used in its place.*val_fraction"):
+        assert dm.val_dataloader() == []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # one-time: a second request is silent
+        assert dm.val_dataloader() == []
 
 
 def test_dataloaders_without_test_set() -> None:
-    dm = datamodule(test=None)
-    assert dm.val_dataloader() == []  # federated training runs without server evaluation
+    dm = datamodule(test=None, val=VAL)
+    assert first_feature(dm.val_dataloader())[:2] == [1000.0, 1001.0]
     with pytest.raises(RuntimeError, match=r"no test set; pass test="):
         dm.test_dataloader()
+
+
+def test_val_fraction_is_split_off_before_partitioning() -> None:
+    dm = datamodule(val_fraction=0.1, seed=4, partitioner=Dirichlet(alpha=0.5), holdout_fraction=0.2)
+    val = dm.validation_indices
+    assert len(val) == 20 and np.all(np.diff(val) > 0)
+    assert first_feature(dm.val_dataloader()) == val.astype(float).tolist()
+    # No client trains on (or holds out) a validation sample; together they cover the training set.
+    held = [np.asarray(first_feature(dm.holdout_dataloader(c)), dtype=np.int64) for c in range(4)]  # feature = index
+    client_data = [dm.client_indices(c) for c in range(4)] + held
+    for indices in client_data:
+        assert np.intersect1d(indices, val).size == 0
+    np.testing.assert_array_equal(np.sort(np.concatenate([val, *client_data])), np.arange(200))
+    # The partitioner sees only the remaining pool, with its labels.
+    pool = np.setdiff1d(np.arange(200), val)
+    expected = Dirichlet(alpha=0.5)(np.asarray(TRAIN.targets)[pool], 180, 4, np.random.default_rng(4))
+    for cid, part in enumerate(expected):
+        np.testing.assert_array_equal(np.sort(np.concatenate([dm.client_indices(cid), held[cid]])), pool[part])
+
+
+def test_val_fraction_split_is_deterministic_from_the_seed() -> None:
+    first = datamodule(val_fraction=0.25, seed=7).validation_indices
+    np.testing.assert_array_equal(datamodule(val_fraction=0.25, seed=7).validation_indices, first)
+    assert not np.array_equal(datamodule(val_fraction=0.25, seed=8).validation_indices, first)
+    assert datamodule().validation_indices.size == 0
+
+
+def test_partition_file_that_leaks_validation_samples_is_rejected(tmp_path: Path) -> None:
+    path = tmp_path / "partition.json"
+    datamodule(partition_file=str(path)).setup()  # written without a validation split
+    with pytest.raises(ValueError, match=r"gives \d+ validation samples .* val_fraction=0.1 reserves them"):
+        datamodule(val_fraction=0.1, partition_file=str(path)).setup()
+
+
+def test_from_datamodule_keeps_the_users_validation_and_test_sets() -> None:
+    from lightning.pytorch import LightningDataModule
+    from torch.utils.data import DataLoader
+
+    class Plain(LightningDataModule):
+        def train_dataloader(self):
+            return DataLoader(TRAIN, batch_size=7)
+
+        def val_dataloader(self):
+            return DataLoader(VAL)
+
+        def test_dataloader(self):
+            return DataLoader(TEST)
+
+    dm = FederatedDataModule.from_datamodule(Plain(), num_clients=4)
+    assert (dm.train, dm.val, dm.test, dm.batch_size) == (TRAIN, VAL, TEST, 7)
 
 
 def test_client_id_out_of_range() -> None:
@@ -192,6 +259,11 @@ def test_label_counts_without_targets() -> None:
         ({"holdout_fraction": 1.0}, r"holdout_fraction must be in \[0, 1\), got 1.0"),
         ({"holdout_fraction": -0.1}, r"holdout_fraction must be in \[0, 1\), got -0.1"),
         ({"num_workers": -1}, r"num_workers must be an int >= 0, got -1"),
+        ({"val_fraction": 0.0}, r"val_fraction must be a float in \(0, 1\) \(exclusive\), got 0.0"),
+        ({"val_fraction": 1}, r"val_fraction must be a float in \(0, 1\) \(exclusive\), got 1"),
+        ({"val_fraction": "0.1"}, r"val_fraction must be a float in \(0, 1\) \(exclusive\), got '0.1'"),
+        ({"val_fraction": 0.1, "val": TEST}, r"either val .* or val_fraction .*, not both"),
+        ({"val_fraction": 0.99, "num_clients": 3}, r"num_clients=3 exceeds the 2 training samples left to the clients"),
     ],
 )
 def test_bad_arguments(kwargs: dict, match: str) -> None:
@@ -227,5 +299,5 @@ def test_lightning_trainer_accepts_the_datamodule(tmp_path: Path) -> None:
         enable_model_summary=False,
         accelerator="cpu",
     )
-    trainer.fit(Tiny(), datamodule=datamodule())
+    trainer.fit(Tiny(), datamodule=datamodule(val=VAL))
     assert trainer.global_step == 2

@@ -23,6 +23,7 @@ def digits_data(*, num_clients: int = 8, as_image: bool = False, batch_size: int
     return FederatedDataModule(
         Digits(split="train", as_image=as_image),
         Digits(split="test", as_image=as_image),
+        val_fraction=0.1,
         partitioner=Dirichlet(alpha=0.5),
         num_clients=num_clients,
         batch_size=batch_size,

@@ -26,7 +26,8 @@ TINY: dict[str, Any] = {
         "algorithm": {"class_path": "fl_lightning.FedAvg"},
     },
     "model": {
-        "class_path": "fl_lightning.models.MLP",
+        # Logs val/acc and val/nll: the study reports the module's own names.
+        "class_path": "tests.slash_named.SlashNamedMLP",
         "init_args": {"in_features": 64, "hidden": [32], "num_classes": 10, "lr": 0.3},
     },
     "data": {
@@ -34,6 +35,7 @@ TINY: dict[str, Any] = {
         "init_args": {
             "train": {"class_path": "fl_lightning.data.Digits", "init_args": {"split": "train"}},
             "test": {"class_path": "fl_lightning.data.Digits", "init_args": {"split": "test"}},
+            "val_fraction": 0.1,
             "partitioner": {"class_path": "fl_lightning.data.Dirichlet", "init_args": {"alpha": 0.5}},
             "num_clients": 4,
             "batch_size": 32,

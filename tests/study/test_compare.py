@@ -11,7 +11,7 @@ from PIL import Image
 
 from fl_lightning.study import load_study, run_study
 from fl_lightning.study.metrics import metrics_files, read_history
-from fl_lightning.study.plots import PLOTS, draw
+from fl_lightning.study.plots import draw, plot_specs
 
 from ..wandb_offline import offline_runs
 
@@ -31,6 +31,8 @@ def test_two_arms_two_seeds_give_table_plots_and_grouped_wandb_runs(write_study,
     study = write_study(
         name="tiny",
         seeds=[0, 1],
+        monitor="val/acc",
+        mode="max",
         target_accuracy=0.25,
         workers=2,
         arms={"fedavg": {}, "fedprox": FEDPROX},
@@ -45,11 +47,11 @@ def test_two_arms_two_seeds_give_table_plots_and_grouped_wandb_runs(write_study,
     assert list(arms) == ["fedavg", "fedprox"]
     for arm, row in arms.items():
         assert (row["runs"], row["done"], row["failed"]) == ("2", "2", "0")
-        finals = [float(r["final/val_acc"]) for r in runs if r["arm"] == arm]
+        finals = [float(r["final/val/acc"]) for r in runs if r["arm"] == arm]
         assert len(finals) == 2 and len(set(finals)) == 2  # the seeds differ
-        assert float(row["final/val_acc_mean"]) == pytest.approx(sum(finals) / 2)
-        assert float(row["final/val_acc_std"]) == pytest.approx(abs(finals[0] - finals[1]) / 2**0.5)
-        for key in ("best/val_acc", "final/val_loss", "best/val_loss", "total_upload_bytes", "wall_clock_s"):
+        assert float(row["final/val/acc_mean"]) == pytest.approx(sum(finals) / 2)
+        assert float(row["final/val/acc_std"]) == pytest.approx(abs(finals[0] - finals[1]) / 2**0.5)
+        for key in ("best/val/acc", "final/val/nll", "total_upload_bytes", "wall_clock_s"):
             assert float(row[f"{key}_mean"]) > 0 and float(row[f"{key}_std"]) >= 0
         assert float(row["total_upload_bytes_mean"]) == float(runs[0]["total_upload_bytes"])  # 3 rounds x 2 clients
     assert sum(int(row["rounds_to_target_reached"]) for row in arms.values()) > 0
@@ -57,13 +59,13 @@ def test_two_arms_two_seeds_give_table_plots_and_grouped_wandb_runs(write_study,
     assert "| fedavg | 2/2 |" in markdown and "| fedprox | 2/2 |" in markdown and " ± " in markdown
 
     # The plots: valid PNGs; one mean line per arm, a band each, and the target line.
-    assert set(result.plots) == {"accuracy_vs_round", "accuracy_vs_upload", "loss_vs_round"}  # no virtual time
+    assert set(result.plots) == {"val_acc_vs_round", "val_acc_vs_upload", "val_nll_vs_round"}  # no virtual time
     for path in result.plots.values():
         with Image.open(path) as image:
             image.verify()
             assert image.format == "PNG"
     histories = {arm: [r.history for r in result.records if r.arm == arm] for arm in arms}
-    for plot in PLOTS[:2]:
+    for plot in plot_specs(["val/acc"])[:2]:
         axes = draw(plot, histories, target=0.25).axes[0]
         assert [line.get_label() for line in axes.get_lines()] == ["fedavg (n=2)", "fedprox (n=2)", "target 0.25"]
         assert len(axes.collections) == 2  # the ±1 std bands
@@ -86,11 +88,11 @@ def test_two_arms_two_seeds_give_table_plots_and_grouped_wandb_runs(write_study,
         assert resolved["seed_everything"] == resolved["trainer"]["seed"] == run.config["study"]["seed"]
         expected = "fl_lightning.FedProx" if run.job_type == "fedprox" else "fl_lightning.FedAvg"
         assert resolved["trainer"]["algorithm"]["class_path"] == expected
-        assert run.step_metrics["val_acc"] == "round"  # the round is the x-axis
-        assert [row["round"] for row in run.history if "val_acc" in row] == [0, 1, 2]
+        assert run.step_metrics["val/acc"] == "round"  # the round is the x-axis
+        assert [row["round"] for row in run.history if "val/acc" in row] == [0, 1, 2]
         row = next(r for r in runs if r["arm"] == run.job_type and int(r["seed"]) == run.config["study"]["seed"])
-        assert run.summary["best/val_acc"] == pytest.approx(float(row["best/val_acc"]))
-        assert run.summary["final/val_loss"] == pytest.approx(float(row["final/val_loss"]))
+        assert run.summary["best/val/acc"] == pytest.approx(float(row["best/val/acc"]))
+        assert run.summary["final/val/nll"] == pytest.approx(float(row["final/val/nll"]))
         assert run.summary.get("rounds_to_target") == (int(row["rounds_to_target"]) if row["rounds_to_target"] else None)
     (summary,) = summary_runs
     assert summary.group == "tiny"
@@ -116,9 +118,9 @@ def test_rerunning_an_interrupted_study_finishes_only_the_missing_runs(write_stu
     assert resumed["attempts"][1]["resumed_from"].endswith("checkpoints/last.ckpt")
     # The second attempt started at round 1 (round 0 was in the checkpoint); together they cover every round.
     files = metrics_files(second.directory / "runs" / "fedavg" / "seed_1" / "csv")
-    assert [[int(r["round"]) for r in read_history([f]) if "val_acc" in r] for f in files] == [[0], [1, 2]]
+    assert [[int(r["round"]) for r in read_history([f]) if "val/acc" in r] for f in files] == [[0], [1, 2]]
     row = table(second.summary_csv)["fedavg"]
-    assert (row["done"], row["failed"]) == ("2", "0") and float(row["final/val_acc_std"]) >= 0
+    assert (row["done"], row["failed"]) == ("2", "0") and float(row["final/val/acc_std"]) >= 0
 
 
 def test_an_arm_with_a_bad_config_is_reported_failed_and_the_others_complete(write_study):
@@ -134,10 +136,10 @@ def test_an_arm_with_a_bad_config_is_reported_failed_and_the_others_complete(wri
     rows = table(result.summary_csv)
     assert (rows["good"]["done"], rows["good"]["failed"]) == ("1", "0")
     assert (rows["broken"]["done"], rows["broken"]["failed"]) == ("0", "1")
-    assert "NoSuchAlgorithm" in rows["broken"]["errors"] and rows["broken"]["final/val_acc_mean"] == ""
+    assert "NoSuchAlgorithm" in rows["broken"]["errors"] and rows["broken"]["final/val/acc_mean"] == ""
     markdown = result.summary_markdown.read_text()
     assert "| broken | 0/1 (1 failed) |" in markdown and "NoSuchAlgorithm" in markdown
-    assert "| arm | runs | final acc | best acc | final loss | best loss | uploaded | downloaded | wall-clock |\n" in markdown
+    assert "| arm | runs | val/acc (final) | val/nll (final) | uploaded | downloaded | wall-clock |\n" in markdown
     histories = {arm: [r.history for r in result.records if r.arm == arm and r.status == "done"] for arm in rows}
-    axes = draw(PLOTS[0], {k: v for k, v in histories.items() if v}).axes[0]
+    axes = draw(plot_specs(["val/acc"])[0], {k: v for k, v in histories.items() if v}).axes[0]
     assert [line.get_label() for line in axes.get_lines()] == ["good (n=1)"]

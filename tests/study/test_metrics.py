@@ -59,18 +59,24 @@ def test_history_merges_a_rounds_rows_and_later_attempts_win(tmp_path):
     ]
 
 
-def test_run_summary_reduces_every_series():
+def test_run_summary_reduces_every_series_under_the_modules_names():
     history = [
-        {"round": 0.0, "val_acc": 0.4, "val_loss": 1.5, "round/total_upload_bytes": 10, "round/accepted": 3},
-        {"round": 1.0, "val_acc": 0.7, "val_loss": 1.0, "round/total_upload_bytes": 20, "round/accepted": 5},
-        {"round": 2.0, "val_acc": 0.6, "val_loss": 1.2, "round/total_upload_bytes": 30, "round/accepted": 4},
+        {"round": 0.0, "val/acc": 0.4, "val/nll": 1.5, "round/total_upload_bytes": 10, "round/accepted": 3},
+        {"round": 1.0, "val/acc": 0.7, "val/nll": 1.0, "round/total_upload_bytes": 20, "round/accepted": 5},
+        {"round": 2.0, "val/acc": 0.6, "val/nll": 1.2, "round/total_upload_bytes": 30, "round/accepted": 4},
     ]
-    summary = summarize_run(history, target_accuracy=0.65, metrics={"round/accepted": "mean", "round/total_upload_bytes": "sum"})
+    summary = summarize_run(
+        history,
+        validation=["val/acc", "val/nll"],
+        monitor="val/acc",
+        mode="max",
+        target=0.65,
+        metrics={"round/accepted": "mean", "round/total_upload_bytes": "sum"},
+    )
     assert summary == {
-        "final/val_acc": 0.6,
-        "best/val_acc": 0.7,
-        "final/val_loss": 1.2,
-        "best/val_loss": 1.0,
+        "final/val/acc": 0.6,
+        "best/val/acc": 0.7,
+        "final/val/nll": 1.2,
         "rounds": 3.0,
         "rounds_to_target": 2,
         "total_upload_bytes": 30.0,
@@ -78,8 +84,24 @@ def test_run_summary_reduces_every_series():
         "mean/round/accepted": 4.0,
         "sum/round/total_upload_bytes": 60.0,
     }
-    assert rounds_to_target(history, 0.9) is None
-    assert summarize_run([])["final/val_acc"] is None
+    assert rounds_to_target(history, 0.9, "val/acc") is None
+    # A loss improves downwards: best is the minimum, the target is reached from above.
+    by_loss = summarize_run(history, validation=["val/acc", "val/nll"], monitor="val/nll", mode="min", target=1.1)
+    assert (by_loss["best/val/nll"], by_loss["rounds_to_target"], by_loss["final/val/acc"]) == (1.0, 2, 0.6)
+    # Without a monitor: every validation metric's final value, no best.
+    assert summarize_run(history, validation=["val/nll"]).keys() >= {"final/val/nll"}
+    assert "best/val/nll" not in summarize_run(history, validation=["val/nll"])
+    assert summarize_run([], validation=["val/acc"], monitor="val/acc")["final/val/acc"] is None
+
+
+def test_a_monitored_metric_that_was_never_logged_is_named_with_the_available_ones():
+    history = [{"round": 0.0, "val/acc": 0.4, "round/clients": 2.0}]
+    with pytest.raises(
+        ValueError, match=r"monitored metric 'val_acc' was never logged; the logged metrics are \['round/clients', 'val/acc'\]"
+    ):
+        summarize_run(history, monitor="val_acc")
+    with pytest.raises(ValueError, match=r"mode must be one of \['min', 'max'\], got 'up'"):
+        summarize_run(history, monitor="val/acc", mode="up")
 
 
 def test_mean_std_uses_the_sample_std_and_skips_missing_values():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import math
 import sys
 from pathlib import Path
@@ -11,14 +12,14 @@ import pytest
 import yaml
 
 from fl_lightning.study.metrics import VIRTUAL_TIME
-from fl_lightning.study.plots import PLOTS, draw, require_matplotlib, write_plots
-from fl_lightning.study.report import collect, write_tables
+from fl_lightning.study.plots import draw, plot_specs, require_matplotlib, write_plots
+from fl_lightning.study.report import collect, columns, write_tables
 from fl_lightning.study.runner import DONE, FAILED, RunState, plan
 from fl_lightning.study.spec import study_from_dict
 
 from .test_metrics import write_metrics
 
-ACCURACY = {  # (arm, seed) -> val_acc per round
+ACCURACY = {  # (arm, seed) -> val/acc per round (the module's own name)
     ("a", 0): [0.2, 0.5, 0.6],
     ("a", 1): [0.3, 0.4, 0.8],
     ("b", 0): [0.1, 0.2, 0.3],
@@ -26,8 +27,11 @@ ACCURACY = {  # (arm, seed) -> val_acc per round
 }
 
 
-def fake_study(tmp_path: Path, *, failed: tuple[str, int] | None = None, virtual_time: bool = False, **fields):
-    """Two arms x two seeds of finished runs with the accuracies above (``failed`` crashed in round 2)."""
+def fake_study(
+    tmp_path: Path, *, failed: tuple[str, int] | None = None, virtual_time: bool = False, monitors: dict | None = None, **fields
+):
+    """Two arms x two seeds of finished runs with the accuracies above (``failed`` crashed in round 2),
+    whose module logged ``val/acc`` and ``val/nll`` and whose callbacks monitored ``monitors``."""
     (tmp_path / "base.yaml").write_text("{}")
     spec = study_from_dict(
         {
@@ -45,7 +49,7 @@ def fake_study(tmp_path: Path, *, failed: tuple[str, int] | None = None, virtual
         accuracy = ACCURACY[key][:2] if key == failed else ACCURACY[key]
         rows = []
         for r, acc in enumerate(accuracy):
-            rows.append({"epoch": r, "step": r, "val_acc": acc, "val_loss": 1 - acc})
+            rows.append({"epoch": r, "step": r, "val/acc": acc, "val/nll": 1 - acc})
             rows.append({"step": r, "round/total_upload_bytes": 1024 * (r + 1), "round/accepted_clients": 2 + r + run.seed})
             if virtual_time:
                 rows[-1][VIRTUAL_TIME] = 1.5 * (r + 1) + run.seed
@@ -56,6 +60,8 @@ def fake_study(tmp_path: Path, *, failed: tuple[str, int] | None = None, virtual
         state.attempts.append({"wall_clock_s": 10.0 + run.seed})
         state.error = "RuntimeError: boom" if key == failed else None
         state.save(run)
+        if key != failed:  # what the run's CompletionMarker records
+            run.marker.write_text(json.dumps({"validation_metrics": ["val/acc", "val/nll"], "monitors": monitors or {}}))
     return spec
 
 
@@ -64,15 +70,15 @@ def arm_table(spec) -> dict[str, dict[str, str]]:
 
 
 def test_the_table_gives_mean_and_std_over_seeds_with_algorithm_and_study_columns(tmp_path):
-    spec = fake_study(tmp_path, target_accuracy=0.5, metrics={"round/accepted_clients": "max"})
+    spec = fake_study(tmp_path, monitor="val/acc", mode="max", target_accuracy=0.5, metrics={"round/accepted_clients": "max"})
     records = collect(spec, plan(spec))
     write_tables(spec, spec.study_dir, records)
     rows = arm_table(spec)
     a, b = rows["a"], rows["b"]
-    assert float(a["final/val_acc_mean"]) == pytest.approx(0.7) and float(a["final/val_acc_std"]) == pytest.approx(
+    assert float(a["final/val/acc_mean"]) == pytest.approx(0.7) and float(a["final/val/acc_std"]) == pytest.approx(
         math.sqrt(0.02)
     )
-    assert float(a["best/val_loss_mean"]) == pytest.approx(0.3)
+    assert float(a["final/val/nll_mean"]) == pytest.approx(0.3) and "best/val/nll_mean" not in a
     assert float(a["rounds_to_target_mean"]) == pytest.approx(2.5) and a["rounds_to_target_reached"] == "2"
     assert b["rounds_to_target_mean"] == "" and b["rounds_to_target_reached"] == "0"
     assert float(a["total_upload_bytes_mean"]) == 3072 and float(a["total_upload_bytes_std"]) == 0
@@ -85,7 +91,7 @@ def test_the_table_gives_mean_and_std_over_seeds_with_algorithm_and_study_column
     markdown = (spec.study_dir / "summary.md").read_text()
     header = next(line for line in markdown.splitlines() if line.startswith("| arm"))
     assert header == (
-        "| arm | runs | final acc | best acc | final loss | best loss | rounds to 0.5 | uploaded | downloaded | wall-clock "
+        "| arm | runs | val/acc (final) | val/acc (best) | val/nll (final) | rounds to 0.5 | uploaded | downloaded | wall-clock "
         "| round/accepted_clients (max) | round/accepted_clients (mean) |"
     )
     assert "| a | 2/2 | 0.7000 ± 0.1414 | 0.7000 ± 0.1414 |" in markdown
@@ -104,10 +110,26 @@ def test_a_failed_run_is_left_out_of_the_means_and_listed_with_its_error(tmp_pat
     write_tables(spec, spec.study_dir, collect(spec, plan(spec)))
     a = arm_table(spec)["a"]
     assert (a["done"], a["failed"], a["errors"]) == ("1", "1", "seed 1: RuntimeError: boom")
-    assert float(a["final/val_acc_mean"]) == pytest.approx(0.6) and a["final/val_acc_std"] == ""
+    assert float(a["final/val/acc_mean"]) == pytest.approx(0.6) and a["final/val/acc_std"] == ""
     markdown = (spec.study_dir / "summary.md").read_text()
     assert "| a | 1/2 (1 failed) | 0.6000 |" in markdown
     assert "- `a` seed 1 (failed): RuntimeError: boom" in markdown
+
+
+def test_without_a_study_monitor_the_runs_monitor_decides_best_and_every_validation_metric_is_reported(tmp_path):
+    spec = fake_study(tmp_path, monitors={"val/nll": "min"})
+    cols, rows = write_tables(spec, spec.study_dir, collect(spec, plan(spec)))
+    assert [c.label for c in cols[:3]] == ["val/nll (final)", "val/nll (best)", "val/acc (final)"]
+    assert float(rows[0]["best/val/nll_mean"]) == pytest.approx(0.3)  # min over rounds: 1 - max accuracy
+    (tmp_path / "plain").mkdir()
+    plain = fake_study(tmp_path / "plain")
+    assert [c.key for c in columns(plain, collect(plain, plan(plain)))][:2] == ["final/val/acc", "final/val/nll"]
+
+
+def test_a_study_monitor_the_runs_never_logged_is_named(tmp_path):
+    spec = fake_study(tmp_path, monitor="val_acc", mode="max")
+    with pytest.raises(ValueError, match=r"monitored metric 'val_acc' was never logged; the logged metrics are \[.*'val/acc'"):
+        collect(spec, plan(spec))
 
 
 def test_plots_have_one_mean_line_and_band_per_arm_with_labelled_axes(tmp_path):
@@ -115,25 +137,26 @@ def test_plots_have_one_mean_line_and_band_per_arm_with_labelled_axes(tmp_path):
     spec = fake_study(tmp_path, virtual_time=True)
     records = collect(spec, plan(spec))
     histories = {arm: [r.history for r in records if r.arm == arm] for arm in ("a", "b")}
-    figure = draw(PLOTS[0], histories, target=0.5)
+    plots = plot_specs(["val/acc", "val/nll"])
+    figure = draw(plots[0], histories, target=0.5)
     axes = figure.axes[0]
     lines = axes.get_lines()
     assert [line.get_label() for line in lines] == ["a (n=2)", "b (n=2)", "target 0.5"]
     assert list(lines[0].get_xdata()) == [1, 2, 3] and list(lines[0].get_ydata()) == pytest.approx([0.25, 0.45, 0.7])
     assert len(axes.collections) == 2
-    assert (axes.get_xlabel(), axes.get_ylabel()) == ("round", "test accuracy")
-    assert draw(PLOTS[1], histories).axes[0].get_xlabel() == "uploaded by all clients (KiB)"
-    virtual = draw(PLOTS[2], histories).axes[0]
+    assert (axes.get_xlabel(), axes.get_ylabel()) == ("round", "val/acc")
+    assert draw(plots[1], histories).axes[0].get_xlabel() == "uploaded by all clients (KiB)"
+    virtual = draw(plots[2], histories).axes[0]
     assert virtual.get_xlabel() == "virtual time" and len(virtual.get_lines()) == 2  # no target given
 
-    paths = write_plots(tmp_path / "plots", histories, study="fake", target=0.5)
-    assert sorted(paths) == ["accuracy_vs_round", "accuracy_vs_upload", "accuracy_vs_virtual_time", "loss_vs_round"]
+    paths = write_plots(tmp_path / "plots", histories, metrics=["val/acc", "val/nll"], study="fake", target=0.5)
+    assert sorted(paths) == ["val_acc_vs_round", "val_acc_vs_upload", "val_acc_vs_virtual_time", "val_nll_vs_round"]
     assert all(path.read_bytes().startswith(b"\x89PNG\r\n\x1a\n") for path in paths.values())
     # Without virtual time in the logs there is no such plot.
     for history in histories["a"] + histories["b"]:
         for row in history:
             row.pop(VIRTUAL_TIME)
-    assert "accuracy_vs_virtual_time" not in write_plots(tmp_path / "plots2", histories)
+    assert "val_acc_vs_virtual_time" not in write_plots(tmp_path / "plots2", histories, metrics=["val/acc"])
 
 
 def test_missing_matplotlib_says_how_to_get_it(monkeypatch):

@@ -14,7 +14,7 @@ from fl_lightning.study.spec import study_from_dict
 
 from .conftest import TINY
 
-EARLY_STOPPING = {"class_path": "lightning.pytorch.callbacks.EarlyStopping", "init_args": {"monitor": "val_loss"}}
+EARLY_STOPPING = {"class_path": "lightning.pytorch.callbacks.EarlyStopping", "init_args": {"monitor": "val/nll"}}
 
 
 def make_spec(tmp_path: Path, **fields):
@@ -79,7 +79,14 @@ def test_each_run_gets_its_seed_loggers_and_checkpoints_after_the_configs_callba
 
 
 def test_wandb_runs_share_the_study_group_with_the_arm_as_job_type(tmp_path):
-    spec = make_spec(tmp_path, wandb={"project": "p", "entity": "team", "tags": ["t"]}, target_accuracy=0.5, metrics=["round/x"])
+    spec = make_spec(
+        tmp_path,
+        wandb={"project": "p", "entity": "team", "tags": ["t"]},
+        monitor="val/acc",
+        mode="max",
+        target_accuracy=0.5,
+        metrics=["round/x"],
+    )
     keep = plan(spec)[0]
     state, _ = prepare(spec, keep)
     loggers = layers(keep)[1]["trainer"]["logger"]
@@ -97,7 +104,7 @@ def test_wandb_runs_share_the_study_group_with_the_arm_as_job_type(tmp_path):
     summary = layers(keep)[1]["trainer"]["callbacks"][-1]
     assert summary == {
         "class_path": "fl_lightning.study.callback.WandbRunSummary",
-        "init_args": {"target_accuracy": 0.5, "metrics": {"round/x": "mean"}},
+        "init_args": {"monitor": "val/acc", "mode": "max", "target_accuracy": 0.5, "metrics": {"round/x": "mean"}},
     }
 
 

@@ -108,6 +108,11 @@ def test_options_pick_arms_and_seeds_and_the_fingerprint_follows_the_config(fold
         ({"base": "missing.yaml"}, "does not exist"),
         ({"wandb": {"project": "p", "mode": "sometimes"}}, "wandb.mode"),
         ({"seed_keys": []}, "seed_keys"),
+        ({"monitor": "val/acc"}, r"`monitor` and `mode` go together, mode one of \['min', 'max'\].*mode=None"),
+        ({"monitor": "val/acc", "mode": "up"}, r"mode one of \['min', 'max'\].*mode='up'"),
+        ({"mode": "max"}, r"got monitor=None, mode='max'"),
+        ({"monitor": "", "mode": "max"}, r"`monitor` must be a logged metric's name, got ''"),
+        ({"target_accuracy": 0.8}, r"`target_accuracy: 0.8` needs `monitor`"),
     ],
 )
 def test_invalid_studies_fail_naming_the_value(folder, change, message):
