@@ -15,7 +15,6 @@ import lightning.pytorch as pl
 import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.loggers import Logger
 from lightning.pytorch.loops.fetchers import _DataFetcher
 from lightning.pytorch.loops.fit_loop import _FitLoop
 from lightning.pytorch.loops.loop import _Loop
@@ -28,6 +27,7 @@ from fl_lightning import FederatedTrainer
 from fl_lightning import _lightning_compat as compat
 from fl_lightning.data import FederatedDataModule, InMemoryDataset, client_batches
 from fl_lightning.models import LogisticRegression
+from tests.recording_logger import RecordingLogger
 
 REVIEW = "review fl_lightning/_lightning_compat.py against this Lightning release"
 
@@ -161,33 +161,10 @@ def test_clear_restarting_clears_the_loop_tree(trainer: pl.Trainer) -> None:
     assert not loop.restarting and not loop.epoch_loop.restarting and not loop.epoch_loop.val_loop.restarting, REVIEW
 
 
-class _RecordingLogger(Logger):
-    def __init__(self) -> None:
-        super().__init__()
-        self.records: list[tuple[int | None, dict[str, float]]] = []
-
-    @property
-    def name(self) -> str:
-        return "recording"
-
-    @property
-    def version(self) -> int:
-        return 0
-
-    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        self.records.append((step, dict(metrics)))
-
-    def steps(self, key: str) -> list[int | None]:
-        return [step for step, metrics in self.records if key in metrics]
-
-
 def test_logger_connector_log_metrics_and_callback_metrics() -> None:
     connector_cls = type(pl.Trainer(**QUIET)._logger_connector)
     assert _params(connector_cls.log_metrics) == ["self", "metrics", "step"], REVIEW
-    logger = _RecordingLogger()
+    logger = RecordingLogger()
     trainer = pl.Trainer(**{**QUIET, "logger": logger})
     assert isinstance(trainer._logger_connector._callback_metrics, dict), REVIEW
     compat.log_metrics(trainer, {"round/x": 2.5}, step=7)
@@ -226,11 +203,11 @@ class _LoggingLogisticRegression(LogisticRegression):
         return loss
 
 
-def _tiny_fit(**trainer_kwargs: Any) -> tuple[FederatedTrainer, _RecordingLogger, LogisticRegression]:
+def _tiny_fit(**trainer_kwargs: Any) -> tuple[FederatedTrainer, RecordingLogger, LogisticRegression]:
     g = torch.Generator().manual_seed(0)
     train = InMemoryDataset(inputs=torch.randn(24, 4, generator=g), labels=torch.randint(0, 2, (24,), generator=g), num_classes=2)
     val = InMemoryDataset(inputs=torch.randn(8, 4, generator=g), labels=torch.randint(0, 2, (8,), generator=g), num_classes=2)
-    logger = _RecordingLogger()
+    logger = RecordingLogger()
     trainer = FederatedTrainer(
         **{**QUIET, "logger": logger, "log_every_n_steps": 1, "max_epochs": 3, "clients_per_round": 2, **trainer_kwargs}
     )

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.loggers import CSVLogger, Logger
+from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import Dataset
 
 from fl_lightning import IFCA, FedALIGN, FedBuff, FederatedEvaluation, FederatedTrainer, FedSoft
@@ -24,6 +24,7 @@ from fl_lightning.models import CNN, MLP, LogisticRegression
 from fl_lightning.participation import DelayGroups, UniformDelay
 
 from ..integration.conftest import QUIET
+from tests.recording_logger import RecordingLogger
 
 NUM_CLIENTS = 8
 
@@ -270,33 +271,8 @@ def test_an_existing_table_file_is_never_overwritten(tmp_path):
     assert Path(callback.table.path).name == "federated_evaluation-1.csv"
 
 
-class TableLogger(Logger):
-    """A logger that takes tables, like ``WandbLogger``."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.tables: list[dict[str, Any]] = []
-
-    @property
-    def name(self) -> str:
-        return "tables"
-
-    @property
-    def version(self) -> int:
-        return 0
-
-    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        pass
-
-    def log_table(self, key: str, columns: list[str], data: list[list[Any]], step: int | None = None) -> None:
-        self.tables.append({"key": key, "columns": columns, "data": data, "step": step})
-
-
 def test_loggers_that_take_tables_get_the_per_client_table_and_no_csv_is_written(tmp_path):
-    logger = TableLogger()
+    logger = RecordingLogger()
     callback = FederatedEvaluation()
     fit([callback], logger=logger, algorithm=IFCA(num_clusters=2), default_root_dir=tmp_path)
     assert [t["key"] for t in logger.tables] == ["clients/table", "clients/table"]
