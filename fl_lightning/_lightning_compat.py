@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 import torch
 from lightning.pytorch.loops.fetchers import _DataFetcher
 from lightning.pytorch.loops.fit_loop import _FitLoop
@@ -29,11 +30,13 @@ from typing_extensions import override
 __all__ = [
     "ClientEpochLoop",
     "FitLoopBase",
-    "advance_log_step",
+    "count_steps",
     "call_epoch_start_hooks",
+    "checkpoints_only_at_epoch_ends",
     "clear_restarting",
     "epoch_end_log_step",
     "log_metrics",
+    "on_step_metric_names",
     "overridden_batch_hooks",
     "reload_validation_data",
     "run_client_epoch",
@@ -181,14 +184,31 @@ def run_lean_client(fit_loop: _FitLoop, batches: Iterable[Any], on_output: Calla
             steps += 1
     finally:
         module._current_fx_name = previous
-        advance_log_step(trainer, steps)
+        count_steps(trainer, steps)
     return steps
 
 
-def advance_log_step(trainer: pl.Trainer, steps: int) -> None:
-    """Counts ``steps`` optimizer steps that ran outside Lightning's epoch loop on the logging
-    step, as that loop counts its own, so that rows logged later keep growing steps."""
-    trainer.fit_loop.epoch_loop._batches_that_stepped += steps
+def count_steps(trainer: pl.Trainer, steps: int) -> None:
+    """Counts ``steps`` optimizer steps that ran outside Lightning's epoch loop (the lean and
+    batched executors, other processes' clients) as that loop counts its own: in
+    ``trainer.global_step`` and in the logging step, so both equal the Lightning executor's."""
+    epoch_loop = trainer.fit_loop.epoch_loop
+    epoch_loop._batches_that_stepped += steps
+    step = epoch_loop.automatic_optimization.optim_progress.optimizer.step
+    for tracker in (step.total, step.current):
+        tracker.ready += steps
+        tracker.completed += steps
+
+
+def checkpoints_only_at_epoch_ends(callback: Callback) -> bool:
+    """Whether ``callback`` is a ``ModelCheckpoint`` without a step or time trigger: it overrides
+    ``on_train_batch_end`` but never saves there."""
+    return isinstance(callback, ModelCheckpoint) and not callback._every_n_train_steps and callback._train_time_interval is None
+
+
+def on_step_metric_names(trainer: pl.Trainer) -> list[str]:
+    """The names logged with ``self.log(..., on_step=True)`` during training since the epoch began."""
+    return list(dict.fromkeys(m.meta.name for m in trainer.fit_loop.epoch_loop._results.values() if m.meta.on_step))
 
 
 #: The LightningModule/LightningDataModule hooks a batch passes through on its way to the device.

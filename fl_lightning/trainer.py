@@ -44,18 +44,24 @@ class FederatedTrainer(pl.Trainer):
         local_steps: local optimizer steps per client per round, instead of epochs.
         seed: seed of client selection and of the clients' data order.
         reset_optimizer: clear optimizer state (momentum, Adam moments) before every client.
-        client_executor: ``"lightning"`` runs each client through Lightning's training-epoch loop
-            (every hook and callback). ``"lean"`` calls the module's ``training_step`` and the
-            optimizer directly, for speed, with the same weights; it skips the per-batch
-            hooks of callbacks and module (``on_train_batch_start/end``, ``on_before/after_backward``,
-            ``on_before_optimizer_step``, ``on_before_zero_grad``, ``on_before/after_batch_transfer``),
-            gradient clipping and accumulation, step-interval LR schedulers, per-step (``on_step``)
-            logging and ``trainer.global_step``; it needs one optimizer, automatic optimization
-            and a precision without gradient scaling. ``self.log(on_epoch=True)`` still works.
-            ``"batched"`` trains clients with equal batch shapes together with ``torch.func.vmap``
+        client_executor: ``"auto"`` (default) picks ``"lean"`` whenever it gives the weights of
+            ``"lightning"`` bit for bit, else ``"lightning"``, and says which and why once
+            (:mod:`fl_lightning.loops.executor_choice`; the run's first client always trains
+            through Lightning's loop, which shows whether the module logs per step).
+            ``"lightning"`` runs each client through Lightning's training-epoch loop (every hook
+            and callback). ``"lean"`` calls the module's ``training_step`` and the optimizer
+            directly, for speed, with the same weights; it skips the per-batch hooks of callbacks
+            and module (``on_train_batch_start/end``, ``on_before/after_backward``,
+            ``on_before_optimizer_step``, ``on_before_zero_grad``, ``on_before_batch_transfer``),
+            gradient clipping and accumulation, step-interval LR schedulers and per-step
+            (``on_step``) logging; it needs one optimizer, automatic optimization and a precision
+            without gradient scaling. ``self.log(on_epoch=True)`` still works, and
+            ``trainer.global_step`` counts its steps. ``"batched"`` trains clients with equal
+            batch shapes together with ``torch.func.vmap``
             (:mod:`fl_lightning.loops.batched_clients`): plain ``torch.optim.SGD`` from the global
-            weights only (algorithms that do not override ``configure_client``, ``reset_optimizer=True``),
-            a ``training_step`` that ``vmap`` can run (no ``self.log``); it skips what ``"lean"`` skips.
+            weights only (algorithms that do not override ``configure_client``,
+            ``reset_optimizer=True``), a ``training_step`` that ``vmap`` can run (no
+            ``self.log``); it skips what ``"lean"`` skips.
         max_batched_clients: with ``client_executor="batched"``, at most this many clients train at
             once (each costs about three model copies of memory: weights, gradients, momentum);
             default: a whole group of same-shaped clients.
@@ -93,7 +99,7 @@ class FederatedTrainer(pl.Trainer):
         local_steps: int | None = None,
         seed: int = 0,
         reset_optimizer: bool = True,
-        client_executor: Literal["lightning", "lean", "batched"] = "lightning",
+        client_executor: Literal["auto", "lightning", "lean", "batched"] = "auto",
         max_batched_clients: int | None = None,
         update_bound: UpdateBound | None = None,
         allow_resume_changes: bool = False,
@@ -118,8 +124,8 @@ class FederatedTrainer(pl.Trainer):
             raise ValueError(
                 f"`clients_per_round` must be a positive count or a fraction in (0, 1], got {clients_per_round!r}."
             )
-        if client_executor not in ("lightning", "lean", "batched"):
-            raise ValueError(f"`client_executor` must be 'lightning', 'lean' or 'batched', got {client_executor!r}.")
+        if client_executor not in ("auto", "lightning", "lean", "batched"):
+            raise ValueError(f"`client_executor` must be 'auto', 'lightning', 'lean' or 'batched', got {client_executor!r}.")
         if client_executor == "batched" and algorithm is not None and algorithm.asynchronous:
             raise ValueError(f"client_executor='batched' runs synchronous rounds only; {type(algorithm).__name__} is asynchronous.")
         if max_batched_clients is not None and (

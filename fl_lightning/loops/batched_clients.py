@@ -249,7 +249,7 @@ def train_clients_batched(
         for j, i in enumerate(members):
             client = contexts[i]
             client.completed_steps = len(streams[i])
-            compat.advance_log_step(trainer, client.completed_steps)  # the step axis the other executors give
+            compat.count_steps(trainer, client.completed_steps)  # the step axis the other executors give
             if means:
                 client.metrics["train_loss"] = means[j]
             load_into(loop._live, state.local_state(j))

@@ -23,6 +23,7 @@ from fl_lightning.distributed.strategy import FederatedDDPStrategy
 from fl_lightning.federation import FederatedDataSource, Federation
 from fl_lightning.fingerprint import check_resume, federation_fingerprint
 from fl_lightning.loops.batched_clients import train_clients_batched
+from fl_lightning.loops.executor_choice import auto_choice_after_first_client, auto_choice_before_fit
 from fl_lightning.loops.guards import aggregate_or_roll_back, apply_bound, bound_updates, decode_and_screen
 from fl_lightning.loops.round_log import log_round
 from fl_lightning.model_state import State, compute_delta, live_tensors, load_into, snapshot
@@ -86,8 +87,9 @@ class FederatedFitLoop(compat.FitLoopBase):
         local_steps: local optimizer steps per client.
         seed: root seed of client selection and of every client's data order.
         reset_optimizer: clear the optimizer state (momentum, Adam moments) before each client.
-        client_executor: ``"lightning"`` (Lightning's epoch loop), ``"lean"``
-            (:func:`~fl_lightning._lightning_compat.run_lean_client`) or ``"batched"``
+        client_executor: ``"auto"`` (lean whenever it gives Lightning's weights:
+            :mod:`~fl_lightning.loops.executor_choice`), ``"lightning"`` (Lightning's epoch loop),
+            ``"lean"`` (:func:`~fl_lightning._lightning_compat.run_lean_client`) or ``"batched"``
             (:func:`~fl_lightning.loops.batched_clients.train_clients_batched`).
         max_batched_clients: the batched executor's cap on clients trained at once (``None``: no cap).
         update_bound: clips or filters the clients' update norms before aggregation (``None``: no bound).
@@ -106,7 +108,7 @@ class FederatedFitLoop(compat.FitLoopBase):
         local_steps: int | None,
         seed: int,
         reset_optimizer: bool,
-        client_executor: str = "lightning",
+        client_executor: str = "auto",
         max_batched_clients: int | None = None,
         update_bound: UpdateBound | None = None,
         allow_resume_changes: bool = False,
@@ -119,6 +121,9 @@ class FederatedFitLoop(compat.FitLoopBase):
         self.seed = seed
         self.reset_optimizer = reset_optimizer
         self.client_executor = client_executor
+        #: The executor clients run with: ``client_executor``, or for ``"auto"`` the one chosen
+        #: (``None`` until the first client has trained).
+        self.executor: str | None = None if client_executor == "auto" else client_executor
         self.max_batched_clients = max_batched_clients
         self.update_bound = update_bound
         self.allow_resume_changes = allow_resume_changes
@@ -172,6 +177,8 @@ class FederatedFitLoop(compat.FitLoopBase):
                 f"(or any object with num_clients/client_num_samples/client_batches); got {type(data).__name__}."
             )
         self._check_update_bound()
+        auto = self.client_executor == "auto"
+        self.executor = auto_choice_before_fit(trainer) if auto else self.client_executor
         self._live = live_tensors(module)
         federation = Federation(
             data=data,
@@ -309,7 +316,7 @@ class FederatedFitLoop(compat.FitLoopBase):
         if combined.stop:
             raise SIGTERMException
         # The logging step counts every client's steps, as one process would, not this rank's share.
-        compat.advance_log_step(self.trainer, sum(r.num_steps for r in combined.reports) - sum(u.num_steps for u in local))
+        compat.count_steps(self.trainer, sum(r.num_steps for r in combined.reports) - sum(u.num_steps for u in local))
         aggregated = len(clients) - combined.dropped - combined.rejected
         metrics, rolled_back = {}, False
         if aggregated:
@@ -391,7 +398,7 @@ class FederatedFitLoop(compat.FitLoopBase):
     def train_clients(self, round_idx: int, clients: list[int]) -> list[ClientUpdate]:
         """Trains the round's clients from the current global weights, one after another, in order
         (with ``client_executor="batched"``, several at once); returns their updates in order."""
-        if self.client_executor == "batched":
+        if self.executor == "batched":
             return train_clients_batched(self, round_idx, clients, max_clients=self.max_batched_clients)
         return [self.train_client(round_idx, cid) for cid in clients]
 
@@ -415,10 +422,12 @@ class FederatedFitLoop(compat.FitLoopBase):
         recorder = self._loss_recorder()
         if not len(batches):
             client.completed_steps = 0
-        elif self.client_executor == "lean":
+        elif self.executor == "lean":
             client.completed_steps = compat.run_lean_client(self, batches, recorder.record)
         else:
             client.completed_steps = compat.run_client_epoch(self, batches)
+            if self.executor is None:  # "auto", still undecided
+                self.executor = auto_choice_after_first_client(trainer)
         client.metrics.update(recorder.pop_means())
 
         update = self.algorithm.client_update(client, module, compute_delta(self._live, self.global_state))

@@ -31,4 +31,4 @@ def test_hparams_name_the_algorithm_its_nested_arguments_the_partitioner_and_the
         "fl/local_epochs": None,
         "fl/seed": 4,
     }
-    assert (hparams["fl/client_executor"], hparams["fl/rounds"]) == ("lightning", 1)
+    assert (hparams["fl/client_executor"], hparams["fl/rounds"]) == ("auto", 1)

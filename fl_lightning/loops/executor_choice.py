@@ -1,0 +1,84 @@
+"""``client_executor="auto"``: the lean executor whenever it gives the Lightning executor's weights.
+
+The lean executor (:func:`~fl_lightning._lightning_compat.run_lean_client`) calls
+``training_step``, ``backward`` and ``optimizer.step`` directly. It gives the same weights bit
+for bit as Lightning's epoch loop unless something it skips would act during the client's steps:
+a per-batch hook of the module, the datamodule or a callback, manual or multiple optimizers,
+gradient clipping or accumulation, gradient scaling, a step-interval LR scheduler, ``max_steps``,
+or ``self.log(..., on_step=True)``. The first are read from the trainer before the fit
+(:func:`lean_blockers`); per-step logging is only known once a client has trained, so ``auto``
+trains the run's first client with Lightning's epoch loop and decides then
+(:func:`~fl_lightning._lightning_compat.on_step_metric_names`).
+"""
+
+from __future__ import annotations
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities.model_helpers import is_overridden
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
+
+from fl_lightning import _lightning_compat as compat
+from fl_lightning.callbacks.client_loss import ClientLossRecorder
+
+#: Hooks Lightning calls around every training step, on the module and on callbacks.
+STEP_HOOKS = (
+    "on_train_batch_start",
+    "on_train_batch_end",
+    "on_before_backward",
+    "on_after_backward",
+    "on_before_optimizer_step",
+    "on_before_zero_grad",
+)
+#: Module methods through which Lightning runs a step, which the lean executor does not call.
+MODULE_STEP_METHODS = ("backward", "optimizer_step", "optimizer_zero_grad", "configure_gradient_clipping", "lr_scheduler_step")
+
+
+def lean_blockers(trainer: pl.Trainer) -> list[str]:
+    """Why the lean executor could differ from Lightning's epoch loop on this trainer (empty: it cannot)."""
+    module = trainer.lightning_module
+    reasons = []
+    if not module.automatic_optimization:
+        reasons.append("manual optimization")
+    if len(trainer.optimizers) != 1:
+        reasons.append(f"{len(trainer.optimizers)} optimizers")
+    if trainer.gradient_clip_val:
+        reasons.append(f"gradient clipping (gradient_clip_val={trainer.gradient_clip_val})")
+    if trainer.accumulate_grad_batches != 1:
+        reasons.append(f"gradient accumulation (accumulate_grad_batches={trainer.accumulate_grad_batches})")
+    if getattr(trainer.precision_plugin, "scaler", None) is not None:
+        reasons.append(f"gradient scaling (precision={trainer.precision!r})")
+    if trainer.max_steps != -1:
+        reasons.append(f"max_steps={trainer.max_steps}")
+    reasons += [f"a step-interval LR scheduler ({type(c.scheduler).__name__})" for c in trainer.lr_scheduler_configs if c.interval == "step"]
+    reasons += [f"{type(module).__name__}.{hook}" for hook in (*STEP_HOOKS, *MODULE_STEP_METHODS) if is_overridden(hook, module)]
+    reasons += compat.overridden_batch_hooks(trainer, compat.BATCH_TRANSFER_HOOKS[:1])
+    for callback in trainer.callbacks:  # type: ignore[attr-defined]
+        if isinstance(callback, ClientLossRecorder) or compat.checkpoints_only_at_epoch_ends(callback):
+            continue  # the lean executor reports losses to the recorder itself
+        reasons += [f"{type(callback).__name__}.{hook}" for hook in STEP_HOOKS if is_overridden(hook, callback, Callback)]
+    return reasons
+
+
+
+def auto_choice_before_fit(trainer: pl.Trainer) -> str | None:
+    """``"lightning"`` (and says why, once) if the trainer rules the lean executor out, else
+    ``None``: the decision waits for the first client (:func:`auto_choice_after_first_client`)."""
+    blockers = lean_blockers(trainer)
+    if not blockers:
+        return None
+    rank_zero_info(f"client_executor='auto' runs clients through Lightning's epoch loop: {', '.join(blockers)}.")
+    return "lightning"
+
+
+def auto_choice_after_first_client(trainer: pl.Trainer) -> str:
+    """``"lean"`` unless the first client logged per-step metrics, which only Lightning's loop logs; says which, once."""
+    on_step = compat.on_step_metric_names(trainer)
+    if on_step:
+        rank_zero_info(f"client_executor='auto' runs clients through Lightning's epoch loop: on_step logging of {on_step}.")
+        return "lightning"
+    rank_zero_info(
+        "client_executor='auto' runs clients with the lean executor (the same weights as Lightning's epoch loop, "
+        "without its per-step machinery); pass client_executor='lightning' to keep every per-step hook."
+    )
+    return "lean"

@@ -1,0 +1,74 @@
+"""``client_executor="auto"``: lean whenever it gives Lightning's weights, Lightning otherwise, and why."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from fl_lightning.models import MLP
+from tests.integration.conftest import digits_data, quiet_trainer
+
+
+def _fit(model: MLP, **kwargs) -> tuple[MLP, object]:
+    trainer = quiet_trainer(**{"max_epochs": 3, "clients_per_round": 4, "local_epochs": 2, **kwargs})
+    trainer.fit(model, datamodule=digits_data(num_clients=8))
+    return model, trainer
+
+
+def _model(cls: type[MLP] = MLP) -> MLP:
+    torch.manual_seed(0)
+    return cls(in_features=64, hidden=[32], lr=0.1, momentum=0.9)
+
+
+def test_auto_picks_lean_and_equals_lightning_bit_for_bit(caplog: pytest.LogCaptureFixture) -> None:
+    reference, _ = _fit(_model(), client_executor="lightning")
+    with caplog.at_level(logging.INFO):
+        auto, trainer = _fit(_model(), client_executor="auto")
+    assert trainer.fit_loop.executor == "lean"
+    assert "client_executor='auto' runs clients with the lean executor" in caplog.text
+    assert caplog.text.count("client_executor='auto'") == 1  # said once
+    for name, value in reference.state_dict().items():
+        assert torch.equal(auto.state_dict()[name], value), name
+    assert trainer.global_step == _fit(_model(), client_executor="lightning")[1].global_step  # lean counts its steps
+
+
+class _BatchEndHook(MLP):
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        pass
+
+
+class _StepLogging(MLP):
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        self.log("step_loss", loss, on_step=True, on_epoch=False)
+        return loss
+
+
+class _CountingCallback(Callback):
+    def __init__(self) -> None:
+        self.batches = 0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.batches += 1
+
+
+@pytest.mark.parametrize(
+    ("model_class", "kwargs", "reason"),
+    [
+        (_BatchEndHook, {}, "_BatchEndHook.on_train_batch_end"),
+        (_StepLogging, {}, "on_step logging of ['step_loss']"),
+        (MLP, {"gradient_clip_val": 1.0}, "gradient clipping (gradient_clip_val=1.0)"),
+        (MLP, {"callbacks": [_CountingCallback()]}, "_CountingCallback.on_train_batch_start"),
+    ],
+    ids=["module-hook", "on-step-logging", "clipping", "callback-hook"],
+)
+def test_auto_picks_lightning_when_lean_could_differ_and_says_why(model_class, kwargs, reason, caplog) -> None:
+    with caplog.at_level(logging.INFO):
+        _, trainer = _fit(_model(model_class), client_executor="auto", **kwargs)
+    assert trainer.fit_loop.executor == "lightning"
+    assert reason in caplog.text
+    for callback in kwargs.get("callbacks", []):
+        assert callback.batches == trainer.global_step  # every step went through Lightning's hooks
