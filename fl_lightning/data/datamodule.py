@@ -29,6 +29,25 @@ def _overrides(datamodule: LightningDataModule, hook: str) -> bool:
     return getattr(type(datamodule), hook) is not getattr(LightningDataModule, hook)
 
 
+def datamodule_arguments(datamodule: LightningDataModule) -> dict[str, Any]:
+    """The :class:`FederatedDataModule` arguments that federate ``datamodule`` (see
+    :meth:`FederatedDataModule.from_datamodule`): its datasets and its loaders' settings."""
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    source = f"{type(datamodule).__name__}.train_dataloader()"
+    train_loader = datamodule.train_dataloader()
+    arguments: dict[str, Any] = {"train": train_loader.dataset, **federated_loader_settings(train_loader, source=source)}
+    if _overrides(datamodule, "val_dataloader"):
+        val_loader = datamodule.val_dataloader()
+        arguments["val"] = val_loader.dataset
+        if val_loader.batch_size is not None:
+            arguments["eval_batch_size"] = val_loader.batch_size
+    if _overrides(datamodule, "test_dataloader"):
+        datamodule.setup("test")
+        arguments["test"] = datamodule.test_dataloader().dataset
+    return arguments
+
+
 def _labels_of(dataset: Dataset) -> np.ndarray:
     """Labels of a dataset without ``targets``: the second tensor of a ``TensorDataset``, else read sample by sample."""
     tensors = getattr(dataset, "tensors", None)
@@ -178,29 +197,8 @@ class FederatedDataModule(RecordsInitArgs, LightningDataModule):
 
             data = FederatedDataModule.from_datamodule(MyDataModule(), partitioner=Dirichlet(alpha=0.5), num_clients=20)
         """
-        datamodule.prepare_data()
-        datamodule.setup("fit")
-        train_loader = datamodule.train_dataloader()
-        settings = federated_loader_settings(train_loader, source=f"{type(datamodule).__name__}.train_dataloader()")
-        for name, value in settings.items():
-            kwargs.setdefault(name, value)
-        if _overrides(datamodule, "val_dataloader"):
-            val_loader = datamodule.val_dataloader()
-            kwargs.setdefault("val", val_loader.dataset)
-            if val_loader.batch_size is not None:
-                kwargs.setdefault("eval_batch_size", val_loader.batch_size)
-        test = None
-        if _overrides(datamodule, "test_dataloader"):
-            datamodule.setup("test")
-            test = datamodule.test_dataloader().dataset
-        return cls(
-            train_loader.dataset,
-            test,
-            partitioner=partitioner,
-            num_clients=num_clients,
-            seed=seed,
-            **kwargs,
-        )
+        arguments = datamodule_arguments(datamodule)
+        return cls(**{**arguments, **kwargs}, partitioner=partitioner, num_clients=num_clients, seed=seed)
 
     @property
     def num_clients(self) -> int:
