@@ -20,6 +20,9 @@ from fl_lightning.data.partitioners import IID, Partitioner
 from fl_lightning.data.validation_split import ValidationSplit, check_val_fraction, split_validation
 from fl_lightning.utils.init_args import RecordsInitArgs
 
+# The user's batch hooks that a federated datamodule runs (Lightning calls them on the trainer's datamodule).
+_BATCH_HOOKS = ("on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer")
+
 # Entropy appended to the seed for the held-out split, so that it is independent of the
 # partition, which uses ``default_rng(seed)`` itself.
 _HOLDOUT_STREAM = 1
@@ -167,6 +170,8 @@ class FederatedDataModule(RecordsInitArgs, LightningDataModule):
         self._holdout_parts: list[np.ndarray] = []
         self.evaluation_clients: list[int] | None = None
         self._warned_no_validation = False
+        #: The ``LightningDataModule`` this one federates (see :meth:`from_datamodule`), if any.
+        self.datamodule: LightningDataModule | None = None
 
     @classmethod
     def from_datamodule(
@@ -185,8 +190,11 @@ class FederatedDataModule(RecordsInitArgs, LightningDataModule):
         ``drop_last``, ``num_workers``, ``collate_fn``, ``pin_memory`` and other loading settings,
         and ``shuffle`` (``RandomSampler``) or not (``SequentialSampler``); any of them can be
         overridden through ``kwargs``. The evaluation loaders use the same loading settings, with
-        the batch size of the datamodule's ``val_dataloader`` when it has one. A
-        datamodule without ``val_dataloader`` can pass ``val_fraction`` to split one off the training set.
+        the batch size of the datamodule's ``val_dataloader`` when it has one. The datamodule's
+        own ``on_before_batch_transfer``, ``transfer_batch_to_device`` and ``on_after_batch_transfer``
+        run on every batch, as in Lightning (the ``"lean"`` and ``"batched"`` client executors skip
+        them in training). A datamodule without ``val_dataloader`` can pass ``val_fraction`` to split
+        one off the training set.
 
         Raises:
             ValueError: The training loader has a setting the federated loop cannot honour (a
@@ -198,7 +206,18 @@ class FederatedDataModule(RecordsInitArgs, LightningDataModule):
             data = FederatedDataModule.from_datamodule(MyDataModule(), partitioner=Dirichlet(alpha=0.5), num_clients=20)
         """
         arguments = datamodule_arguments(datamodule)
-        return cls(**{**arguments, **kwargs}, partitioner=partitioner, num_clients=num_clients, seed=seed)
+        federated = cls(**{**arguments, **kwargs}, partitioner=partitioner, num_clients=num_clients, seed=seed)
+        federated.adopt_batch_hooks(datamodule)
+        return federated
+
+    def adopt_batch_hooks(self, datamodule: LightningDataModule) -> None:
+        """Runs ``datamodule``'s batch-transfer hooks on this datamodule's batches, and records it as :attr:`datamodule`."""
+        self.datamodule = datamodule
+        for hook in _BATCH_HOOKS:
+            if _overrides(datamodule, hook):
+                # An instance attribute: Lightning's is_overridden then sees the user's hook, and only
+                # hooks the user wrote take precedence over the LightningModule's own.
+                setattr(self, hook, getattr(datamodule, hook))
 
     @property
     def num_clients(self) -> int:
@@ -213,6 +232,8 @@ class FederatedDataModule(RecordsInitArgs, LightningDataModule):
     @override
     def setup(self, stage: str | None = None) -> None:
         """Partitions the training set; later calls do nothing."""
+        if self.datamodule is not None:
+            self.datamodule.trainer = self.trainer  # its batch hooks may read the trainer
         if self._train_parts is not None:
             return
         path = self.partition_file

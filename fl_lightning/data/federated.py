@@ -27,7 +27,8 @@ class Federated(FederatedDataModule):
     ``drop_last``, ``collate_fn``, workers, ...), its ``val_dataloader`` is the server's validation
     set and its ``test_dataloader`` the test set, as in
     :meth:`~fl_lightning.data.FederatedDataModule.from_datamodule`. An argument left ``None`` is
-    taken from the datamodule's loaders; the others are :class:`FederatedDataModule`'s.
+    taken from the datamodule's loaders; the others are :class:`FederatedDataModule`'s. The
+    datamodule's batch-transfer hooks run on every batch.
 
     Args:
         datamodule: The datamodule to federate.
@@ -84,4 +85,4 @@ class Federated(FederatedDataModule):
             holdout_fraction=holdout_fraction,
             partition_file=partition_file,
         )
-        self.datamodule = datamodule
+        self.adopt_batch_hooks(datamodule)

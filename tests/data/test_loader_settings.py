@@ -51,6 +51,7 @@ def test_a_user_datamodule_with_dict_collate_and_drop_last_trains_federated(tmp_
     trainer = FederatedTrainer(max_epochs=1, default_root_dir=tmp_path, num_sanity_val_steps=0, **TRAINER)
     trainer.fit(model, datamodule=dm)
     assert model.trained == [4, 4] * 4
+    assert model.hooked == [True] * 8  # the datamodule's on_after_batch_transfer ran, with its trainer
     assert dm.eval_batch_size == 4
     assert model.validated == [4] * 10  # the user's validation set and batch size, through its collate_fn
     assert trainer.fit_loop.history[0] == [0, 1, 2, 3]

@@ -34,6 +34,10 @@ class UserDataModule(LightningDataModule):
     def val_dataloader(self) -> DataLoader[Any]:
         return DataLoader(self.data, self.batch_size, collate_fn=dict_collate)
 
+    def on_after_batch_transfer(self, batch: dict[str, Tensor], dataloader_idx: int) -> dict[str, Tensor]:
+        # A GPU augmentation would go here; marking the batch shows that the hook ran, with a trainer.
+        return {**batch, "hooked": torch.tensor(self.trainer is not None)}
+
 
 class UserModule(LightningModule):
     """A linear classifier reading dict batches; records the batch sizes it trained and validated on."""
@@ -44,14 +48,16 @@ class UserModule(LightningModule):
         self.lr = lr
         self.trained: list[int] = []
         self.validated: list[int] = []
+        self.hooked: list[bool] = []
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         self.trained.append(len(batch["y"]))
+        self.hooked.append(bool(batch.get("hooked", False)))
         return torch.nn.functional.cross_entropy(self.layer(batch["x"]), batch["y"])
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         self.validated.append(len(batch["y"]))
-        self.log("val_loss", torch.nn.functional.cross_entropy(self.layer(batch["x"]), batch["y"]))
+        self.log("val_loss", torch.nn.functional.cross_entropy(self.layer(batch["x"]), batch["y"]), batch_size=len(batch["y"]))
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=self.lr)

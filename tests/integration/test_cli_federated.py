@@ -11,7 +11,7 @@ import yaml
 from lightning.pytorch.cli import LightningCLI
 
 from fl_lightning import FederatedTrainer
-from fl_lightning.cli import main
+from fl_lightning.cli import FederatedCLI, main
 from fl_lightning.data import Federated
 from tests.data.user_project import UserDataModule, UserModule
 
@@ -51,6 +51,16 @@ def test_a_config_federates_a_user_datamodule_by_class_path(tmp_path: Path, monk
     assert [data.client_indices(c).tolist() for c in range(4)] == [expected.client_indices(c).tolist() for c in range(4)]
     assert (data.batch_size, data.drop_last) == (2, True)
     assert set(model.trained) == {2}  # the user's dict collate_fn, in the user's batch size
+
+
+def test_fl_lightning_federates_a_plain_datamodule_with_the_trainers_num_clients(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["fit", "--seed_everything", "0", "--model", "tests.data.user_project.UserModule",
+            "--data", "tests.data.user_project.UserDataModule", "--trainer.num_clients", "4"]
+    args += [f"--trainer.{key}={value}" for key, value in TRAINER.items()]
+    cli = FederatedCLI(args=args)
+    assert isinstance(cli.trainer.datamodule, Federated) and cli.trainer.datamodule.num_clients == 4
+    assert cli.model.trained == [4, 4, 4, 4]  # 2 clients of 10 samples, drop_last: 2 full batches each
+    assert "Federated fit summary" in capsys.readouterr().out
 
 
 def test_a_users_own_lightning_cli_with_federated_trainer_fits(tmp_path: Path) -> None:
