@@ -70,6 +70,7 @@ def federated_loader_settings(loader: DataLoader[Any], *, source: str) -> dict[s
             "datamodule's batch_size and drop_last, so only DataLoader(batch_size=..., drop_last=...) can be federated."
         )
     sampler = loader.sampler
+    # RandomSampler's public num_samples defaults to len(data); only the private field says it was set.
     if type(sampler) is RandomSampler and not sampler.replacement and sampler._num_samples is None:
         shuffle = True
     elif type(sampler) is SequentialSampler:
