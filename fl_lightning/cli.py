@@ -10,13 +10,12 @@ import time
 from typing import Any
 
 import yaml
-from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from rich.console import Console
 from rich.table import Table
 
-from fl_lightning.data.datamodule import FederatedDataModule
 from fl_lightning.trainer import FederatedTrainer
 from fl_lightning.utils.metric_names import logged_test_metrics, logged_validation_metrics, monitored_metrics, require_logged
 
@@ -96,11 +95,13 @@ def _log_dir(trainer: Trainer) -> str | None:
 
 class FederatedCLI(LightningCLI):
     """LightningCLI with :class:`~fl_lightning.FederatedTrainer`, any LightningModule and any
-    :class:`~fl_lightning.data.FederatedDataModule`, each selectable by ``class_path``."""
+    LightningDataModule, each selectable by ``class_path``: a :class:`~fl_lightning.data.FederatedDataModule`
+    (:class:`~fl_lightning.data.Federated` wraps a user's datamodule), or a plain datamodule that the
+    trainer federates with ``trainer.num_clients`` and ``trainer.partitioner`` (``docs/lightning_integration.md``)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("trainer_class", FederatedTrainer)
-        kwargs.setdefault("datamodule_class", FederatedDataModule)
+        kwargs.setdefault("datamodule_class", LightningDataModule)
         kwargs.setdefault("subclass_mode_model", True)
         kwargs.setdefault("subclass_mode_data", True)
         kwargs.setdefault("save_config_callback", LoggerSaveConfigCallback)

@@ -36,6 +36,17 @@ class FederatedDataSource(Protocol):
     ) -> Iterable[Any]: ...
 
 
+def require_federated_data(data: object) -> FederatedDataSource:
+    """``data``, or ``TypeError`` saying what a federated fit needs."""
+    if not isinstance(data, FederatedDataSource):
+        raise TypeError(
+            "FederatedTrainer needs federated data: pass `datamodule=FederatedDataModule(...)`, or any "
+            "LightningDataModule (FederatedTrainer(num_clients=..., partitioner=...) federates it), or any object "
+            f"with num_clients/client_num_samples/client_batches; got {type(data).__name__}."
+        )
+    return data
+
+
 @dataclass
 class Federation:
     """The federation an algorithm runs on.

@@ -9,6 +9,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.callbacks.progress import ProgressBar
 from lightning.pytorch.strategies import DDPStrategy, Strategy
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from typing_extensions import override
 
 from fl_lightning import _lightning_compat as compat
@@ -18,7 +19,11 @@ from fl_lightning.callbacks.client_loss import ClientLossRecorder
 from fl_lightning.callbacks.progress import FederatedProgressBar
 from fl_lightning.checkpoint_io import CheckedCheckpointIO
 from fl_lightning.checkpointing import GlobalModelCheckpoint, find_last_checkpoint, round_checkpoint
+from fl_lightning.data._checks import check_int
+from fl_lightning.data.federated import Federated
+from fl_lightning.data.partitioners import Partitioner
 from fl_lightning.distributed.strategy import FederatedDDPStrategy
+from fl_lightning.federation import FederatedDataSource, require_federated_data
 from fl_lightning.loops.async_fit_loop import AsyncFitLoop
 from fl_lightning.loops.federated_fit_loop import FederatedFitLoop
 from fl_lightning.update_bounds import UpdateBound
@@ -32,6 +37,11 @@ class FederatedTrainer(pl.Trainer):
     ``EarlyStopping`` and ``ModelCheckpoint(every_n_epochs)`` count rounds), loggers (the
     logging step is the round). Validation runs on the global model at the end of each round.
 
+    ``fit`` takes a :class:`~fl_lightning.data.FederatedDataModule`, or any ``LightningDataModule``,
+    which it federates as :class:`~fl_lightning.data.Federated` does: ``partitioner`` (default
+    IID) over ``num_clients`` clients (default 10), seeded by ``seed``, and says so in the log.
+    So ``LightningCLI(MyModule, MyDataModule, trainer_class=FederatedTrainer)`` works unchanged.
+
     With ``strategy="ddp"`` and several devices (or nodes), each process trains a share of every
     round's clients and one all-reduce per round combines them
     (:class:`~fl_lightning.distributed.FederatedDDPStrategy`, ``docs/distributed.md``); every
@@ -42,7 +52,12 @@ class FederatedTrainer(pl.Trainer):
         clients_per_round: clients per round, a count or a float fraction of all clients (default: all).
         local_epochs: local epochs per client per round (default 1 unless ``local_steps`` is set).
         local_steps: local optimizer steps per client per round, instead of epochs.
-        seed: seed of client selection and of the clients' data order.
+        seed: seed of client selection and of the clients' data order (and of the partition of a
+            plain ``LightningDataModule`` given to ``fit``).
+        num_clients: number of clients a plain ``LightningDataModule`` given to ``fit`` is split
+            into (default 10); an error with federated data, which defines its own clients.
+        partitioner: how a plain ``LightningDataModule`` given to ``fit`` is split (default
+            :class:`~fl_lightning.data.IID`); an error with federated data.
         reset_optimizer: clear optimizer state (momentum, Adam moments) before every client.
         client_executor: ``"auto"`` (default) picks ``"lean"`` whenever it gives the weights of
             ``"lightning"`` bit for bit, else ``"lightning"``, and says which and why once
@@ -98,6 +113,8 @@ class FederatedTrainer(pl.Trainer):
         local_epochs: int | None = None,
         local_steps: int | None = None,
         seed: int = 0,
+        num_clients: int | None = None,
+        partitioner: Partitioner | None = None,
         reset_optimizer: bool = True,
         client_executor: Literal["auto", "lightning", "lean", "batched"] = "auto",
         max_batched_clients: int | None = None,
@@ -138,6 +155,13 @@ class FederatedTrainer(pl.Trainer):
             )
         if seed < 0:
             raise ValueError(f"`seed` must be >= 0, got {seed}.")
+        self._num_clients = None if num_clients is None else check_int("num_clients", num_clients, minimum=1)
+        if partitioner is not None and not isinstance(partitioner, Partitioner):
+            raise TypeError(
+                f"`partitioner` must be an fl_lightning.data.Partitioner (IID, Dirichlet, Shards, ...) or None, "
+                f"got {type(partitioner).__name__}."
+            )
+        self._partitioner = partitioner
         if update_bound is not None and not isinstance(update_bound, UpdateBound):
             raise TypeError(
                 f"`update_bound` must be an fl_lightning.update_bounds.UpdateBound (NormClip, MedianNormFilter) "
@@ -203,10 +227,41 @@ class FederatedTrainer(pl.Trainer):
     ) -> None:
         """Lightning's ``fit``; ``ckpt_path="last"`` resumes from the newest ``last.ckpt`` of any
         earlier run of the same experiment (:func:`~fl_lightning.checkpointing.find_last_checkpoint`),
-        and starts from scratch with Lightning's warning when there is none."""
+        and starts from scratch with Lightning's warning when there is none. A plain
+        ``LightningDataModule`` is federated first (see the class docstring)."""
+        datamodule = self._federated(datamodule) if train_dataloaders is None else datamodule
+        if datamodule is None:
+            require_federated_data(train_dataloaders)  # fails now, not after the strategy's set-up
         if ckpt_path == "last":
             ckpt_path = find_last_checkpoint(self) or ckpt_path
         super().fit(model, train_dataloaders, val_dataloaders, datamodule, ckpt_path, weights_only)
+
+    def _federated(self, datamodule: pl.LightningDataModule | None) -> pl.LightningDataModule | None:
+        """``datamodule`` if it is federated, else federated with ``num_clients`` and ``partitioner``."""
+        if isinstance(datamodule, FederatedDataSource):
+            given = {"num_clients": self._num_clients, "partitioner": self._partitioner}
+            given = {name: value for name, value in given.items() if value is not None}
+            if given:
+                raise ValueError(
+                    f"FederatedTrainer({', '.join(f'{k}={v!r}' for k, v in given.items())}) federates a plain "
+                    f"LightningDataModule, but {type(datamodule).__name__} already defines its clients: set them "
+                    "there, or drop them from the trainer."
+                )
+            return datamodule
+        if not isinstance(datamodule, pl.LightningDataModule):
+            return datamodule
+        federated = Federated(
+            datamodule,
+            partitioner=self._partitioner,
+            num_clients=10 if self._num_clients is None else self._num_clients,
+            seed=self.fit_loop.seed,
+        )
+        rank_zero_info(
+            f"FederatedTrainer federates {type(datamodule).__name__}: {federated.partitioner!r} over "
+            f"{federated.num_clients} clients (seed {federated.seed}); set FederatedTrainer(num_clients=..., "
+            "partitioner=...) to change it."
+        )
+        return federated
 
 
 def _federated_strategy(strategy: str | Strategy) -> str | Strategy:

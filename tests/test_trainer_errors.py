@@ -132,18 +132,28 @@ class _PlainDataModule(pl.LightningDataModule):
         return DataLoader(TensorDataset(torch.randn(8, 3), torch.randint(0, 2, (8,))), batch_size=4)
 
 
-@pytest.mark.filterwarnings("ignore:You defined a `validation_step` but have no `val_dataloader`")
-def test_non_federated_datamodule_is_rejected() -> None:
+def test_federation_options_with_federated_data_are_refused() -> None:
+    # num_clients/partitioner federate a plain LightningDataModule; ignoring them silently would surprise.
     _fit_fails_before_training(
-        FederatedTrainer(**QUIET), TypeError, r"needs federated data: .*got _PlainDataModule\.", datamodule=_PlainDataModule()
+        FederatedTrainer(num_clients=3, **QUIET), ValueError,
+        r"FederatedTrainer\(num_clients=3\) federates a plain LightningDataModule, but FederatedDataModule already defines",
     )
+
+
+@pytest.mark.parametrize(("kwargs", "exc", "match"), [
+    ({"num_clients": 0}, ValueError, r"num_clients must be an int >= 1, got 0\."),
+    ({"partitioner": "iid"}, TypeError, r"`partitioner` must be an fl_lightning.data.Partitioner .* got str\."),
+])
+def test_bad_federation_options_fail_at_construction(kwargs: dict, exc: type[Exception], match: str) -> None:
+    with pytest.raises(exc, match=match):
+        FederatedTrainer(**kwargs, **QUIET)
 
 
 @pytest.mark.filterwarnings("ignore:You defined a `validation_step` but have no `val_dataloader`")
 def test_plain_dataloaders_are_rejected() -> None:
     loader = DataLoader(TensorDataset(torch.randn(8, 3), torch.randint(0, 2, (8,))), batch_size=4)
     model = _CountingModel()
-    with pytest.raises(TypeError, match=r"pass `datamodule=FederatedDataModule\(\.\.\.\)`.*got NoneType\."):
+    with pytest.raises(TypeError, match=r"pass `datamodule=FederatedDataModule\(\.\.\.\)`, or any LightningDataModule.*got DataLoader\."):
         FederatedTrainer(**QUIET).fit(model, train_dataloaders=loader)
     assert model.steps == 0
 

@@ -2,6 +2,7 @@
 
 from fl_lightning.data.batches import ClientBatches, client_batches
 from fl_lightning.data.datamodule import FederatedDataModule
+from fl_lightning.data.federated import Federated
 from fl_lightning.data.datasets import (
     CIFAR10,
     CIFAR100,
@@ -32,6 +33,7 @@ __all__ = [
     "Dirichlet",
     "FashionMNIST",
     "FedProxSynthetic",
+    "Federated",
     "FederatedDataModule",
     "InMemoryDataset",
     "LabelGroups",

@@ -15,6 +15,13 @@ def check_int(name: str, value: object, *, minimum: int) -> int:
     return int(value)
 
 
+def check_bool(name: str, value: object) -> bool:
+    """Returns ``value``, or raises ``ValueError`` naming it unless it is a ``bool``."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be a bool (true or false), got {value!r}.")
+    return value
+
+
 def check_choice(name: str, value: object, choices: Sequence[object]) -> None:
     """Raises ``ValueError`` unless ``value`` is one of ``choices``."""
     if value not in choices:
@@ -27,9 +34,9 @@ def out_of_range(source: str, cid: int, position: int, index: int, num_samples: 
 
 
 def check_partition(
-    parts: Sequence[Sequence[int] | np.ndarray], *, num_clients: int, num_samples: int, source: str
+    parts: Sequence[Sequence[int] | np.ndarray], *, num_clients: int, num_samples: int, source: str, sort: bool = True
 ) -> list[np.ndarray]:
-    """Validates a partition and returns it as sorted ``int64`` arrays.
+    """Validates a partition and returns it as ``int64`` arrays, sorted unless ``sort=False``.
 
     Errors name the client and the entry (its position in the client's indices as given).
 
@@ -38,6 +45,7 @@ def check_partition(
         num_clients: The expected number of clients.
         num_samples: Indices must lie in ``[0, num_samples)``.
         source: Where the partition came from, for error messages.
+        sort: Sort each client's indices (``False``: keep the order given).
 
     Raises:
         ValueError: On a wrong client count, an empty client, an index out of range or an index
@@ -55,7 +63,7 @@ def check_partition(
         if outside.size:
             raise out_of_range(source, cid, int(outside[0]), int(indices[outside[0]]), num_samples)
     _check_disjoint(arrays, source)
-    return [np.sort(indices) for indices in arrays]
+    return [np.sort(indices) for indices in arrays] if sort else arrays
 
 
 def _check_disjoint(arrays: Sequence[np.ndarray], source: str) -> None:

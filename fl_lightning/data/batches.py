@@ -11,7 +11,8 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from fl_lightning.data._checks import check_int
+from fl_lightning.data._checks import check_bool, check_int
+from fl_lightning.data.loader_settings import check_dataloader_kwargs
 
 
 class ClientBatches:
@@ -27,6 +28,9 @@ class ClientBatches:
         num_epochs: int | None = None,
         num_batches: int | None = None,
         num_workers: int = 0,
+        shuffle: bool = True,
+        drop_last: bool = False,
+        dataloader_kwargs: dict[str, Any] | None = None,
     ) -> None:
         if (num_epochs is None) == (num_batches is None):
             raise ValueError(
@@ -37,14 +41,18 @@ class ClientBatches:
         self.num_epochs = None if num_epochs is None else check_int("num_epochs", num_epochs, minimum=0)
         self.num_batches = None if num_batches is None else check_int("num_batches", num_batches, minimum=0)
         self.num_workers = check_int("num_workers", num_workers, minimum=0)
+        self.shuffle = check_bool("shuffle", shuffle)
+        self.drop_last = check_bool("drop_last", drop_last)
+        self.dataloader_kwargs = check_dataloader_kwargs(dataloader_kwargs)
         # A copy: torch cannot wrap the datamodule's read-only index arrays without warning.
         self.indices = torch.tensor(np.asarray(indices), dtype=torch.int64).reshape(-1)
         if self.indices.numel() == 0:
             raise ValueError("indices is empty; a client needs at least one sample to form batches.")
         self.dataset = dataset
         self.generator = generator
-        # Duck-typed so that any TensorDataset-like dataset gets the fast path.
-        tensors = getattr(dataset, "tensors", None)
+        # Duck-typed so that any TensorDataset-like dataset gets the fast path; a custom collate or
+        # pinning needs the DataLoader.
+        tensors = None if self.dataloader_kwargs else getattr(dataset, "tensors", None)
         self._tensors: tuple[Tensor, ...] | None = tuple(tensors) if tensors is not None else None
         # Tensors on an accelerator are gathered there: indices move once per client, permutations
         # once per epoch (drawn on the CPU generator, so the order does not depend on the device).
@@ -53,35 +61,46 @@ class ClientBatches:
 
     @property
     def batches_per_epoch(self) -> int:
-        """Number of batches in one pass over the client's samples, the last one possibly partial."""
+        """Number of batches in one pass over the client's samples: the last one is partial, or
+        dropped with ``drop_last``."""
+        if self.drop_last:
+            return len(self.indices) // self.batch_size
         return math.ceil(len(self.indices) / self.batch_size)
 
     def __len__(self) -> int:
         if self.num_batches is not None:
-            return self.num_batches
+            # With drop_last, a client smaller than a batch has none to give.
+            return self.num_batches if self.batches_per_epoch else 0
         assert self.num_epochs is not None
         return self.num_epochs * self.batches_per_epoch
 
-    def __iter__(self) -> Iterator[tuple[Tensor, ...]]:
+    def __iter__(self) -> Iterator[Any]:
         if self._tensors is not None:
             for batch in self.index_batches():
                 yield tuple(tensor[batch] for tensor in self._tensors)
             return
-        loader = DataLoader(self.dataset, batch_sampler=_IndexBatches(self), num_workers=self.num_workers)
+        loader = DataLoader(
+            self.dataset, batch_sampler=_IndexBatches(self), num_workers=self.num_workers, **self.dataloader_kwargs
+        )
         for batch in loader:
-            yield tuple(batch)
+            # default_collate turns (x, y) samples into a list; a custom collate's batch is kept as it is.
+            yield tuple(batch) if isinstance(batch, list) else batch
 
     def index_batches(self) -> Iterator[Tensor]:
         """Yields the dataset indices of each batch, drawing each epoch's permutation lazily."""
         n = len(self.indices)
+        end = self.batches_per_epoch * self.batch_size if self.drop_last else n
         emitted = 0
         epoch = 0
-        while True:
+        while end:
             # Checked before drawing, so a stream ending on an epoch boundary draws no extra permutation.
             if epoch == self.num_epochs or emitted == self.num_batches:
                 return
-            order = torch.randperm(n, generator=self.generator).to(self._device)
-            for start in range(0, n, self.batch_size):
+            if self.shuffle:
+                order = torch.randperm(n, generator=self.generator).to(self._device)
+            else:
+                order = torch.arange(n, device=self._device)
+            for start in range(0, end, self.batch_size):
                 yield self.indices[order[start : start + self.batch_size]]
                 emitted += 1
                 if emitted == self.num_batches:
@@ -112,6 +131,9 @@ def client_batches(
     num_epochs: int | None = None,
     num_batches: int | None = None,
     num_workers: int = 0,
+    shuffle: bool = True,
+    drop_last: bool = False,
+    dataloader_kwargs: dict[str, Any] | None = None,
 ) -> ClientBatches:
     """The mini-batches a client trains on: ``num_epochs`` epochs or the first ``num_batches`` batches.
 
@@ -121,7 +143,10 @@ def client_batches(
     ``num_epochs=E`` the stream is ``E`` epochs; with ``num_batches=S`` it is the first ``S``
     batches, crossing epoch boundaries as needed and drawing exactly
     ``ceil(S / batches_per_epoch)`` permutations. Batch ``j`` of an epoch with permutation ``p``
-    holds the samples ``indices[p[j*batch_size : (j+1)*batch_size]]``.
+    holds the samples ``indices[p[j*batch_size : (j+1)*batch_size]]``. With ``shuffle=False``
+    every epoch is ``indices`` in the given order (``p`` is ``arange``; nothing is drawn), and with
+    ``drop_last=True`` each epoch's last partial batch is dropped (a client with fewer than
+    ``batch_size`` samples then has no batches at all).
 
     The permutations are drawn while iterating, from ``generator``'s current state: iterating
     twice gives two different streams, and the generator's state afterwards depends only on the
@@ -130,7 +155,8 @@ def client_batches(
     Datasets with a ``tensors`` attribute (such as :class:`~fl_lightning.data.InMemoryDataset`)
     are batched by indexing each tensor once per batch. Other datasets go through a
     :class:`~torch.utils.data.DataLoader` with ``num_workers`` workers yielding the same
-    batches; that DataLoader draws its worker seed from the global torch RNG, as usual.
+    batches; that DataLoader draws its worker seed from the global torch RNG, as usual. So do
+    all datasets when ``dataloader_kwargs`` is given, which is forwarded to that DataLoader.
 
     Args:
         dataset: Map-style dataset whose samples are ``(x, y)`` tuples.
@@ -140,9 +166,14 @@ def client_batches(
         num_epochs: Number of passes over the client's samples.
         num_batches: Number of batches.
         num_workers: DataLoader workers, for datasets without ``tensors``.
+        shuffle: Draw a permutation every epoch (``True``) or keep the order of ``indices``.
+        drop_last: Drop each epoch's last batch if it is partial.
+        dataloader_kwargs: How samples are loaded and collated (``collate_fn``, ``pin_memory``,
+            ``persistent_workers``, ``worker_init_fn``, ...; see
+            :data:`~fl_lightning.data.loader_settings.LOADING_DEFAULTS`).
 
     Returns:
-        An iterable of ``(x, y)`` tuples with a ``len``.
+        An iterable of batches with a ``len``: ``(x, y)`` tuples, or what ``collate_fn`` returns.
 
     Example:
         >>> import torch
@@ -161,4 +192,7 @@ def client_batches(
         num_epochs=num_epochs,
         num_batches=num_batches,
         num_workers=num_workers,
+        shuffle=shuffle,
+        drop_last=drop_last,
+        dataloader_kwargs=dataloader_kwargs,
     )

@@ -13,11 +13,15 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from typing_extensions import override
 
 from fl_lightning.data import partition_io
-from fl_lightning.data._checks import check_int
+from fl_lightning.data._checks import check_bool, check_int
 from fl_lightning.data.batches import ClientBatches, client_batches
+from fl_lightning.data.loader_settings import check_dataloader_kwargs, federated_loader_settings
 from fl_lightning.data.partitioners import IID, Partitioner
 from fl_lightning.data.validation_split import ValidationSplit, check_val_fraction, split_validation
 from fl_lightning.utils.init_args import RecordsInitArgs
+
+# The user's batch hooks that a federated datamodule runs (Lightning calls them on the trainer's datamodule).
+_BATCH_HOOKS = ("on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer")
 
 # Entropy appended to the seed for the held-out split, so that it is independent of the
 # partition, which uses ``default_rng(seed)`` itself.
@@ -26,6 +30,25 @@ _HOLDOUT_STREAM = 1
 
 def _overrides(datamodule: LightningDataModule, hook: str) -> bool:
     return getattr(type(datamodule), hook) is not getattr(LightningDataModule, hook)
+
+
+def datamodule_arguments(datamodule: LightningDataModule) -> dict[str, Any]:
+    """The :class:`FederatedDataModule` arguments that federate ``datamodule`` (see
+    :meth:`FederatedDataModule.from_datamodule`): its datasets and its loaders' settings."""
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    source = f"{type(datamodule).__name__}.train_dataloader()"
+    train_loader = datamodule.train_dataloader()
+    arguments: dict[str, Any] = {"train": train_loader.dataset, **federated_loader_settings(train_loader, source=source)}
+    if _overrides(datamodule, "val_dataloader"):
+        val_loader = datamodule.val_dataloader()
+        arguments["val"] = val_loader.dataset
+        if val_loader.batch_size is not None:
+            arguments["eval_batch_size"] = val_loader.batch_size
+    if _overrides(datamodule, "test_dataloader"):
+        datamodule.setup("test")
+        arguments["test"] = datamodule.test_dataloader().dataset
+    return arguments
 
 
 def _labels_of(dataset: Dataset) -> np.ndarray:
@@ -58,6 +81,11 @@ class FederatedDataModule(RecordsInitArgs, LightningDataModule):
     fraction of its samples (at least one, never all), chosen from ``seed`` alone, as its local
     held-out data; the partition file stores the partition before this split.
 
+    Each client's batches are drawn afresh every local epoch from the trainer's ``(seed, round,
+    client)`` generator; with ``shuffle=False`` they follow the partition's order instead, every
+    epoch: sorted for a partitioner's partition, the file's order for a partition file (so
+    another framework's run can be reproduced sample for sample).
+
     Args:
         train: The training set; samples are ``(x, y)`` tuples.
         test: The test set, served by ``test_dataloader`` only.
@@ -76,6 +104,14 @@ class FederatedDataModule(RecordsInitArgs, LightningDataModule):
             integers in ``[0, len(train))``, no index given twice. A file that breaks it raises
             ``ValueError`` naming the file, the client and the entry.
         num_workers: DataLoader workers.
+        shuffle: Reshuffle each client's samples every local epoch (``False``: the stored order).
+        drop_last: Drop each client's last partial batch in every local epoch (training only;
+            evaluation always sees every sample).
+        dataloader_kwargs: How samples are loaded and collated, for the clients' batches and the
+            evaluation loaders alike: ``collate_fn``, ``pin_memory``, ``persistent_workers``,
+            ``worker_init_fn``, ``timeout``, ``prefetch_factor``, ``multiprocessing_context``,
+            ``pin_memory_device``, ``in_order`` (DataLoader's meanings). A custom ``collate_fn``
+            may return any batch (a dict, a custom object): ``training_step`` receives it as is.
     """
 
     def __init__(
@@ -93,6 +129,9 @@ class FederatedDataModule(RecordsInitArgs, LightningDataModule):
         seed: int = 0,
         partition_file: str | None = None,
         num_workers: int = 0,
+        shuffle: bool = True,
+        drop_last: bool = False,
+        dataloader_kwargs: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self._num_clients = check_int("num_clients", num_clients, minimum=1)
@@ -101,6 +140,9 @@ class FederatedDataModule(RecordsInitArgs, LightningDataModule):
         if not 0 <= holdout_fraction < 1:
             raise ValueError(f"holdout_fraction must be in [0, 1), got {holdout_fraction!r}.")
         self.num_workers = check_int("num_workers", num_workers, minimum=0)
+        self.shuffle = check_bool("shuffle", shuffle)
+        self.drop_last = check_bool("drop_last", drop_last)
+        self.dataloader_kwargs = check_dataloader_kwargs(dataloader_kwargs)
         if val is not None and val_fraction is not None:
             raise ValueError(
                 f"Pass either val (a validation set) or val_fraction (split one off train), not both; got "
@@ -128,6 +170,8 @@ class FederatedDataModule(RecordsInitArgs, LightningDataModule):
         self._holdout_parts: list[np.ndarray] = []
         self.evaluation_clients: list[int] | None = None
         self._warned_no_validation = False
+        #: The ``LightningDataModule`` this one federates (see :meth:`from_datamodule`), if any.
+        self.datamodule: LightningDataModule | None = None
 
     @classmethod
     def from_datamodule(
@@ -142,31 +186,38 @@ class FederatedDataModule(RecordsInitArgs, LightningDataModule):
         """Federates an ordinary ``LightningDataModule``: its training set is partitioned among
         clients, its validation set becomes the server's validation set and its test set the test set.
 
-        The clients' batch size defaults to that of the datamodule's ``train_dataloader``. A
-        datamodule without ``val_dataloader`` can pass ``val_fraction`` to split one off the training set.
+        The clients' batches follow the datamodule's ``train_dataloader``: its ``batch_size``,
+        ``drop_last``, ``num_workers``, ``collate_fn``, ``pin_memory`` and other loading settings,
+        and ``shuffle`` (``RandomSampler``) or not (``SequentialSampler``); any of them can be
+        overridden through ``kwargs``. The evaluation loaders use the same loading settings, with
+        the batch size of the datamodule's ``val_dataloader`` when it has one. The datamodule's
+        own ``on_before_batch_transfer``, ``transfer_batch_to_device`` and ``on_after_batch_transfer``
+        run on every batch, as in Lightning (the ``"lean"`` and ``"batched"`` client executors skip
+        them in training). A datamodule without ``val_dataloader`` can pass ``val_fraction`` to split
+        one off the training set.
+
+        Raises:
+            ValueError: The training loader has a setting the federated loop cannot honour (a
+                custom sampler or batch sampler, sampling with replacement, an ``IterableDataset``,
+                ``batch_size=None``); the message names it.
 
         Example::
 
             data = FederatedDataModule.from_datamodule(MyDataModule(), partitioner=Dirichlet(alpha=0.5), num_clients=20)
         """
-        datamodule.prepare_data()
-        datamodule.setup("fit")
-        train_loader = datamodule.train_dataloader()
-        if _overrides(datamodule, "val_dataloader"):
-            kwargs.setdefault("val", datamodule.val_dataloader().dataset)
-        test = None
-        if _overrides(datamodule, "test_dataloader"):
-            datamodule.setup("test")
-            test = datamodule.test_dataloader().dataset
-        kwargs.setdefault("batch_size", train_loader.batch_size or 1)
-        return cls(
-            train_loader.dataset,
-            test,
-            partitioner=partitioner,
-            num_clients=num_clients,
-            seed=seed,
-            **kwargs,
-        )
+        arguments = datamodule_arguments(datamodule)
+        federated = cls(**{**arguments, **kwargs}, partitioner=partitioner, num_clients=num_clients, seed=seed)
+        federated.adopt_batch_hooks(datamodule)
+        return federated
+
+    def adopt_batch_hooks(self, datamodule: LightningDataModule) -> None:
+        """Runs ``datamodule``'s batch-transfer hooks on this datamodule's batches, and records it as :attr:`datamodule`."""
+        self.datamodule = datamodule
+        for hook in _BATCH_HOOKS:
+            if _overrides(datamodule, hook):
+                # An instance attribute: Lightning's is_overridden then sees the user's hook, and only
+                # hooks the user wrote take precedence over the LightningModule's own.
+                setattr(self, hook, getattr(datamodule, hook))
 
     @property
     def num_clients(self) -> int:
@@ -181,6 +232,8 @@ class FederatedDataModule(RecordsInitArgs, LightningDataModule):
     @override
     def setup(self, stage: str | None = None) -> None:
         """Partitions the training set; later calls do nothing."""
+        if self.datamodule is not None:
+            self.datamodule.trainer = self.trainer  # its batch hooks may read the trainer
         if self._train_parts is not None:
             return
         path = self.partition_file
@@ -206,7 +259,8 @@ class FederatedDataModule(RecordsInitArgs, LightningDataModule):
         return np.empty(0, dtype=np.int64) if self._split is None else self._split.validation
 
     def client_indices(self, cid: int) -> np.ndarray:
-        """Sorted training-set indices of client ``cid``'s training samples (held-out ones excluded)."""
+        """Training-set indices of client ``cid``'s training samples (held-out ones excluded), sorted,
+        or with ``shuffle=False`` in the order of the partition file they were loaded from."""
         return self._parts()[self._check_cid(cid)]
 
     def client_num_samples(self, cid: int) -> int:
@@ -232,6 +286,9 @@ class FederatedDataModule(RecordsInitArgs, LightningDataModule):
             num_epochs=num_epochs,
             num_batches=num_batches,
             num_workers=self.num_workers,
+            shuffle=self.shuffle,
+            drop_last=self.drop_last,
+            dataloader_kwargs=self.dataloader_kwargs,
         )
 
     def label_counts(self, cid: int) -> np.ndarray:
@@ -257,8 +314,11 @@ class FederatedDataModule(RecordsInitArgs, LightningDataModule):
         partition_io.save_partition(self._full_parts, path)
 
     def load_partition(self, path: str | os.PathLike[str]) -> None:
-        """Replaces the partition by the one in ``path``, validated against this datamodule."""
-        parts = partition_io.load_partition(path, num_clients=self.num_clients, num_samples=self._num_samples())
+        """Replaces the partition by the one in ``path``, validated against this datamodule (each
+        client's indices sorted, or kept in the file's order with ``shuffle=False``)."""
+        parts = partition_io.load_partition(
+            path, num_clients=self.num_clients, num_samples=self._num_samples(), keep_order=not self.shuffle
+        )
         leaked = np.intersect1d(np.concatenate(parts), self.validation_indices)
         if leaked.size:
             raise ValueError(
@@ -275,7 +335,9 @@ class FederatedDataModule(RecordsInitArgs, LightningDataModule):
         The federated loop trains on :meth:`client_batches` instead.
         """
         pooled = np.sort(np.concatenate(self._parts()))
-        return self._loader(Subset(self.train, pooled.tolist()), shuffle=True, batch_size=self.batch_size)
+        return self._loader(
+            Subset(self.train, pooled.tolist()), shuffle=self.shuffle, batch_size=self.batch_size, drop_last=self.drop_last
+        )
 
     def set_evaluation_clients(self, clients: list[int] | None) -> None:
         """Validates the global model on these clients' held-out samples instead of the validation set.
@@ -328,8 +390,9 @@ class FederatedDataModule(RecordsInitArgs, LightningDataModule):
         self._train_parts, self._holdout_parts = [], []
         for part in parts:
             num_held = min(len(part) - 1, max(1, round(self.holdout_fraction * len(part))))
-            held = np.sort(rng.permutation(part)[:num_held])
-            kept = np.setdiff1d(part, held, assume_unique=True)
+            # Drawn from the sorted indices, so the held-out samples do not depend on the stored order.
+            held = np.sort(rng.permutation(np.sort(part))[:num_held])
+            kept = part[~np.isin(part, held, assume_unique=True)]  # the remaining samples, in stored order
             held.flags.writeable = kept.flags.writeable = False
             self._holdout_parts.append(held)
             self._train_parts.append(kept)
@@ -369,10 +432,14 @@ class FederatedDataModule(RecordsInitArgs, LightningDataModule):
             raise RuntimeError("FederatedDataModule has no test set; pass test=... to test the global model.")
         return self.test
 
-    def _loader(self, dataset: Dataset[Any], *, shuffle: bool, batch_size: int | None = None) -> DataLoader[Any]:
+    def _loader(
+        self, dataset: Dataset[Any], *, shuffle: bool, batch_size: int | None = None, drop_last: bool = False
+    ) -> DataLoader[Any]:
         return DataLoader(
             dataset,
             batch_size=batch_size or self.eval_batch_size,
             shuffle=shuffle,
+            drop_last=drop_last,
             num_workers=self.num_workers,
+            **self.dataloader_kwargs,
         )

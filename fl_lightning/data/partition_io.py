@@ -11,7 +11,8 @@ A partition file is UTF-8 JSON of this schema, which :func:`save_partition` writ
 - Every entry of a client's list is a JSON integer (not ``1.0``, ``true``, ``"1"``, ``null``,
   ``NaN`` or a list) in ``[0, num_samples)``, an index into the training set.
 - No client is empty, and no index appears twice, in one client or in two. The order within a
-  client does not matter: clients' indices are loaded sorted.
+  client is the order its samples are served in with ``FederatedDataModule(shuffle=False)``;
+  otherwise clients' indices are loaded sorted.
 
 A file that breaks any rule is refused with a ``ValueError`` naming the file, and the client
 (its position in ``clients``) and the entry (its position in that client's list) at fault.
@@ -48,16 +49,19 @@ def save_partition(parts: Sequence[np.ndarray], path: str | os.PathLike[str]) ->
     os.replace(tmp, path)
 
 
-def load_partition(path: str | os.PathLike[str], *, num_clients: int, num_samples: int) -> list[np.ndarray]:
+def load_partition(
+    path: str | os.PathLike[str], *, num_clients: int, num_samples: int, keep_order: bool = False
+) -> list[np.ndarray]:
     """Reads a partition file (see the module's schema) and validates it.
 
     Args:
         path: The JSON file.
         num_clients: The number of clients the file must hold.
         num_samples: Size of the dataset the indices refer to.
+        keep_order: Keep each client's indices in the file's order instead of sorting them.
 
     Returns:
-        One sorted ``int64`` index array per client.
+        One ``int64`` index array per client, sorted unless ``keep_order``.
 
     Raises:
         ValueError: The file is not UTF-8 JSON, breaks the schema, has the wrong number of clients,
@@ -81,7 +85,7 @@ def load_partition(path: str | os.PathLike[str], *, num_clients: int, num_sample
         raise ValueError(f"{source} declares num_clients={declared} but lists {len(clients)} clients.")
     for cid, entries in enumerate(clients):
         _check_entries(entries, cid, num_samples, source)
-    return check_partition(clients, num_clients=num_clients, num_samples=num_samples, source=source)
+    return check_partition(clients, num_clients=num_clients, num_samples=num_samples, source=source, sort=not keep_order)
 
 
 def _read_json(path: Path, source: str) -> Any:

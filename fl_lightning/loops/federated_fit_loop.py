@@ -20,7 +20,7 @@ from fl_lightning.callbacks.federated_callback import call_federated_hook
 from fl_lightning.checkpoint_io import CheckpointError, validate_federated_state
 from fl_lightning.distributed.sharding import ClientSharding
 from fl_lightning.distributed.strategy import FederatedDDPStrategy
-from fl_lightning.federation import FederatedDataSource, Federation
+from fl_lightning.federation import Federation, require_federated_data
 from fl_lightning.fingerprint import check_resume, federation_fingerprint
 from fl_lightning.loops.batched_clients import train_clients_batched
 from fl_lightning.loops.executor_choice import auto_choice_after_first_client, auto_choice_before_fit
@@ -170,12 +170,7 @@ class FederatedFitLoop(compat.FitLoopBase):
     def _setup_federation(self) -> None:
         trainer, module = self.trainer, self.trainer.lightning_module
         self._sharding = self._client_sharding() if trainer.world_size > 1 else None
-        data = trainer.datamodule
-        if not isinstance(data, FederatedDataSource):
-            raise TypeError(
-                "FederatedTrainer needs federated data: pass `datamodule=FederatedDataModule(...)` "
-                f"(or any object with num_clients/client_num_samples/client_batches); got {type(data).__name__}."
-            )
+        data = require_federated_data(trainer.datamodule)
         self._check_update_bound()
         auto = self.client_executor == "auto"
         self.executor = auto_choice_before_fit(trainer) if auto else self.client_executor

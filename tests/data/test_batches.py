@@ -135,3 +135,28 @@ def test_bad_arguments(kwargs: dict, match: str) -> None:
 def test_empty_client() -> None:
     with pytest.raises(ValueError, match=r"indices is empty; a client needs at least one sample"):
         client_batches(DATA, np.array([], dtype=np.int64), batch_size=2, num_batches=1, generator=torch.Generator())
+
+
+def test_shuffle_false_serves_the_given_order_every_epoch_and_draws_nothing() -> None:
+    unsorted = INDICES[::-1].copy()
+    generator = torch.Generator().manual_seed(0)
+    state = generator.get_state()
+    batches = list(client_batches(DATA, unsorted, batch_size=4, num_batches=6, shuffle=False, generator=generator))
+    served = (torch.cat([x[:, 0] for x, _ in batches]) / 10).long().tolist()
+    assert served == np.concatenate([unsorted, unsorted]).tolist()
+    assert [len(y) for _, y in batches] == [4, 4, 2, 4, 4, 2]
+    assert torch.equal(generator.get_state(), state)
+
+
+def test_drop_last_drops_each_epochs_partial_batch() -> None:
+    batches = list(stream(batch_size=4, num_epochs=2, drop_last=True))
+    assert [len(y) for _, y in batches] == [4, 4] * 2
+    expected = reference(2, batch_size=4, seed=0)
+    for (x, _), want in zip(batches, [expected[0], expected[1], expected[3], expected[4]], strict=True):
+        torch.testing.assert_close(x[:, 0], want.float() * 10)
+
+
+@pytest.mark.parametrize("kwargs", [dict(num_epochs=2), dict(num_batches=5)])
+def test_drop_last_leaves_a_client_smaller_than_a_batch_without_batches(kwargs: dict) -> None:
+    batches = stream(batch_size=11, drop_last=True, **kwargs)
+    assert (len(batches), list(batches)) == (0, [])

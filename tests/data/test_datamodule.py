@@ -301,3 +301,56 @@ def test_lightning_trainer_accepts_the_datamodule(tmp_path: Path) -> None:
     )
     trainer.fit(Tiny(), datamodule=datamodule(val=VAL))
     assert trainer.global_step == 2
+
+
+def served_order(dm: FederatedDataModule, cid: int, *, epochs: int = 2) -> list[int]:
+    """The training-set indices client ``cid`` is served, in order, over ``epochs`` local epochs."""
+    batches = dm.client_batches(cid, num_epochs=epochs, generator=torch.Generator().manual_seed(0), batch_size=3)
+    return torch.cat([x[:, 0] for x, _ in batches]).long().tolist()
+
+
+def write_unsorted_partition(path: Path) -> list[list[int]]:
+    """Writes a 4-client partition of ``TRAIN`` whose clients list their indices unsorted."""
+    clients = [[int(i) for i in np.random.default_rng(c).permutation(np.arange(c * 50, (c + 1) * 50))] for c in range(4)]
+    path.write_text(json.dumps({"num_clients": 4, "clients": clients}))
+    return clients
+
+
+def test_shuffle_false_keeps_a_partition_files_order_every_epoch(tmp_path: Path) -> None:
+    path = tmp_path / "partition.json"
+    stored = write_unsorted_partition(path)
+    dm = datamodule(shuffle=False, partition_file=str(path))
+    assert [dm.client_indices(cid).tolist() for cid in range(4)] == stored
+    assert served_order(dm, 2) == stored[2] * 2
+    # A save/load round trip keeps the order too.
+    dm.save_partition(tmp_path / "again.json")
+    again = datamodule(shuffle=False, partition_file=str(tmp_path / "again.json"))
+    assert [served_order(again, cid) for cid in range(4)] == [order * 2 for order in stored]
+
+
+def test_default_shuffle_loads_sorted_and_reshuffles_every_epoch(tmp_path: Path) -> None:
+    path = tmp_path / "partition.json"
+    stored = write_unsorted_partition(path)
+    dm = datamodule(partition_file=str(path))
+    assert dm.client_indices(1).tolist() == sorted(stored[1])
+    served = served_order(dm, 1)
+    generator = torch.Generator().manual_seed(0)
+    expected = [sorted(stored[1])[i] for _ in range(2) for i in torch.randperm(50, generator=generator).tolist()]
+    assert served == expected
+
+
+def test_shuffle_false_with_a_partitioner_serves_sorted_indices() -> None:
+    dm = datamodule(shuffle=False, partitioner=Dirichlet(alpha=0.5))
+    assert served_order(dm, 0, epochs=1) == sorted(dm.client_indices(0).tolist())
+
+
+def test_held_out_samples_do_not_depend_on_the_stored_order(tmp_path: Path) -> None:
+    path = tmp_path / "partition.json"
+    stored = write_unsorted_partition(path)
+    ordered = datamodule(shuffle=False, partition_file=str(path), holdout_fraction=0.2)
+    shuffled = datamodule(partition_file=str(path), holdout_fraction=0.2)
+    for cid in range(4):
+        held = [x for x, _ in ordered.holdout_dataloader(cid)]
+        torch.testing.assert_close(held, [x for x, _ in shuffled.holdout_dataloader(cid)])
+        held_set = set(torch.cat(held)[:, 0].long().tolist())
+        assert ordered.client_indices(cid).tolist() == [i for i in stored[cid] if i not in held_set]
