@@ -25,6 +25,7 @@ from fl_lightning.algorithms import (
 )
 from fl_lightning.callbacks import FederatedCallback, FederatedEvaluation, FederatedProgressBar, TestCurve
 from fl_lightning.federation import FederatedDataSource, Federation
+from fl_lightning.privacy import AdaptiveClipping, DPFedAvg
 from fl_lightning.mixins import MaskedNoiseMixin, ProbabilityMaskMixin, ProximalMixin
 from fl_lightning.trainer import FederatedTrainer
 from fl_lightning.update_bounds import MedianNormFilter, NormClip, UpdateBound
@@ -32,11 +33,13 @@ from fl_lightning.update_bounds import MedianNormFilter, NormClip, UpdateBound
 __version__ = "0.1.0"
 
 __all__ = [
+    "AdaptiveClipping",
     "AllClients",
     "Algorithm",
     "ClientContext",
     "ClientUpdate",
     "CompressedFedAvg",
+    "DPFedAvg",
     "FedALIGN",
     "FedAvg",
     "FedBuff",
