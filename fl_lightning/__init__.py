@@ -27,6 +27,7 @@ from fl_lightning.callbacks import FederatedCallback, FederatedEvaluation, Feder
 from fl_lightning.federation import FederatedDataSource, Federation
 from fl_lightning.privacy import AdaptiveClipping, DPFedAvg
 from fl_lightning.mixins import MaskedNoiseMixin, ProbabilityMaskMixin, ProximalMixin
+from fl_lightning.robust import Bulyan, CoordinateMedian, Krum, TrimmedMean
 from fl_lightning.trainer import FederatedTrainer
 from fl_lightning.update_bounds import MedianNormFilter, NormClip, UpdateBound
 
@@ -35,10 +36,12 @@ __version__ = "0.1.0"
 __all__ = [
     "AdaptiveClipping",
     "AllClients",
+    "Bulyan",
     "Algorithm",
     "ClientContext",
     "ClientUpdate",
     "CompressedFedAvg",
+    "CoordinateMedian",
     "DPFedAvg",
     "FedALIGN",
     "FedAvg",
@@ -57,6 +60,7 @@ __all__ = [
     "FlexibleParticipation",
     "Federation",
     "IFCA",
+    "Krum",
     "MaskedNoiseMixin",
     "MedianNormFilter",
     "NormClip",
@@ -68,5 +72,6 @@ __all__ = [
     "ServerSGD",
     "ServerYogi",
     "TestCurve",
+    "TrimmedMean",
     "UpdateBound",
 ]
