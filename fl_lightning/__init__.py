@@ -36,8 +36,8 @@ __version__ = "0.1.0"
 __all__ = [
     "AdaptiveClipping",
     "AllClients",
-    "Bulyan",
     "Algorithm",
+    "Bulyan",
     "ClientContext",
     "ClientUpdate",
     "CompressedFedAvg",
