@@ -61,7 +61,15 @@ def run_one(spec: RunSpec) -> RunResult:
     from fl_lightning.data import Digits, Dirichlet, FederatedDataModule
     from fl_lightning.models import MLP
     from fl_lightning.robust import (
-        Byzantine, Bulyan, CoordinateMedian, GaussianUpdate, Krum, LabelFlip, ScaledUpdate, SignFlip, TrimmedMean,
+        Bulyan,
+        Byzantine,
+        CoordinateMedian,
+        GaussianUpdate,
+        Krum,
+        LabelFlip,
+        ScaledUpdate,
+        SignFlip,
+        TrimmedMean,
     )  # fmt: skip
 
     defence = {
@@ -157,7 +165,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     ]
     started = time.perf_counter()
     results = run_in_workers(
-        run_one, specs, args, lambda r: f"{r.spec.attack:>10} {r.spec.defence:>12} seed {r.spec.seed}: {r.test_acc:.3f} ({r.seconds:.1f} s)"
+        run_one,
+        specs,
+        args,
+        lambda r: f"{r.spec.attack:>10} {r.spec.defence:>12} seed {r.spec.seed}: {r.test_acc:.3f} ({r.seconds:.1f} s)",
     )
     print()
     emit(report(results, args, time.perf_counter() - started), args.out)

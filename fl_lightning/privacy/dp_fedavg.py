@@ -5,15 +5,15 @@ from __future__ import annotations
 import math
 from typing import Any, ClassVar
 
-import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
 
 from fl_lightning.algorithms.aggregation import weighted_sum
-from fl_lightning.algorithms.base import Algorithm, ClientContext, ClientUpdate
+from fl_lightning.algorithms.base import Algorithm, ClientUpdate
 from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.algorithms.summable import SupportsWeightedSum
+from fl_lightning.algorithms.wrapper import AlgorithmWrapper
 from fl_lightning.federation import Federation
 from fl_lightning.model_state import State
 from fl_lightning.privacy.accountant import RoundAccountant, Sampling, check_delta
@@ -21,7 +21,7 @@ from fl_lightning.privacy.adaptive_clipping import AdaptiveClipping
 from fl_lightning.update_bounds import positive_finite, update_norm
 
 
-class DPFedAvg(Algorithm):
+class DPFedAvg(AlgorithmWrapper):
     r"""DP-FedAvg (McMahan et al. 2018, "Learning Differentially Private Recurrent Language Models",
     Algorithm 1) around any synchronous weighted-sum algorithm (FedAvg, FedProx, their server optimizers).
 
@@ -86,7 +86,7 @@ class DPFedAvg(Algorithm):
             raise ValueError(f"`sampling` must be 'fixed' or 'poisson', got {sampling!r}.")
         self.sampling = sampling
         self.adaptive_clipping = adaptive_clipping
-        self.inner = algorithm if algorithm is not None else FedAvg(weighting="uniform")
+        super().__init__(algorithm if algorithm is not None else FedAvg(weighting="uniform"))
         self._check_inner(self.inner)
         self.rounds_spent = 0
 
@@ -104,7 +104,6 @@ class DPFedAvg(Algorithm):
     @override
     def setup(self, federation: Federation) -> None:
         super().setup(federation)
-        self.inner.setup(federation)
         self.accountant = RoundAccountant(
             noise_multiplier=self.noise_multiplier,
             num_clients=federation.num_clients,
@@ -121,6 +120,7 @@ class DPFedAvg(Algorithm):
             )
 
     @property
+    @override
     def summable(self) -> bool:
         """Always: the clipped sum shards over processes (the noise is added after the all-reduce)."""
         return True
@@ -143,30 +143,11 @@ class DPFedAvg(Algorithm):
         return torch.nonzero(joins < fed.clients_per_round / fed.num_clients).flatten().tolist()
 
     @override
-    def configure_client(self, client: ClientContext, module: pl.LightningModule, global_state: State) -> None:
-        self.inner.configure_client(client, module, global_state)
-
-    @override
-    def client_update(self, client: ClientContext, module: pl.LightningModule, delta: State) -> ClientUpdate:
-        return self.inner.client_update(client, module, delta)
-
-    @override
-    def decode_update(self, update: ClientUpdate) -> ClientUpdate:
-        return self.inner.decode_update(update)
-
-    @override
-    def download_bytes(self, global_state: State) -> int:
-        return self.inner.download_bytes(global_state)
-
-    @override
-    def evaluate(self, round_idx: int, module: pl.LightningModule) -> dict[str, float]:
-        return self.inner.evaluate(round_idx, module)
-
-    @override
     def aggregate(self, round_idx: int, global_state: State, updates: list[ClientUpdate]) -> dict[str, float]:
         total, unclipped = self.weighted_delta_sum(updates)
         return self.apply_weighted_sum(round_idx, global_state, total, unclipped)
 
+    @override
     def weighted_delta_sum(self, updates: list[ClientUpdate]) -> tuple[State, float]:
         r""":math:`(\sum_k \hat\Delta_k, \sum_k b_k)`: the clipped deltas' sum (integer tensors zeroed) and
         the number of updates that fit unclipped, :math:`b_k = \mathbb 1[\lVert\Delta_k\rVert \le C]`,
@@ -179,6 +160,7 @@ class DPFedAvg(Algorithm):
                 total[name].zero_()
         return total, float(sum(norm <= self.clip_norm for norm in norms))
 
+    @override
     def apply_weighted_sum(self, round_idx: int, global_state: State, total: State, weight: float) -> dict[str, float]:
         """Adds the round's seeded Gaussian noise to the clipped sum ``total`` and lets the wrapped algorithm
         apply its mean over the expected clients; ``weight`` is the unclipped count (:meth:`weighted_delta_sum`)."""
@@ -221,9 +203,9 @@ class DPFedAvg(Algorithm):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {"inner": self.inner.state_dict(), "clip_norm": self.clip_norm, "rounds_spent": self.rounds_spent}
+        return {**super().state_dict(), "clip_norm": self.clip_norm, "rounds_spent": self.rounds_spent}
 
     @override
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.inner.load_state_dict(state["inner"])
+        super().load_state_dict(state)
         self.clip_norm, self.rounds_spent = float(state["clip_norm"]), int(state["rounds_spent"])

@@ -3,23 +3,21 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
 
-import lightning.pytorch as pl
 import torch
 from torch import Tensor
 from typing_extensions import override
 
 from fl_lightning.algorithms.aggregation import accumulator_dtype
-from fl_lightning.algorithms.base import Algorithm, ClientContext, ClientUpdate
-from fl_lightning.algorithms.fedavg import FedAvg
+from fl_lightning.algorithms.base import Algorithm, ClientUpdate
 from fl_lightning.algorithms.summable import SupportsWeightedSum
+from fl_lightning.algorithms.wrapper import AlgorithmWrapper
 from fl_lightning.federation import Federation
 from fl_lightning.model_state import State
 from fl_lightning.robust import rules
 
 
-class RobustAggregation(Algorithm, ABC):
+class RobustAggregation(AlgorithmWrapper, ABC):
     """Replaces the wrapped algorithm's weighted mean of client deltas by a robust statistic
     (:meth:`combine`) of the flattened deltas, then lets it apply the result (its server optimizer).
 
@@ -34,7 +32,7 @@ class RobustAggregation(Algorithm, ABC):
     """
 
     def __init__(self, *, algorithm: Algorithm | None = None) -> None:
-        self.inner = algorithm if algorithm is not None else FedAvg()
+        super().__init__(algorithm)
         if not (isinstance(self.inner, SupportsWeightedSum) and self.inner.summable) or self.inner.asynchronous:
             raise ValueError(
                 f"{type(self).__name__} wraps a synchronous algorithm whose aggregation is a sum of client deltas "
@@ -44,40 +42,6 @@ class RobustAggregation(Algorithm, ABC):
     @abstractmethod
     def combine(self, updates: Tensor) -> Tensor:
         """The aggregate ``(d,)`` of an ``(n, d)`` float64 matrix of flattened deltas."""
-
-    @override
-    def setup(self, federation: Federation) -> None:
-        super().setup(federation)
-        self.inner.setup(federation)
-
-    @override
-    def select_clients(self, round_idx: int) -> list[int]:
-        return self.inner.select_clients(round_idx)
-
-    @override
-    def configure_client(self, client: ClientContext, module: pl.LightningModule, global_state: State) -> None:
-        self.inner.configure_client(client, module, global_state)
-
-    @override
-    def client_update(self, client: ClientContext, module: pl.LightningModule, delta: State) -> ClientUpdate:
-        return self.inner.client_update(client, module, delta)
-
-    @property
-    @override
-    def uploads_deltas(self) -> bool:
-        return self.inner.uploads_deltas
-
-    @override
-    def decode_update(self, update: ClientUpdate) -> ClientUpdate:
-        return self.inner.decode_update(update)
-
-    @override
-    def download_bytes(self, global_state: State) -> int:
-        return self.inner.download_bytes(global_state)
-
-    @override
-    def evaluate(self, round_idx: int, module: pl.LightningModule) -> dict[str, float]:
-        return self.inner.evaluate(round_idx, module)
 
     @override
     def aggregate(self, round_idx: int, global_state: State, updates: list[ClientUpdate]) -> dict[str, float]:
@@ -93,6 +57,12 @@ class RobustAggregation(Algorithm, ABC):
         assert isinstance(self.inner, SupportsWeightedSum)
         return self.inner.apply_weighted_sum(round_idx, global_state, delta, 1.0)
 
+    @property
+    @override
+    def summable(self) -> bool:
+        """Never: the statistic needs every update of the round at once."""
+        return False
+
     @staticmethod
     def _unflatten(vector: Tensor, like: State, names: list[str]) -> State:
         """``vector`` cut into the shapes of ``like[names]``, in the dtypes weighted sums have (the server step's input)."""
@@ -102,14 +72,6 @@ class RobustAggregation(Algorithm, ABC):
             out[name] = vector[offset : offset + t.numel()].view(t.shape).to(accumulator_dtype(t.dtype))
             offset += t.numel()
         return out
-
-    @override
-    def state_dict(self) -> dict[str, Any]:
-        return {"inner": self.inner.state_dict()}
-
-    @override
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.inner.load_state_dict(state["inner"])
 
 
 def _flatten(payloads: list[State], names: list[str]) -> Tensor:

@@ -11,8 +11,7 @@ import torch
 from typing_extensions import override
 
 from fl_lightning.algorithms.base import Algorithm, ClientContext, ClientUpdate
-from fl_lightning.algorithms.fedavg import FedAvg
-from fl_lightning.algorithms.summable import SupportsWeightedSum
+from fl_lightning.algorithms.wrapper import AlgorithmWrapper
 from fl_lightning.federation import Federation
 from fl_lightning.model_state import State
 from fl_lightning.robust.attacks import Attack
@@ -54,7 +53,7 @@ class _PoisonedData:
         return _MappedBatches(batches if isinstance(batches, Sized) else list(batches), self._attack.poison_batch)
 
 
-class Byzantine(Algorithm):
+class Byzantine(AlgorithmWrapper):
     """Runs ``algorithm`` with a fraction of malicious clients that follow ``attack``.
 
     The malicious clients are drawn once, at set-up, from ``(seed, "malicious")``; each poisons its
@@ -78,7 +77,7 @@ class Byzantine(Algorithm):
         if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction < 1:
             raise ValueError(f"`fraction` must be a number in [0, 1), got {fraction!r}.")
         self.attack, self.fraction = attack, float(fraction)
-        self.inner = algorithm if algorithm is not None else FedAvg()
+        super().__init__(algorithm)
         if self.inner.asynchronous:
             raise ValueError(f"Byzantine wraps synchronous algorithms; {type(self.inner).__name__} is asynchronous.")
 
@@ -88,15 +87,6 @@ class Byzantine(Algorithm):
         if self.attack.poisons_data:
             federation = replace(federation, data=_PoisonedData(federation.data, self.malicious, self.attack))
         super().setup(federation)
-        self.inner.setup(federation)
-
-    @override
-    def select_clients(self, round_idx: int) -> list[int]:
-        return self.inner.select_clients(round_idx)
-
-    @override
-    def configure_client(self, client: ClientContext, module: pl.LightningModule, global_state: State) -> None:
-        self.inner.configure_client(client, module, global_state)
 
     @override
     def client_update(self, client: ClientContext, module: pl.LightningModule, delta: State) -> ClientUpdate:
@@ -104,45 +94,7 @@ class Byzantine(Algorithm):
             delta = self.attack.poison_update(delta, make_generator(client.seed, "attack"))
         return self.inner.client_update(client, module, delta)
 
-    @property
-    @override
-    def uploads_deltas(self) -> bool:
-        return self.inner.uploads_deltas
-
-    @override
-    def decode_update(self, update: ClientUpdate) -> ClientUpdate:
-        return self.inner.decode_update(update)
-
-    @override
-    def download_bytes(self, global_state: State) -> int:
-        return self.inner.download_bytes(global_state)
-
     @override
     def aggregate(self, round_idx: int, global_state: State, updates: list[ClientUpdate]) -> dict[str, float]:
         metrics = self.inner.aggregate(round_idx, global_state, updates)
         return {**metrics, "malicious_clients": float(sum(u.client_id in self.malicious for u in updates))}
-
-    @property
-    def summable(self) -> bool:
-        """Whether the wrapped algorithm's aggregation is a weighted sum (then clients shard over processes)."""
-        return isinstance(self.inner, SupportsWeightedSum) and self.inner.summable
-
-    def weighted_delta_sum(self, updates: list[ClientUpdate]) -> tuple[State, float]:
-        assert isinstance(self.inner, SupportsWeightedSum)
-        return self.inner.weighted_delta_sum(updates)
-
-    def apply_weighted_sum(self, round_idx: int, global_state: State, total: State, weight: float) -> dict[str, float]:
-        assert isinstance(self.inner, SupportsWeightedSum)
-        return self.inner.apply_weighted_sum(round_idx, global_state, total, weight)
-
-    @override
-    def evaluate(self, round_idx: int, module: pl.LightningModule) -> dict[str, float]:
-        return self.inner.evaluate(round_idx, module)
-
-    @override
-    def state_dict(self) -> dict[str, Any]:
-        return self.inner.state_dict()
-
-    @override
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.inner.load_state_dict(state)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Any
 
 import lightning.pytorch as pl
 import torch
@@ -13,9 +12,8 @@ from typing_extensions import override
 
 from fl_lightning.algorithms.aggregation import accumulator_dtype
 from fl_lightning.algorithms.base import Algorithm, ClientContext, ClientUpdate
-from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.algorithms.summable import SummableAggregation
-from fl_lightning.federation import Federation
+from fl_lightning.algorithms.wrapper import AlgorithmWrapper
 from fl_lightning.model_state import State
 from fl_lightning.secure.masking import decode, encode, masked
 
@@ -26,7 +24,7 @@ PUBLIC_KEYS_BYTES = 2 * 32
 SHARES_BYTES_PER_PEER = 2 * 32 + 16
 
 
-class SecureAggregation(Algorithm):
+class SecureAggregation(AlgorithmWrapper):
     r"""Pairwise-masked secure aggregation (Bonawitz et al. 2017, §4), simulated, around a
     weighted-sum algorithm.
 
@@ -66,7 +64,7 @@ class SecureAggregation(Algorithm):
         dropout: float = 0.0,
         min_survivors: float = 0.5,
     ) -> None:
-        self.inner = algorithm if algorithm is not None else FedAvg()
+        super().__init__(algorithm)
         if not isinstance(self.inner, SummableAggregation) or not self.inner.summable:
             raise ValueError(
                 "Secure aggregation reveals only the sum of the clients' weighted deltas, so it needs an algorithm whose "
@@ -86,26 +84,22 @@ class SecureAggregation(Algorithm):
         self.round_clients: list[int] = []
 
     @override
-    def setup(self, federation: Federation) -> None:
-        super().setup(federation)
-        self.inner.setup(federation)
-
-    @override
     def select_clients(self, round_idx: int) -> list[int]:
         """The wrapped algorithm's choice; the clients learn who their peers are (for the pads)."""
         self.round_clients = list(self.inner.select_clients(round_idx))
         return self.round_clients
 
     @override
-    def configure_client(self, client: ClientContext, module: pl.LightningModule, global_state: State) -> None:
-        self.inner.configure_client(client, module, global_state)
-
-    @override
     def client_update(self, client: ClientContext, module: pl.LightningModule, delta: State) -> ClientUpdate:
         """The masked fixed-point vector :math:`(w_k\\Delta_k, w_k)` and its wire size."""
         plain = self.inner.client_update(client, module, delta)
         weight = self.inner.aggregation_weight(plain)
-        vector = torch.cat([*(t.detach().cpu().double().reshape(-1) * weight for t in plain.payload.values()), torch.tensor([weight], dtype=torch.float64)])
+        vector = torch.cat(
+            [
+                *(t.detach().cpu().double().reshape(-1) * weight for t in plain.payload.values()),
+                torch.tensor([weight], dtype=torch.float64),
+            ]
+        )
         residues = encode(vector, self.modulus_bits, self.fraction_bits)
         pads = masked(residues, client.client_id, self.round_clients, self.federation.seed, client.round_idx, self.modulus_bits)
         peers = len(self.round_clients) - 1
@@ -116,10 +110,6 @@ class SecureAggregation(Algorithm):
     @override
     def uploads_deltas(self) -> bool:
         return False
-
-    @override
-    def download_bytes(self, global_state: State) -> int:
-        return self.inner.download_bytes(global_state)
 
     def drops(self, round_idx: int, client_id: int) -> bool:
         """Whether the client's upload is lost in this round (simulated dropout)."""
@@ -154,14 +144,8 @@ class SecureAggregation(Algorithm):
             offset += like.numel()
         return {**self.inner.apply_weighted_sum(round_idx, global_state, summed, float(values[-1])), **metrics}
 
+    @property
     @override
-    def evaluate(self, round_idx: int, module: pl.LightningModule) -> dict[str, float]:
-        return self.inner.evaluate(round_idx, module)
-
-    @override
-    def state_dict(self) -> dict[str, Any]:
-        return self.inner.state_dict()
-
-    @override
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.inner.load_state_dict(state)
+    def summable(self) -> bool:
+        """Never: the masked sum is modular, not the float all-reduce of client sharding."""
+        return False

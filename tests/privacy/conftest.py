@@ -46,7 +46,10 @@ def updates_with_norms(state: dict[str, torch.Tensor], norms: list[float], seed:
     g = torch.Generator().manual_seed(seed)
     updates = []
     for cid, norm in enumerate(norms):
-        payload = {k: torch.randn(v.shape, generator=g, dtype=torch.float64) if v.is_floating_point() else torch.tensor(3) for k, v in state.items()}
+        payload = {
+            k: torch.randn(v.shape, generator=g, dtype=torch.float64) if v.is_floating_point() else torch.tensor(3)
+            for k, v in state.items()
+        }
         size = torch.sqrt(sum((t**2).sum() for t in payload.values() if t.is_floating_point()))
         payload = {k: (t * (norm / size)).float() if t.is_floating_point() else t for k, t in payload.items()}
         updates.append(ClientUpdate(client_id=cid, num_samples=10, num_steps=1, payload=payload, upload_bytes=0))

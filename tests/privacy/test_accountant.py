@@ -38,11 +38,18 @@ def test_no_rounds_cost_nothing_and_no_noise_is_infinite():
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [({"delta": 0.0}, "delta"), ({"delta": 1.0}, "delta"), ({"sampling": "any"}, "sampling"), ({"clients_per_round": 11}, "clients_per_round")],
+    [
+        ({"delta": 0.0}, "delta"),
+        ({"delta": 1.0}, "delta"),
+        ({"sampling": "any"}, "sampling"),
+        ({"clients_per_round": 11}, "clients_per_round"),
+    ],
 )
 def test_bad_input_is_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        RoundAccountant(**{"noise_multiplier": 1.0, "num_clients": 10, "clients_per_round": 2, "sampling": "fixed", "delta": 1e-5, **kwargs})
+        RoundAccountant(
+            **{"noise_multiplier": 1.0, "num_clients": 10, "clients_per_round": 2, "sampling": "fixed", "delta": 1e-5, **kwargs}
+        )
 
 
 def test_missing_library_names_the_extra(monkeypatch):

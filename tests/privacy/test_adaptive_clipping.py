@@ -13,7 +13,9 @@ from fl_lightning import AdaptiveClipping
 def test_geometric_update_from_the_noised_count():
     clipping = AdaptiveClipping(target_quantile=0.6, learning_rate=0.2, count_noise_std=0.5)
     noise = torch.randn((), generator=torch.Generator().manual_seed(7), dtype=torch.float64).item() * 0.5
-    clip, fraction = clipping.next_clip_norm(2.0, unclipped=3.0, expected_clients=10.0, generator=torch.Generator().manual_seed(7))
+    clip, fraction = clipping.next_clip_norm(
+        2.0, unclipped=3.0, expected_clients=10.0, generator=torch.Generator().manual_seed(7)
+    )
     assert fraction == pytest.approx((3.0 + noise) / 10.0)
     assert clip == pytest.approx(2.0 * math.exp(-0.2 * (fraction - 0.6)))
     assert clip > 2.0  # fewer than 60 % fit: the clip norm grows

@@ -36,7 +36,9 @@ def _numpy_bulyan(x: np.ndarray, f: int) -> np.ndarray:
     for _ in range(len(x) - 2 * f):
         sub = x[pool]
         k = max(len(pool) - f - 2, 1)
-        scores = [sum(sorted(float(np.sum((sub[i] - sub[j]) ** 2)) for j in range(len(sub)) if j != i)[:k]) for i in range(len(sub))]
+        scores = [
+            sum(sorted(float(np.sum((sub[i] - sub[j]) ** 2)) for j in range(len(sub)) if j != i)[:k]) for i in range(len(sub))
+        ]
         selected.append(pool.pop(int(np.argmin(scores))))
     chosen = x[selected]
     beta = len(selected) - 2 * f

@@ -39,7 +39,9 @@ def _round(algorithm, federation, updates):  # noqa: F811
     clients = algorithm.select_clients(0)
     uploads = []
     for update in updates:
-        context = ClientContext(round_idx=0, client_id=update.client_id, num_samples=update.num_samples, num_epochs=1, num_steps=None, seed=0)
+        context = ClientContext(
+            round_idx=0, client_id=update.client_id, num_samples=update.num_samples, num_epochs=1, num_steps=None, seed=0
+        )
         uploads.append(algorithm.client_update(context, federation.module, update.payload))
     state = _global_state(federation.module)
     metrics = algorithm.aggregate(0, state, [u for u in uploads if u.client_id in clients])
@@ -48,7 +50,9 @@ def _round(algorithm, federation, updates):  # noqa: F811
 
 def test_equals_fedavg_within_the_quantisation_error(federation):  # noqa: F811
     updates = _updates(_global_state(federation.module))
-    uploads, secure, metrics = _round(SecureAggregation(algorithm=FedAvg(server_optimizer=ServerSGD(lr=0.7))), federation, updates)
+    uploads, secure, metrics = _round(
+        SecureAggregation(algorithm=FedAvg(server_optimizer=ServerSGD(lr=0.7))), federation, updates
+    )
     plain, fedavg = _global_state(federation.module), FedAvg(server_optimizer=ServerSGD(lr=0.7))
     fedavg.setup(federation)
     fedavg.aggregate(0, plain, updates)
