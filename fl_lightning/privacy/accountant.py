@@ -89,3 +89,16 @@ class RoundAccountant:
             )
             self._cache[rounds] = float(accountant.compose(self.event(rounds)).get_epsilon(self.delta))
         return self._cache[rounds]
+
+
+def gaussian_epsilon(noise_multiplier: float, rounds: int, delta: float) -> float:
+    """ε at ``delta`` of ``rounds`` compositions of the Gaussian mechanism with noise multiplier
+    ``noise_multiplier`` (noise std over L2 sensitivity), without sampling, by the RDP accountant."""
+    if rounds == 0:
+        return 0.0
+    if noise_multiplier == 0:
+        return math.inf
+    dp = import_dp_accounting()
+    accountant = dp.rdp.RdpAccountant()
+    accountant.compose(dp.SelfComposedDpEvent(dp.GaussianDpEvent(noise_multiplier), rounds))
+    return float(accountant.get_epsilon(check_delta(delta)))
