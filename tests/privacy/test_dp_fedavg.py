@@ -110,9 +110,11 @@ def test_epsilon_is_the_accountants_and_the_budget_stops_before_it_is_exceeded(f
     algorithm.setup(federation)
     updates = updates_with_norms(global_state(federation), [1.0, 1.0])
     epsilons = []
-    for round_idx in range(2):
-        assert algorithm.select_clients(round_idx) == [0, 1, 2, 3]
-        epsilons.append(algorithm.aggregate(round_idx, global_state(federation), updates)["dp_epsilon"])
+    assert algorithm.select_clients(0) == [0, 1, 2, 3]
+    epsilons.append(algorithm.aggregate(0, global_state(federation), updates)["dp_epsilon"])
+    assert algorithm.select_clients(1) == [0, 1, 2, 3]
+    with pytest.warns(UserWarning, match="one more round would exceed target_epsilon"):
+        epsilons.append(algorithm.aggregate(1, global_state(federation), updates)["dp_epsilon"])
     assert epsilons == [accountant.epsilon(1), accountant.epsilon(2)]
     assert not algorithm.budget_left and algorithm.select_clients(2) == []  # a third round would exceed it
     restored = DPFedAvg(noise_multiplier=2.0, delta=1e-3, target_epsilon=budget)
