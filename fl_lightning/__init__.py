@@ -25,18 +25,24 @@ from fl_lightning.algorithms import (
 )
 from fl_lightning.callbacks import FederatedCallback, FederatedEvaluation, FederatedProgressBar, TestCurve
 from fl_lightning.federation import FederatedDataSource, Federation
+from fl_lightning.privacy import AdaptiveClipping, DPFedAvg
 from fl_lightning.mixins import MaskedNoiseMixin, ProbabilityMaskMixin, ProximalMixin
+from fl_lightning.robust import Bulyan, CoordinateMedian, Krum, TrimmedMean
 from fl_lightning.trainer import FederatedTrainer
 from fl_lightning.update_bounds import MedianNormFilter, NormClip, UpdateBound
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AdaptiveClipping",
     "AllClients",
     "Algorithm",
+    "Bulyan",
     "ClientContext",
     "ClientUpdate",
     "CompressedFedAvg",
+    "CoordinateMedian",
+    "DPFedAvg",
     "FedALIGN",
     "FedAvg",
     "FedBuff",
@@ -54,6 +60,7 @@ __all__ = [
     "FlexibleParticipation",
     "Federation",
     "IFCA",
+    "Krum",
     "MaskedNoiseMixin",
     "MedianNormFilter",
     "NormClip",
@@ -65,5 +72,6 @@ __all__ = [
     "ServerSGD",
     "ServerYogi",
     "TestCurve",
+    "TrimmedMean",
     "UpdateBound",
 ]

@@ -29,7 +29,8 @@ from fl_lightning.utils.init_args import RecordsInitArgs
 from fl_lightning.model_state import State
 
 
-def _positive_finite(name: str, value: float, *, minimum: float = 0.0, inclusive: bool = False) -> float:
+def positive_finite(name: str, value: float, *, minimum: float = 0.0, inclusive: bool = False) -> float:
+    """``value`` as a float, checked finite and ``> minimum`` (``>=`` with ``inclusive``); else a ValueError naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"`{name}` must be a number, got {value!r}.")
     too_small = value < minimum if inclusive else value <= minimum
@@ -60,7 +61,7 @@ class NormClip(UpdateBound):
     """
 
     def __init__(self, *, max_norm: float) -> None:
-        self.max_norm = _positive_finite("max_norm", max_norm)
+        self.max_norm = positive_finite("max_norm", max_norm)
 
     def scales(self, norms: Sequence[float]) -> list[float | None]:
         return [min(1.0, self.max_norm / norm) if norm > 0 else 1.0 for norm in norms]
@@ -78,7 +79,7 @@ class MedianNormFilter(UpdateBound):
     needs_all_norms: ClassVar[bool] = True
 
     def __init__(self, *, factor: float = 3.0) -> None:
-        self.factor = _positive_finite("factor", factor, minimum=1.0, inclusive=True)
+        self.factor = positive_finite("factor", factor, minimum=1.0, inclusive=True)
 
     def scales(self, norms: Sequence[float]) -> list[float | None]:
         nonzero = [n for n in norms if n > 0]

@@ -14,7 +14,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 import torch
 
-from fl_lightning import FedALIGN, FedAvg, FederatedTrainer, FedProx, MedianNormFilter, ServerSGD
+from fl_lightning import AdaptiveClipping, DPFedAvg, FedALIGN, FedAvg, FederatedTrainer, FedProx, MedianNormFilter, ServerSGD
 from fl_lightning.data import Digits, Dirichlet, FederatedDataModule
 from fl_lightning.distributed import FederatedDDPStrategy
 from fl_lightning.models import MLP
@@ -25,6 +25,10 @@ ALGORITHMS = {
     "fedavgm": lambda: FedAvg(server_optimizer=ServerSGD(lr=1.0, momentum=0.9)),
     "fedprox": lambda: FedProx(mu=0.1),
     "fedalign": lambda: FedALIGN(priority=3, epsilon=0.3, warmup_fraction=0.0, algorithm=FedProx(mu=0.1)),
+    # Clips some clients, adapts the clip norm from the all-reduced count, adds the server's noise once.
+    "dpfedavg": lambda: DPFedAvg(
+        noise_multiplier=0.5, clip_norm=0.5, adaptive_clipping=AdaptiveClipping(count_noise_std=1.0), algorithm=FedProx(mu=0.1)
+    ),
 }
 
 UPDATE_BOUNDS = {

@@ -1,0 +1,178 @@
+"""Test accuracy on digits for each attack x defence (issue 19 item 2), over seeds.
+
+The quickstart workload (scikit-learn's 8x8 digits, 20 clients, Dirichlet(0.5) label skew, MLP
+64-128-10, lr 0.1, batch 10), shortened: ``--rounds`` rounds of ``--clients-per-round`` clients,
+one local epoch each. A fraction ``--fraction`` of the federation is malicious
+(:class:`~fl_lightning.robust.Byzantine`, drawn from the seed) and runs one attack:
+
+* ``none``; ``label_flip`` (:class:`LabelFlip`, y -> 9 - y); ``sign_flip`` (:class:`SignFlip`, -Δ);
+  ``scaled`` (:class:`ScaledUpdate`, 10 Δ); ``gaussian`` (:class:`GaussianUpdate`, N(0, 1) per weight).
+
+against one defence: ``fedavg`` (none), ``median`` (:class:`CoordinateMedian`), ``trimmed_mean``
+(:class:`TrimmedMean`, β = 0.2), ``krum`` (:class:`Krum`, f = 2), ``multi_krum`` (f = 2, m = 5),
+``bulyan`` (:class:`Bulyan`, f = 2: n = 12 >= 4f + 3), ``norm_clip`` (FedAvg with the trainer's
+``update_bound=NormClip(max_norm=1.0)``). The reported number is ``test_acc`` of the final global
+model on the digits test split (``trainer.test`` after the fit), mean ± sample std over seeds.
+
+Run from the repository root::
+
+    PYTHONPATH=. python benchmarks/robustness.py                 # ~10 min on 2 CPU cores
+    PYTHONPATH=. python benchmarks/robustness.py --quick         # one seed, 3 rounds: smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from harness import QUIET_TRAINER
+from reporting import emit, load, machine, mean_std  # benchmarks/ is on sys.path when run as a script
+from workers import add_worker_arguments, run_in_workers
+
+ATTACKS = ("none", "label_flip", "sign_flip", "scaled", "gaussian")
+DEFENCES = ("fedavg", "median", "trimmed_mean", "krum", "multi_krum", "bulyan", "norm_clip")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    attack: str
+    defence: str
+    seed: int
+    rounds: int
+    clients_per_round: int
+    fraction: float
+
+
+@dataclass(frozen=True)
+class RunResult:
+    spec: RunSpec
+    test_acc: float
+    seconds: float
+
+
+def run_one(spec: RunSpec) -> RunResult:
+    """Trains one (attack, defence, seed) through ``FederatedTrainer`` and tests the final model."""
+    import lightning.pytorch as pl
+
+    from fl_lightning import FedAvg, FederatedTrainer, NormClip
+    from fl_lightning.data import Digits, Dirichlet, FederatedDataModule
+    from fl_lightning.models import MLP
+    from fl_lightning.robust import (
+        Bulyan,
+        Byzantine,
+        CoordinateMedian,
+        GaussianUpdate,
+        Krum,
+        LabelFlip,
+        ScaledUpdate,
+        SignFlip,
+        TrimmedMean,
+    )  # fmt: skip
+
+    defence = {
+        "fedavg": FedAvg,
+        "median": CoordinateMedian,
+        "trimmed_mean": lambda: TrimmedMean(beta=0.2),
+        "krum": lambda: Krum(num_byzantine=2),
+        "multi_krum": lambda: Krum(num_byzantine=2, num_selected=5),
+        "bulyan": lambda: Bulyan(num_byzantine=2),
+        "norm_clip": FedAvg,
+    }[spec.defence]()
+    attack = {
+        "none": None,
+        "label_flip": lambda: LabelFlip(num_classes=10),
+        "sign_flip": SignFlip,
+        "scaled": lambda: ScaledUpdate(scale=10.0),
+        "gaussian": lambda: GaussianUpdate(std=1.0),
+    }[spec.attack]
+    algorithm = defence if attack is None else Byzantine(attack=attack(), fraction=spec.fraction, algorithm=defence)
+    pl.seed_everything(spec.seed, verbose=False)
+    data = FederatedDataModule(
+        Digits(split="train"),
+        Digits(split="test"),
+        val_fraction=0.1,
+        partitioner=Dirichlet(alpha=0.5),
+        num_clients=20,
+        batch_size=10,
+        seed=spec.seed,
+    )
+    trainer = FederatedTrainer(
+        algorithm=algorithm,
+        clients_per_round=spec.clients_per_round,
+        local_epochs=1,
+        max_epochs=spec.rounds,
+        seed=spec.seed,
+        update_bound=NormClip(max_norm=1.0) if spec.defence == "norm_clip" else None,
+        accelerator="cpu",
+        devices=1,
+        **QUIET_TRAINER,
+    )
+    started = time.perf_counter()
+    model = MLP(in_features=64, hidden=(128,), num_classes=10, lr=0.1)
+    trainer.fit(model, datamodule=data)
+    (metrics,) = trainer.test(model, datamodule=data, verbose=False)
+    return RunResult(spec, float(metrics["test_acc"]), time.perf_counter() - started)
+
+
+def report(results: Sequence[RunResult], args: argparse.Namespace, seconds: float) -> str:
+    """The Markdown section: test accuracy, one row per attack and one column per defence."""
+    acc = {(r.spec.attack, r.spec.defence): [] for r in results}
+    for r in results:
+        acc[(r.spec.attack, r.spec.defence)].append(r.test_acc)
+    lines = [
+        f"## Robust aggregation under attack on digits (issue 19, item 2), {datetime.date.today()}",
+        "",
+        f"Script: `benchmarks/robustness.py --rounds {args.rounds} --seeds {' '.join(map(str, args.seeds))}`. "
+        f"Digits, 20 clients (Dirichlet 0.5), {args.clients_per_round} clients per round, {args.rounds} rounds of one "
+        f"local epoch, MLP 64-128-10; {args.fraction:.0%} of the clients malicious (seeded). Cell: final test accuracy, "
+        f"mean ± std over seeds {args.seeds}. Machine: {machine()}; shared with other sessions (load {load()}), "
+        f"{args.jobs} worker(s), {seconds / 60:.1f} min in all; accuracy, not time, is the result.",
+        "",
+        "| attack \\ defence | " + " | ".join(args.defences) + " |",
+        "|---|" + "---:|" * len(args.defences),
+    ]
+    for attack in args.attacks:
+        lines.append(f"| {attack} | " + " | ".join(mean_std(acc[(attack, d)]) for d in args.defences) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--clients-per-round", type=int, default=12)
+    parser.add_argument("--fraction", type=float, default=0.2)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--attacks", nargs="+", choices=ATTACKS, default=list(ATTACKS))
+    parser.add_argument("--defences", nargs="+", choices=DEFENCES, default=list(DEFENCES))
+    parser.add_argument("--quick", action="store_true", help="one seed, 3 rounds")
+    add_worker_arguments(parser)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.seeds, args.rounds = [0], 3
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    specs = [
+        RunSpec(a, d, s, args.rounds, args.clients_per_round, args.fraction)
+        for a in args.attacks
+        for d in args.defences
+        for s in args.seeds
+    ]
+    started = time.perf_counter()
+    results = run_in_workers(
+        run_one,
+        specs,
+        args,
+        lambda r: f"{r.spec.attack:>10} {r.spec.defence:>12} seed {r.spec.seed}: {r.test_acc:.3f} ({r.seconds:.1f} s)",
+    )
+    print()
+    emit(report(results, args, time.perf_counter() - started), args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""A base for algorithms that wrap another and change one part of it (privacy, robustness, attacks)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning.pytorch as pl
+from typing_extensions import override
+
+from fl_lightning.algorithms.base import Algorithm, ClientContext, ClientUpdate
+from fl_lightning.algorithms.fedavg import FedAvg
+from fl_lightning.algorithms.summable import SupportsWeightedSum
+from fl_lightning.federation import Federation
+from fl_lightning.model_state import State
+
+
+class AlgorithmWrapper(Algorithm):
+    """Forwards every hook to :attr:`inner` (default :class:`FedAvg`); subclasses override what they change.
+
+    The weighted-sum protocol (:class:`~fl_lightning.SupportsWeightedSum`) is forwarded too, so a
+    wrapper of a summable algorithm that leaves aggregation alone still shards over processes.
+    """
+
+    def __init__(self, algorithm: Algorithm | None = None) -> None:
+        self.inner = algorithm if algorithm is not None else FedAvg()
+
+    @override
+    def setup(self, federation: Federation) -> None:
+        super().setup(federation)
+        self.inner.setup(federation)
+
+    @override
+    def select_clients(self, round_idx: int) -> list[int]:
+        return self.inner.select_clients(round_idx)
+
+    @override
+    def configure_client(self, client: ClientContext, module: pl.LightningModule, global_state: State) -> None:
+        self.inner.configure_client(client, module, global_state)
+
+    @override
+    def client_update(self, client: ClientContext, module: pl.LightningModule, delta: State) -> ClientUpdate:
+        return self.inner.client_update(client, module, delta)
+
+    @property
+    @override
+    def uploads_deltas(self) -> bool:
+        return self.inner.uploads_deltas
+
+    @override
+    def decode_update(self, update: ClientUpdate) -> ClientUpdate:
+        return self.inner.decode_update(update)
+
+    @override
+    def download_bytes(self, global_state: State) -> int:
+        return self.inner.download_bytes(global_state)
+
+    @override
+    def aggregate(self, round_idx: int, global_state: State, updates: list[ClientUpdate]) -> dict[str, float]:
+        return self.inner.aggregate(round_idx, global_state, updates)
+
+    @property
+    def summable(self) -> bool:
+        """Whether the wrapped aggregation is a weighted sum (then clients shard over processes)."""
+        return isinstance(self.inner, SupportsWeightedSum) and self.inner.summable
+
+    def weighted_delta_sum(self, updates: list[ClientUpdate]) -> tuple[State, float]:
+        assert isinstance(self.inner, SupportsWeightedSum)
+        return self.inner.weighted_delta_sum(updates)
+
+    def apply_weighted_sum(self, round_idx: int, global_state: State, total: State, weight: float) -> dict[str, float]:
+        assert isinstance(self.inner, SupportsWeightedSum)
+        return self.inner.apply_weighted_sum(round_idx, global_state, total, weight)
+
+    @override
+    def evaluate(self, round_idx: int, module: pl.LightningModule) -> dict[str, float]:
+        return self.inner.evaluate(round_idx, module)
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"inner": self.inner.state_dict()}
+
+    @override
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.inner.load_state_dict(state["inner"])

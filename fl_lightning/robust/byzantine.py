@@ -1,0 +1,100 @@
+"""Byzantine clients: a seeded fraction of the federation runs an :class:`~fl_lightning.robust.attacks.Attack`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sized
+from dataclasses import replace
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from typing_extensions import override
+
+from fl_lightning.algorithms.base import Algorithm, ClientContext, ClientUpdate
+from fl_lightning.algorithms.wrapper import AlgorithmWrapper
+from fl_lightning.federation import Federation
+from fl_lightning.model_state import State
+from fl_lightning.robust.attacks import Attack
+from fl_lightning.utils.seeding import make_generator
+
+
+def malicious_clients(num_clients: int, fraction: float, seed: int) -> frozenset[int]:
+    """:math:`\\lfloor fN \\rceil` clients drawn without replacement from a generator seeded by ``(seed, "malicious")``."""
+    order = torch.randperm(num_clients, generator=make_generator(seed, "malicious"))
+    return frozenset(order[: round(fraction * num_clients)].tolist())
+
+
+class _MappedBatches:
+    """A client's batch stream with ``transform`` applied to each batch, its length kept."""
+
+    def __init__(self, batches: Sized, transform: Callable[[Any], Any]) -> None:
+        self.batches, self.transform = batches, transform
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self) -> Iterator[Any]:
+        return (self.transform(batch) for batch in self.batches)  # type: ignore[attr-defined]
+
+
+class _PoisonedData:
+    """The federation's data, with the malicious clients' batches poisoned; everything else delegated."""
+
+    def __init__(self, data: Any, malicious: frozenset[int], attack: Attack) -> None:
+        self._data, self._malicious, self._attack = data, malicious, attack
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._data, name)
+
+    def client_batches(self, cid: int, **kwargs: Any) -> Any:
+        batches = self._data.client_batches(cid, **kwargs)
+        if cid not in self._malicious:
+            return batches
+        return _MappedBatches(batches if isinstance(batches, Sized) else list(batches), self._attack.poison_batch)
+
+
+class Byzantine(AlgorithmWrapper):
+    """Runs ``algorithm`` with a fraction of malicious clients that follow ``attack``.
+
+    The malicious clients are drawn once, at set-up, from ``(seed, "malicious")``; each poisons its
+    batches (:meth:`Attack.poison_batch`, through the federation's data as this wrapper sees it) and
+    its delta before the wrapped algorithm packs it (:meth:`Attack.poison_update`, with a generator
+    seeded by ``(client seed, "attack")``), so compression and server-side checks see the poisoned
+    update. The attack is client-side, so the wrapper shards over processes when ``algorithm`` does.
+    ``round/malicious_clients`` counts the round's malicious participants (unsharded rounds).
+
+    Args:
+        attack: e.g. ``SignFlip()``, ``ScaledUpdate(scale=10)``, ``GaussianUpdate(std=1)``, ``LabelFlip(num_classes=10)``.
+        fraction: share of the federation that is malicious, in [0, 1).
+        algorithm: the synchronous algorithm the honest clients run (default :class:`FedAvg`).
+    """
+
+    malicious: frozenset[int]
+
+    def __init__(self, *, attack: Attack, fraction: float, algorithm: Algorithm | None = None) -> None:
+        if not isinstance(attack, Attack):
+            raise TypeError(f"`attack` must be a fl_lightning.robust.Attack, got {type(attack).__name__}.")
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction < 1:
+            raise ValueError(f"`fraction` must be a number in [0, 1), got {fraction!r}.")
+        self.attack, self.fraction = attack, float(fraction)
+        super().__init__(algorithm)
+        if self.inner.asynchronous:
+            raise ValueError(f"Byzantine wraps synchronous algorithms; {type(self.inner).__name__} is asynchronous.")
+
+    @override
+    def setup(self, federation: Federation) -> None:
+        self.malicious = malicious_clients(federation.num_clients, self.fraction, federation.seed)
+        if self.attack.poisons_data:
+            federation = replace(federation, data=_PoisonedData(federation.data, self.malicious, self.attack))
+        super().setup(federation)
+
+    @override
+    def client_update(self, client: ClientContext, module: pl.LightningModule, delta: State) -> ClientUpdate:
+        if client.client_id in self.malicious:
+            delta = self.attack.poison_update(delta, make_generator(client.seed, "attack"))
+        return self.inner.client_update(client, module, delta)
+
+    @override
+    def aggregate(self, round_idx: int, global_state: State, updates: list[ClientUpdate]) -> dict[str, float]:
+        metrics = self.inner.aggregate(round_idx, global_state, updates)
+        return {**metrics, "malicious_clients": float(sum(u.client_id in self.malicious for u in updates))}

@@ -1,0 +1,113 @@
+"""Simulated secure aggregation: pads cancel exactly, FedAvg within the quantisation error, dropout recovery."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from fl_lightning import FedAvg, FedSoft, ServerSGD
+from fl_lightning.algorithms import ClientContext, FedBuff
+from fl_lightning.algorithms.summable import can_shard
+from fl_lightning.secure import SecureAggregation
+from fl_lightning.secure.masking import decode, encode, masked
+from tests.algorithms.test_fedavg import NUM_SAMPLES, _global_state, _updates, federation  # noqa: F401 (fixture)
+
+BITS, FRACTION = 48, 20
+
+
+def test_pads_cancel_exactly_in_the_sum_over_the_round():
+    clients, size, modulus = [3, 7, 8, 12], 1000, 1 << BITS
+    zeros = torch.zeros(size, dtype=torch.int64)
+    pads = [masked(zeros, c, clients, seed=5, round_idx=2, modulus_bits=BITS) for c in clients]
+    assert torch.equal(sum(pads) % modulus, zeros)
+    assert not torch.equal(pads[0], zeros) and pads[0].max() > modulus // 2  # each pad spans the ring
+
+
+def test_fixed_point_round_trip_and_overflow():
+    x = torch.tensor([-3.25, 0.0, 1e-3, 12345.678], dtype=torch.float64)
+    back = decode(encode(x, BITS, FRACTION), BITS, FRACTION)
+    assert (back - x).abs().max() <= 2.0 ** -(FRACTION + 1)
+    with pytest.raises(OverflowError, match="does not fit 48-bit fixed point"):
+        encode(torch.tensor([2.0**30]), BITS, FRACTION)
+
+
+def _round(algorithm, federation, updates):  # noqa: F811
+    """Every client's masked upload (as ``client_update`` makes it) and the global state after aggregation."""
+    algorithm.setup(federation)
+    clients = algorithm.select_clients(0)
+    uploads = []
+    for update in updates:
+        context = ClientContext(
+            round_idx=0, client_id=update.client_id, num_samples=update.num_samples, num_epochs=1, num_steps=None, seed=0
+        )
+        uploads.append(algorithm.client_update(context, federation.module, update.payload))
+    state = _global_state(federation.module)
+    metrics = algorithm.aggregate(0, state, [u for u in uploads if u.client_id in clients])
+    return uploads, state, metrics
+
+
+def test_equals_fedavg_within_the_quantisation_error(federation):  # noqa: F811
+    updates = _updates(_global_state(federation.module))
+    uploads, secure, metrics = _round(
+        SecureAggregation(algorithm=FedAvg(server_optimizer=ServerSGD(lr=0.7))), federation, updates
+    )
+    plain, fedavg = _global_state(federation.module), FedAvg(server_optimizer=ServerSGD(lr=0.7))
+    fedavg.setup(federation)
+    fedavg.aggregate(0, plain, updates)
+    # Each client rounds w_k * delta to 2^-(f+1); the sum of 4 over W = 62 samples.
+    tolerance = len(updates) * 2.0 ** -(FRACTION + 1) / sum(NUM_SAMPLES) + 1e-6
+    for name, value in plain.items():
+        assert (secure[name].double() - value.double()).abs().max() <= tolerance, name
+    assert metrics["secagg_dropped_clients"] == 0.0
+    dense = 4 * sum(t.numel() for t in updates[0].payload.values())
+    assert uploads[0].upload_bytes == math.ceil(BITS * (dense // 4 + 1) / 8) + 64 + 3 * 80 > dense
+    plain_vector = torch.cat([t.double().reshape(-1) * NUM_SAMPLES[0] for t in updates[0].payload.values()])
+    assert not torch.equal(uploads[0].payload["masked"][:-1], encode(plain_vector, BITS, FRACTION))  # masked
+
+
+def test_dropped_clients_pads_are_recovered(federation):  # noqa: F811
+    updates = _updates(_global_state(federation.module), seed=3)
+    algorithm = SecureAggregation(dropout=0.5, min_survivors=0.25)
+    algorithm.setup(federation)
+    dropped = [c for c in range(4) if algorithm.drops(0, c)]
+    assert 0 < len(dropped) < 4  # this seed drops some, not all
+    _, secure, metrics = _round(algorithm, federation, updates)
+    plain = _global_state(federation.module)
+    fedavg = FedAvg()
+    fedavg.setup(federation)
+    fedavg.aggregate(0, plain, [u for u in updates if u.client_id not in dropped])
+    for name, value in plain.items():
+        assert (secure[name].double() - value.double()).abs().max() <= 1e-5, name
+    assert metrics["secagg_dropped_clients"] == len(dropped)
+
+
+def test_too_few_survivors_abort_the_round(federation):  # noqa: F811
+    updates = _updates(_global_state(federation.module))
+    algorithm = SecureAggregation(dropout=0.99, min_survivors=1.0)
+    with pytest.warns(UserWarning, match="secure aggregation aborted"):
+        _, state, _ = _round(algorithm, federation, updates)
+    for name, value in _global_state(federation.module).items():
+        assert torch.equal(state[name], value)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"algorithm": FedSoft(num_clusters=2)}, "payload is not a sum"),
+        ({"algorithm": FedBuff(buffer_size=2)}, "payload is not a sum"),
+        ({"modulus_bits": 63}, "modulus_bits"),
+        ({"fraction_bits": 47}, "fraction_bits"),
+        ({"dropout": 1.0}, "dropout"),
+        ({"min_survivors": 0.0}, "min_survivors"),
+    ],
+)
+def test_bad_input_is_named(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SecureAggregation(**kwargs)
+
+
+def test_the_server_sees_no_individual_update():
+    algorithm = SecureAggregation()
+    assert not algorithm.uploads_deltas and not can_shard(algorithm)
