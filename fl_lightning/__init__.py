@@ -8,6 +8,7 @@ from fl_lightning.algorithms import (
     CompressedFedAvg,
     FedALIGN,
     FedAvg,
+    FedEM,
     FedBuff,
     FedMRN,
     FedMRNS,
@@ -25,7 +26,7 @@ from fl_lightning.algorithms import (
 )
 from fl_lightning.callbacks import FederatedCallback, FederatedProgressBar
 from fl_lightning.federation import FederatedDataSource, Federation
-from fl_lightning.mixins import MaskedNoiseMixin, ProbabilityMaskMixin, ProximalMixin
+from fl_lightning.mixins import MaskedNoiseMixin, MixtureWeightedMixin, ProbabilityMaskMixin, ProximalMixin
 from fl_lightning.trainer import FederatedTrainer
 
 __version__ = "0.1.0"
@@ -38,6 +39,7 @@ __all__ = [
     "CompressedFedAvg",
     "FedALIGN",
     "FedAvg",
+    "FedEM",
     "FedBuff",
     "FedMRN",
     "FedMRNS",
@@ -53,6 +55,7 @@ __all__ = [
     "Federation",
     "IFCA",
     "MaskedNoiseMixin",
+    "MixtureWeightedMixin",
     "PriorityOnly",
     "ProbabilityMaskMixin",
     "ProximalMixin",
