@@ -3,11 +3,15 @@ the M = 1 reduction to FedAvg, pi's rows, resume, and bad input."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from fl_lightning import FedAvg, FederatedTrainer, FedEM
+from fl_lightning.cli import FederatedCLI
 from fl_lightning.models import LinearRegression, MixtureLinearRegression
 
 from ..integration.conftest import QUIET
@@ -30,12 +34,13 @@ def sq_errors(w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor
     return ((x @ w.T - y) ** 2).mean(dim=-1)
 
 
-def test_one_round_equals_a_plain_pytorch_fedem():
+@pytest.mark.parametrize("executor", ["lightning", "lean"])
+def test_one_round_equals_a_plain_pytorch_fedem(executor):
     data = mixture_data(holdout=0.0)
     centres = oracle_centres(data)
     centres[1]["net.weight"] += 1.0  # not the truth, so that every q is strictly inside (0, 1)
     start = [c["net.weight"].clone() for c in centres]
-    _, trainer = fit(FedEM(num_components=2, centres=centres), data=data)
+    _, trainer = fit(FedEM(num_components=2, centres=centres), data=data, client_executor=executor)
     loop, algorithm = trainer.fit_loop, trainer.algorithm
 
     new_pi, deltas, sizes = [], [], []
@@ -109,3 +114,15 @@ def test_a_module_without_the_mixin_is_rejected():
     trainer = FederatedTrainer(**{**QUIET, "max_epochs": 1, "local_steps": 1, "algorithm": FedEM()})
     with pytest.raises(TypeError, match=r"inherits `fl_lightning.MixtureWeightedMixin`.*MixtureWeightedMixin, Quadratic\)"):
         trainer.fit(Quadratic(), datamodule=quadratic_data())
+
+
+def test_the_paper_config_runs_through_the_cli(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["fl-lightning"])
+    config = Path(__file__).resolve().parents[2] / "configs" / "papers" / "fedsoft_synthetic_fedem.yaml"
+    overrides = ["--trainer.max_epochs=1", "--trainer.local_epochs=1", "--trainer.clients_per_round=4"]
+    quiet = ["--trainer.logger=false", "--trainer.enable_progress_bar=false", "--data.init_args.batch_size=200"]
+    cli = FederatedCLI(args=["fit", "--config", str(config), *overrides, *quiet])
+    assert isinstance(cli.trainer.algorithm, FedEM) and cli.trainer.algorithm.num_clusters == 2
+    for key in ("src1_c1_loss", "u_error", "fedem_pi_entropy", "personal_train_loss"):
+        assert f"round/{key}" in cli.trainer.callback_metrics, key
