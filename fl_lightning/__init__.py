@@ -8,6 +8,7 @@ from fl_lightning.algorithms import (
     CompressedFedAvg,
     FedALIGN,
     FedAvg,
+    FedEM,
     FedBuff,
     FedMRN,
     FedMRNS,
@@ -26,7 +27,7 @@ from fl_lightning.algorithms import (
 from fl_lightning.callbacks import FederatedCallback, FederatedEvaluation, FederatedProgressBar, TestCurve
 from fl_lightning.federation import FederatedDataSource, Federation
 from fl_lightning.privacy import AdaptiveClipping, DPFedAvg
-from fl_lightning.mixins import MaskedNoiseMixin, ProbabilityMaskMixin, ProximalMixin
+from fl_lightning.mixins import MaskedNoiseMixin, MixtureWeightedMixin, ProbabilityMaskMixin, ProximalMixin
 from fl_lightning.robust import Bulyan, CoordinateMedian, Krum, TrimmedMean
 from fl_lightning.trainer import FederatedTrainer
 from fl_lightning.update_bounds import MedianNormFilter, NormClip, UpdateBound
@@ -45,6 +46,7 @@ __all__ = [
     "DPFedAvg",
     "FedALIGN",
     "FedAvg",
+    "FedEM",
     "FedBuff",
     "FedMRN",
     "FedMRNS",
@@ -64,6 +66,7 @@ __all__ = [
     "MaskedNoiseMixin",
     "MedianNormFilter",
     "NormClip",
+    "MixtureWeightedMixin",
     "PriorityOnly",
     "ProbabilityMaskMixin",
     "ProximalMixin",

@@ -11,6 +11,7 @@ from fl_lightning.algorithms.fedpm import FedPM
 from fl_lightning.algorithms.fedbuff import FedBuff
 from fl_lightning.algorithms.fedprox import FedProx
 from fl_lightning.algorithms.fedstaleweight import FedStaleWeight
+from fl_lightning.algorithms.fedem import FedEM
 from fl_lightning.algorithms.fedsoft import FedSoft
 from fl_lightning.algorithms.ifca import IFCA
 from fl_lightning.algorithms.flexible import FlexibleParticipation, scheme_coefficients
@@ -40,6 +41,7 @@ __all__ = [
     "FedPM",
     "FedProx",
     "FedStaleWeight",
+    "FedEM",
     "FedSoft",
     "FlexibleParticipation",
     "IFCA",

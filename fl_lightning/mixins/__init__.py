@@ -1,7 +1,8 @@
 """Client-side behaviour added to any LightningModule."""
 
 from fl_lightning.mixins.masked_noise import MaskedNoiseMixin
+from fl_lightning.mixins.mixture_weighted import MixtureWeightedMixin
 from fl_lightning.mixins.probability_mask import ProbabilityMaskMixin
 from fl_lightning.mixins.proximal import ProximalMixin
 
-__all__ = ["MaskedNoiseMixin", "ProbabilityMaskMixin", "ProximalMixin"]
+__all__ = ["MaskedNoiseMixin", "MixtureWeightedMixin", "ProbabilityMaskMixin", "ProximalMixin"]

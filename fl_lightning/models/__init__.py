@@ -2,6 +2,6 @@
 
 from fl_lightning.models.classifier import ClassificationModule
 from fl_lightning.models.reference import CNN, MLP, LogisticRegression, PflCNN
-from fl_lightning.models.regression import LinearRegression
+from fl_lightning.models.regression import LinearRegression, MixtureLinearRegression
 
-__all__ = ["CNN", "ClassificationModule", "LinearRegression", "LogisticRegression", "MLP", "PflCNN"]
+__all__ = ["CNN", "ClassificationModule", "LinearRegression", "LogisticRegression", "MLP", "MixtureLinearRegression", "PflCNN"]

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fl_lightning.mixins.mixture_weighted import MixtureWeightedMixin
 from fl_lightning.mixins.proximal import ProximalMixin
 
 
@@ -76,3 +77,7 @@ class LinearRegression(ProximalMixin, pl.LightningModule):
         if self.optimizer_name == "adam":
             return torch.optim.Adam(self.parameters(), lr=self.lr)
         return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=self.momentum)
+
+
+class MixtureLinearRegression(MixtureWeightedMixin, LinearRegression):
+    """:class:`LinearRegression` whose local loss FedEM can weight per sample (:class:`~fl_lightning.FedEM`)."""
