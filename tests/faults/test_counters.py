@@ -14,10 +14,14 @@ from fl_lightning import (
     IFCA,
     AllClients,
     Algorithm,
+    Bulyan,
     CompressedFedAvg,
+    CoordinateMedian,
+    DPFedAvg,
     FedALIGN,
     FedAvg,
     FedBuff,
+    FedEM,
     FederatedCallback,
     FedMRN,
     FedMRNS,
@@ -26,9 +30,12 @@ from fl_lightning import (
     FedSoft,
     FedStaleWeight,
     FlexibleParticipation,
+    Krum,
     MaskedNoiseMixin,
+    MixtureWeightedMixin,
     PriorityOnly,
     ProbabilityMaskMixin,
+    TrimmedMean,
 )
 from fl_lightning.compression import TopKCodec, as_wire, from_wire
 from fl_lightning.models import LogisticRegression
@@ -44,6 +51,10 @@ class MaskedLogisticRegression(MaskedNoiseMixin, LogisticRegression):
 
 
 class ProbabilityMaskedLogisticRegression(ProbabilityMaskMixin, LogisticRegression):
+    pass
+
+
+class MixtureLogisticRegression(MixtureWeightedMixin, LogisticRegression):
     pass
 
 
@@ -87,6 +98,17 @@ CASES: dict[type[Algorithm], tuple[Callable[[], Algorithm], dict[str, Any]]] = {
     FedMRN: (FedMRN, compressed(_masked(MaskedLogisticRegression))),
     FedMRNS: (FedMRNS, compressed(_masked(MaskedLogisticRegression))),
     FedPM: (FedPM, compressed(_masked(ProbabilityMaskedLogisticRegression))),
+    # FedEM trains component 1 through the loop inside client_update, so on_client_end fires for
+    # it first: poisoning two updates reaches the victim's upload.
+    FedEM: (
+        lambda: FedEM(num_components=2, personal_eval_every=0),
+        {**dense(), "model": _masked(MixtureLogisticRegression), "fault": lambda: Poison({VICTIM}, float("nan"), limit=2)},
+    ),
+    DPFedAvg: (lambda: DPFedAvg(noise_multiplier=0.5, clip_norm=1.0), dense()),
+    CoordinateMedian: (CoordinateMedian, dense()),
+    TrimmedMean: (lambda: TrimmedMean(beta=0.2), dense()),
+    Krum: (lambda: Krum(num_byzantine=0, num_selected=2), dense()),
+    Bulyan: (lambda: Bulyan(num_byzantine=0), dense()),
 }
 
 
