@@ -6,6 +6,7 @@ from fl_lightning.algorithms.compressed import CompressedFedAvg
 from fl_lightning.algorithms.epsilon_schedules import ConstantEpsilon, EpsilonSchedule, LinearEpsilon, StepEpsilon
 from fl_lightning.algorithms.fedalign import AllClients, FedALIGN, PriorityOnly, alignment_decision
 from fl_lightning.algorithms.fedavg import FedAvg
+from fl_lightning.algorithms.fedavg_sm import FedAvgSM
 from fl_lightning.algorithms.fedmrn import FedMRN, FedMRNS
 from fl_lightning.algorithms.fedpm import FedPM
 from fl_lightning.algorithms.fedbuff import FedBuff
@@ -34,6 +35,7 @@ __all__ = [
     "EpsilonSchedule",
     "FedALIGN",
     "FedAvg",
+    "FedAvgSM",
     "FedBuff",
     "FedMRN",
     "FedMRNS",
