@@ -14,6 +14,7 @@ from fl_lightning.algorithms.fedprox import FedProx
 from fl_lightning.algorithms.fedstaleweight import FedStaleWeight
 from fl_lightning.algorithms.fedsoft import FedSoft
 from fl_lightning.algorithms.ifca import IFCA
+from fl_lightning.algorithms.local_only import LocalOnly
 from fl_lightning.algorithms.flexible import FlexibleParticipation, scheme_coefficients
 from fl_lightning.algorithms.staleness import StalenessTracker
 from fl_lightning.algorithms.summable import SummableAggregation, SupportsWeightedSum
@@ -46,6 +47,7 @@ __all__ = [
     "FlexibleParticipation",
     "IFCA",
     "LinearEpsilon",
+    "LocalOnly",
     "PriorityOnly",
     "ServerAdagrad",
     "ServerAdam",
