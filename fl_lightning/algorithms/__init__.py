@@ -6,6 +6,7 @@ from fl_lightning.algorithms.compressed import CompressedFedAvg
 from fl_lightning.algorithms.epsilon_schedules import ConstantEpsilon, EpsilonSchedule, LinearEpsilon, StepEpsilon
 from fl_lightning.algorithms.fedalign import AllClients, FedALIGN, PriorityOnly, alignment_decision
 from fl_lightning.algorithms.fedavg import FedAvg
+from fl_lightning.algorithms.fedavg_sm import FedAvgSM
 from fl_lightning.algorithms.fedmrn import FedMRN, FedMRNS
 from fl_lightning.algorithms.fedpm import FedPM
 from fl_lightning.algorithms.fedbuff import FedBuff
@@ -14,6 +15,7 @@ from fl_lightning.algorithms.fedstaleweight import FedStaleWeight
 from fl_lightning.algorithms.fedem import FedEM
 from fl_lightning.algorithms.fedsoft import FedSoft
 from fl_lightning.algorithms.ifca import IFCA
+from fl_lightning.algorithms.local_only import LocalOnly
 from fl_lightning.algorithms.flexible import FlexibleParticipation, scheme_coefficients
 from fl_lightning.algorithms.staleness import StalenessTracker
 from fl_lightning.algorithms.summable import SummableAggregation, SupportsWeightedSum
@@ -35,6 +37,7 @@ __all__ = [
     "EpsilonSchedule",
     "FedALIGN",
     "FedAvg",
+    "FedAvgSM",
     "FedBuff",
     "FedMRN",
     "FedMRNS",
@@ -46,6 +49,7 @@ __all__ = [
     "FlexibleParticipation",
     "IFCA",
     "LinearEpsilon",
+    "LocalOnly",
     "PriorityOnly",
     "ServerAdagrad",
     "ServerAdam",

@@ -16,6 +16,7 @@ import torch
 from fl_lightning.algorithms.base import Algorithm, ClientContext, ClientUpdate
 from fl_lightning.algorithms.epsilon_schedules import ConstantEpsilon, EpsilonSchedule
 from fl_lightning.algorithms.fedavg import FedAvg
+from fl_lightning.algorithms.local_only import check_client_ids, holdout_metrics
 from fl_lightning.algorithms.summable import SupportsWeightedSum
 from fl_lightning.federation import Federation
 from fl_lightning.model_state import State
@@ -66,7 +67,9 @@ class FedALIGN(Algorithm):
     the new global model, ``round/priority_test_acc``/``round/priority_test_loss``: test accuracy
     and loss per class weighted by the priority clients' class proportions (a per-round test
     curve, not for model selection). The module's validation metrics stay on the server's whole
-    validation set.
+    validation set. With ``evaluate_clients``, also ``round/local_test_acc`` /
+    ``round/local_test_loss``: the global model on those clients' own held-out samples, the metric
+    of App. C.1 that :class:`~fl_lightning.algorithms.LocalOnly` reports for their local models.
 
     Args:
         priority: priority client ids, or a count (the first ``n`` ids), or ``None`` to read
@@ -78,6 +81,8 @@ class FedALIGN(Algorithm):
         two_sided: server-side acceptance :math:`|F - F_k| \le \epsilon`; else opt-in suffices.
         metric: ``"loss"`` (default) or ``"accuracy"`` (compares error rates :math:`1 - acc`).
         evaluate_priority: log the priority-weighted test metrics each round.
+        evaluate_clients: client ids whose held-out data also score the global model (App. C.1:
+            the non-priority clients); needs ``holdout_fraction > 0``. ``None``: not logged.
     """
 
     summary_metrics: ClassVar[dict[str, str]] = {
@@ -96,6 +101,7 @@ class FedALIGN(Algorithm):
         two_sided: bool = True,
         metric: str = "loss",
         evaluate_priority: bool = True,
+        evaluate_clients: Sequence[int] | None = None,
     ) -> None:
         if not 0 <= warmup_fraction < 1:
             raise ValueError(f"`warmup_fraction` must be in [0, 1), got {warmup_fraction}.")
@@ -108,6 +114,7 @@ class FedALIGN(Algorithm):
         self.inner = algorithm if algorithm is not None else FedAvg()
         self.warmup_fraction, self.strict, self.two_sided = warmup_fraction, strict, two_sided
         self.metric, self.evaluate_priority = metric, evaluate_priority
+        self.evaluate_clients_spec = None if evaluate_clients is None else list(evaluate_clients)
         #: Accepted non-priority clients of each round.
         self.accepted_history: list[list[int]] = []
         self._round_metrics: dict[str, float] = {}
@@ -121,6 +128,8 @@ class FedALIGN(Algorithm):
         if self.warmup_fraction and federation.num_rounds is None:
             raise ValueError("A warm-up fraction needs a finite number of rounds (max_epochs).")
         self.warmup_rounds = math.ceil(self.warmup_fraction * (federation.num_rounds or 0))
+        spec = self.evaluate_clients_spec
+        self.evaluate_clients = None if spec is None else check_client_ids("evaluate_clients", spec, federation.num_clients)
 
     def _resolve_priority(self, federation: Federation) -> list[int]:
         spec = self.priority_spec
@@ -218,11 +227,12 @@ class FedALIGN(Algorithm):
         return {**self.inner.apply_weighted_sum(round_idx, global_state, total, weight), **self._round_metrics}
 
     def evaluate(self, round_idx: int, module: pl.LightningModule) -> dict[str, float]:
-        if not self.evaluate_priority:
-            return {}
         data = self.federation.data
+        local = {} if self.evaluate_clients is None else holdout_metrics(module, data, dict.fromkeys(self.evaluate_clients))
+        if not self.evaluate_priority:
+            return local
         if getattr(data, "test", None) is None or not hasattr(data, "label_counts"):
-            return {}
+            return local
         metrics = sample_metrics(module, data.test_dataloader())
         labels = torch.as_tensor(np.asarray(data.test.targets), device=metrics["loss"].device)
         counts = sum(data.label_counts(c) for c in self.priority)
@@ -232,7 +242,7 @@ class FedALIGN(Algorithm):
             if key in metrics:
                 per_class = [metrics[key][labels == c].mean().item() if (labels == c).any() else 0.0 for c in range(len(counts))]
                 result[name] = float(np.dot(proportions, per_class))
-        return result
+        return {**result, **local}
 
     def state_dict(self) -> dict[str, Any]:
         return {"inner": self.inner.state_dict(), "accepted_history": [list(a) for a in self.accepted_history]}

@@ -18,6 +18,7 @@ from fl_lightning.participation.speed import DelayModel, UniformDelay
 
 Discount = Literal["constant", "inverse", "inverse_sqrt"]
 PullPolicy = Literal["immediate", "wait_new_version"]
+TrainAt = Literal["dispatch", "arrival"]
 
 _DISCOUNTS = {
     "constant": lambda s: 1.0,
@@ -43,6 +44,16 @@ class FedBuff(Algorithm):
     is dispatched. ``pull_policy="wait_new_version"`` parks a client whose model is still
     current until the next aggregation (afl-bench's rule).
 
+    ``train_at`` says which model a client trains on. ``"dispatch"`` (default) is the papers'
+    algorithm (FedStaleWeight Alg. 2, §3.1): the model version it pulled, so an update that
+    arrives :math:`\tau` versions later is :math:`\tau` versions stale in its parameters.
+    ``"arrival"`` reproduces the runtime behind FedStaleWeight's Fig. 2 (afl-bench, whose clients
+    hold references to the live server weights): the client trains, at its arrival time, on
+    the model current then, so its parameter staleness is 0, while the staleness
+    :math:`\tau = n - n'` that the discount and FedStaleWeight's tracker see (§3.1) still counts
+    the versions since its dispatch, a pure speed signal. Event times, data orders and
+    staleness are the same in both modes.
+
     Args:
         buffer_size: :math:`b`, arrivals per aggregation.
         concurrency: clients in flight (default: all clients).
@@ -51,6 +62,8 @@ class FedBuff(Algorithm):
         staleness_discount: ``"constant"``, ``"inverse"`` or ``"inverse_sqrt"``.
         max_staleness: drop (weight 0) updates staler than this.
         pull_policy: ``"immediate"`` or ``"wait_new_version"``.
+        train_at: ``"dispatch"`` (train on the pulled model) or ``"arrival"`` (on the model
+            current at arrival; parameter staleness 0).
     """
 
     asynchronous: ClassVar[bool] = True
@@ -66,6 +79,7 @@ class FedBuff(Algorithm):
         staleness_discount: Discount = "constant",
         max_staleness: int | None = None,
         pull_policy: PullPolicy = "immediate",
+        train_at: TrainAt = "dispatch",
     ) -> None:
         if buffer_size < 1:
             raise ValueError(f"`buffer_size` must be >= 1, got {buffer_size}.")
@@ -79,10 +93,13 @@ class FedBuff(Algorithm):
             raise ValueError(f"`max_staleness` must be >= 0, got {max_staleness}.")
         if pull_policy not in ("immediate", "wait_new_version"):
             raise ValueError(f"`pull_policy` must be 'immediate' or 'wait_new_version', got {pull_policy!r}.")
+        if train_at not in ("dispatch", "arrival"):
+            raise ValueError(f"`train_at` must be 'dispatch' or 'arrival', got {train_at!r}.")
         self.buffer_size, self.concurrency_arg = buffer_size, concurrency
         self.delays = delays if delays is not None else UniformDelay(1.0, 2.0)
         self.server_lr, self.staleness_discount = server_lr, staleness_discount
         self.max_staleness, self.pull_policy = max_staleness, pull_policy
+        self.train_at: TrainAt = train_at
         #: Sum of each client's aggregation weights so far (its influence).
         self.influence = np.zeros(0)
 

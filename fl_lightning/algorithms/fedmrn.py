@@ -20,6 +20,16 @@ from fl_lightning.model_state import State
 from fl_lightning.utils.seeding import derive_seed
 
 
+def masked_noise_seed(client: ClientContext) -> int:
+    """The client's noise seed :math:`s_k^t` for the round (shared by FedMRN and FedAvg w. SM)."""
+    return derive_seed(client.seed, "masked_noise", "noise")
+
+
+def final_mask_seed(client: ClientContext) -> int:
+    """Seed of the generator of the client's uploaded mask draw :math:`m = \\mathcal{M}(u, n)`."""
+    return derive_seed(client.seed, "masked_noise", "mask")
+
+
 class FedMRN(CompressedFedAvg):
     r"""Federated Masked Random Noise: clients learn 1-bit masks over seeded noise (Algorithm 1).
 
@@ -31,7 +41,8 @@ class FedMRN(CompressedFedAvg):
 
     .. math:: w^{t+1} = w^t + \frac{\sum_k p_k\, G(s_k^t) \odot m_k^t}{\sum_k p_k}
 
-    with :math:`p_k` the client's sample count; tensors that are not masked (BatchNorm affine
+    with :math:`p_k` the client's sample count (:class:`~fl_lightning.algorithms.fedavg_sm.FedAvgSM` is the
+    paper's post-training-masking ablation "FedAvg w. SM"); tensors that are not masked (BatchNorm affine
     and statistics, biases) are sent in full precision and FedAvg-averaged.
 
     Choices where the paper is silent: the seed is derived from ``(run seed, round, client)`` but
@@ -79,7 +90,7 @@ class FedMRN(CompressedFedAvg):
 
     def noise_seed(self, client: ClientContext) -> int:
         """The client's seed :math:`s_k^t` for the round."""
-        return derive_seed(client.seed, "masked_noise", "noise")
+        return masked_noise_seed(client)
 
     def local_steps(self, client: ClientContext, module: pl.LightningModule) -> int:
         """:math:`S`: the optimizer steps the loop will run for ``client`` (at least 1)."""
@@ -100,7 +111,7 @@ class FedMRN(CompressedFedAvg):
         )
 
     def encode(self, client: ClientContext, module: pl.LightningModule, delta: State) -> bytes:
-        final = device_generator(derive_seed(client.seed, "masked_noise", "mask"), module.device)
+        final = device_generator(final_mask_seed(client), module.device)
         bits = module.end_masked_noise_round(final)  # type: ignore[attr-defined]
         return self.codec.encode(self.noise_seed(client), bits, delta, self.layout)
 

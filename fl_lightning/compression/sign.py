@@ -18,8 +18,11 @@ class StochasticSignCodec(UpdateCodec):
     r"""Each tensor :math:`x` becomes :math:`s \cdot \mathrm{sign}` with :math:`s = \max_i |x_i|` and
     :math:`+s` drawn with probability :math:`\tfrac12 + x_i / 2s`, so :math:`E[\hat x] = x` (unbiased).
 
-    This is FedMRN's signed stochastic masking (eq. 7) applied *after* local training with constant
-    noise :math:`s` (the paper's "FedAvg w. SM" / SignSGD baseline). Section: scale (``float32``)
+    It is FedMRN's signed stochastic masking (eq. 7) applied after local training with a
+    *constant*, data-dependent magnitude :math:`s` in place of seeded noise: the scaled stochastic
+    SignSGD baseline of the paper's tables. It is not the paper's "FedAvg w. SM" (§5.4), which masks
+    over the seeded random noise :math:`G(s)`: that is :class:`~fl_lightning.algorithms.FedAvgSM`.
+    Section: scale (``float32``)
     then :math:`\lceil d/8 \rceil` bytes of signs (bit 1 = +s), 1 bit per element + 32 bits per tensor.
     """
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -12,6 +12,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from fl_lightning.data._checks import check_bool, check_int
+from fl_lightning.data.augment import augmentation_generator
 from fl_lightning.data.loader_settings import check_dataloader_kwargs
 
 
@@ -58,6 +59,9 @@ class ClientBatches:
         # once per epoch (drawn on the CPU generator, so the order does not depend on the device).
         self._device = self._tensors[0].device if self._tensors else torch.device("cpu")
         self.indices = self.indices.to(self._device)
+        # A dataset's batch-level training augmentation (e.g. CIFAR10(augment=True)), seeded by the client's data seed.
+        self.transform: Callable[[Tensor, torch.Generator], Tensor] | None = getattr(dataset, "train_transform", None)
+        self._augment_generator = None if self.transform is None else augmentation_generator(generator)
 
     @property
     def batches_per_epoch(self) -> int:
@@ -77,14 +81,20 @@ class ClientBatches:
     def __iter__(self) -> Iterator[Any]:
         if self._tensors is not None:
             for batch in self.index_batches():
-                yield tuple(tensor[batch] for tensor in self._tensors)
+                yield self._augmented(tuple(tensor[batch] for tensor in self._tensors))
             return
         loader = DataLoader(
             self.dataset, batch_sampler=_IndexBatches(self), num_workers=self.num_workers, **self.dataloader_kwargs
         )
         for batch in loader:
             # default_collate turns (x, y) samples into a list; a custom collate's batch is kept as it is.
-            yield tuple(batch) if isinstance(batch, list) else batch
+            yield self._augmented(tuple(batch)) if isinstance(batch, list) else batch
+
+    def _augmented(self, batch: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+        if self.transform is None:
+            return batch
+        assert self._augment_generator is not None
+        return (self.transform(batch[0], self._augment_generator), *batch[1:])
 
     def index_batches(self) -> Iterator[Tensor]:
         """Yields the dataset indices of each batch, drawing each epoch's permutation lazily."""
@@ -151,6 +161,12 @@ def client_batches(
     The permutations are drawn while iterating, from ``generator``'s current state: iterating
     twice gives two different streams, and the generator's state afterwards depends only on the
     number of permutations drawn.
+
+    A dataset with a ``train_transform`` (``(images, generator) -> images``, e.g.
+    ``CIFAR10(augment=True)``) has it applied to every batch's inputs, drawing from a generator
+    seeded by ``generator.initial_seed()`` (the client's data seed), so augmentation is as
+    deterministic as the data order and does not shift it. It applies to every stream cut
+    from the dataset, loss probes included.
 
     Datasets with a ``tensors`` attribute (such as :class:`~fl_lightning.data.InMemoryDataset`)
     are batched by indexing each tensor once per batch. Other datasets go through a

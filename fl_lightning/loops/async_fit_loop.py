@@ -27,7 +27,8 @@ class AsyncFitLoop(FederatedFitLoop):
         for version in range(max_epochs):                  # on_train_epoch_start
             repeat:
                 pop the earliest arrival (time, client); clock <- time
-                buffer += its update (computed at dispatch from the model it pulled)
+                buffer += its update (computed at dispatch from the model it pulled;
+                                      with train_at="arrival", computed now from the current model)
                 if |buffer| == buffer_size:
                     staleness_j = version - pulled_version_j
                     algorithm.aggregate(version, global, buffer); version += 1
@@ -41,7 +42,9 @@ class AsyncFitLoop(FederatedFitLoop):
     it arrives at ``dispatch time + duration``; ties arrive in dispatch order. The ``j``-th
     dispatch of a client at one model version draws its data order from
     ``(seed, "client", version, client[, j])``, so with every client in flight and equal
-    speeds the first pass equals a synchronous round. The whole simulation state (clock,
+    speeds the first pass equals a synchronous round. With ``FedBuff(train_at="arrival")`` the
+    client trains when it arrives instead, from the model current then, with the data order of
+    its dispatch (so the events and data are the same in both modes). The whole simulation state (clock,
     queue, in-flight updates, buffer) is checkpointed; a checkpoint taken inside an epoch
     holds the state at the epoch's start, which is replayed identically on resume.
     """
@@ -54,7 +57,10 @@ class AsyncFitLoop(FederatedFitLoop):
     def _reset_simulation(self, n: int) -> None:
         self.clock = 0.0
         self._queue: list[tuple[float, int, int]] = []
-        self._in_flight: dict[int, tuple[ClientUpdate, int]] = {}
+        #: client -> (its update, or None until it trains at arrival; the version it pulled).
+        self._in_flight: dict[int, tuple[ClientUpdate | None, int]] = {}
+        #: Data-order seeds of the clients in flight that train at arrival.
+        self._arrival_seeds: dict[int, int] = {}
         self._buffer: list[tuple[ClientUpdate, int]] = []
         self._parked: list[int] = []
         self._seq = 0
@@ -96,6 +102,8 @@ class AsyncFitLoop(FederatedFitLoop):
         while True:
             self.clock, _, cid = heapq.heappop(self._queue)
             update, pulled = self._in_flight.pop(cid)
+            if update is None:  # train_at="arrival": on the model current now (parameter staleness 0)
+                update = self.train_client(version, cid, seed=self._arrival_seeds.pop(cid))
             update = replace(update, payload=moved(update.payload, self.trainer.strategy.root_device))
             self.arrivals.append((self.clock, cid, pulled))
             self._buffer.append((update, pulled))
@@ -141,11 +149,15 @@ class AsyncFitLoop(FederatedFitLoop):
         self._repeats[cid] = self._repeats[cid] + 1 if self._last_version[cid] == version else 0
         self._last_version[cid] = version
         keys = (version, cid) if self._repeats[cid] == 0 else (version, cid, self._repeats[cid])
-        update = self.train_client(version, cid, seed=derive_seed(self.seed, "client", *keys))
+        seed = derive_seed(self.seed, "client", *keys)
         duration = self.async_algorithm.delays.duration(cid, self._jobs[cid])
         self._jobs[cid] += 1
-        # In flight on the CPU: with every client in flight, device memory would grow with the clients.
-        self._in_flight[cid] = (replace(update, payload=moved(update.payload, torch.device("cpu"))), version)
+        if self.async_algorithm.train_at == "arrival":
+            self._in_flight[cid], self._arrival_seeds[cid] = (None, version), seed
+        else:
+            update = self.train_client(version, cid, seed=seed)
+            # In flight on the CPU: with every client in flight, device memory would grow with the clients.
+            self._in_flight[cid] = (replace(update, payload=moved(update.payload, torch.device("cpu"))), version)
         heapq.heappush(self._queue, (self.clock + duration, self._seq, cid))
         self._seq += 1
 
@@ -154,7 +166,8 @@ class AsyncFitLoop(FederatedFitLoop):
         return {
             "clock": self.clock,
             "queue": list(self._queue),
-            "in_flight": {c: (vars(u).copy(), v) for c, (u, v) in self._in_flight.items()},
+            "in_flight": {c: (None if u is None else vars(u).copy(), v) for c, (u, v) in self._in_flight.items()},
+            "arrival_seeds": dict(self._arrival_seeds),
             "buffer": [(vars(u).copy(), v) for u, v in self._buffer],
             "parked": list(self._parked),
             "seq": self._seq,
@@ -189,7 +202,8 @@ class AsyncFitLoop(FederatedFitLoop):
         self.clock, self._seq, self._started = float(state["clock"]), int(state["seq"]), bool(state["started"])
         self._queue = [tuple(e) for e in state["queue"]]  # type: ignore[misc]
         heapq.heapify(self._queue)
-        self._in_flight = {int(c): (ClientUpdate(**u), int(v)) for c, (u, v) in state["in_flight"].items()}
+        self._in_flight = {int(c): (None if u is None else ClientUpdate(**u), int(v)) for c, (u, v) in state["in_flight"].items()}
+        self._arrival_seeds = {int(c): int(seed) for c, seed in state.get("arrival_seeds", {}).items()}
         self._buffer = [(ClientUpdate(**u), int(v)) for u, v in state["buffer"]]
         self._parked = list(state["parked"])
         self._jobs, self._last_version = list(state["jobs"]), list(state["last_version"])

@@ -18,13 +18,13 @@ NUM_CLIENTS = 4
 SAMPLES_PER_CLIENT = 40
 
 
-def tiny_data(num_clients: int = NUM_CLIENTS, seed: int = 0) -> FederatedDataModule:
+def tiny_data(num_clients: int = NUM_CLIENTS, seed: int = 0, **kwargs: Any) -> FederatedDataModule:
     """``num_clients`` IID clients of 40 samples (3 features, 2 classes): float32, sample weights of 40."""
     g = torch.Generator().manual_seed(seed)
     n = num_clients * SAMPLES_PER_CLIENT
     train = InMemoryDataset(inputs=torch.randn(n, 3, generator=g), labels=torch.randint(0, 2, (n,), generator=g), num_classes=2)
     test = InMemoryDataset(inputs=torch.randn(8, 3, generator=g), labels=torch.randint(0, 2, (8,), generator=g), num_classes=2)
-    return FederatedDataModule(train, test, num_clients=num_clients, batch_size=20)
+    return FederatedDataModule(train, test, num_clients=num_clients, batch_size=20, **kwargs)
 
 
 def tiny_model() -> LogisticRegression:

@@ -20,6 +20,7 @@ from fl_lightning import (
     DPFedAvg,
     FedALIGN,
     FedAvg,
+    FedAvgSM,
     FedBuff,
     FedEM,
     FederatedCallback,
@@ -31,6 +32,7 @@ from fl_lightning import (
     FedStaleWeight,
     FlexibleParticipation,
     Krum,
+    LocalOnly,
     MaskedNoiseMixin,
     MixtureWeightedMixin,
     PriorityOnly,
@@ -105,6 +107,8 @@ CASES: dict[type[Algorithm], tuple[Callable[[], Algorithm], dict[str, Any]]] = {
         {**dense(), "model": _masked(MixtureLogisticRegression), "fault": lambda: Poison({VICTIM}, float("nan"), limit=2)},
     ),
     DPFedAvg: (lambda: DPFedAvg(noise_multiplier=0.5, clip_norm=1.0), dense()),
+    FedAvgSM: (FedAvgSM, compressed()),
+    LocalOnly: (lambda: LocalOnly(clients=[0, 1, 2, 3]), dense(data={"holdout_fraction": 0.25})),
     CoordinateMedian: (CoordinateMedian, dense()),
     TrimmedMean: (lambda: TrimmedMean(beta=0.2), dense()),
     Krum: (lambda: Krum(num_byzantine=0, num_selected=2), dense()),
@@ -127,7 +131,7 @@ def test_counts_add_up_with_one_bad_client(cls):
     make_algorithm, case = CASES[cls]
     recorder = RoundRecorder()
     trainer = tiny_trainer(max_epochs=2, algorithm=make_algorithm(), callbacks=[recorder, case["fault"]()])
-    trainer.fit(case["model"](), datamodule=tiny_data())
+    trainer.fit(case["model"](), datamodule=tiny_data(**case.get("data", {})))
 
     assert len(recorder.metrics) == 2
     for metrics in recorder.metrics:

@@ -10,9 +10,12 @@ import torch
 
 from fl_lightning.data._checks import check_choice, check_int
 from fl_lightning.data.datasets.base import InMemoryDataset
+from fl_lightning.data.partitioners import _proportional_sizes as proportional_sizes
 
 # Share of each device's samples in the train split, as in the reference generator.
 _TRAIN_FRACTION = 0.9
+#: Stream of the Pareto size weights, apart from the generator of the devices' data.
+_PARETO_STREAM = 1
 
 
 def generate_synthetic(
@@ -75,9 +78,14 @@ def generate_synthetic(
 
 
 class FedProxSynthetic(InMemoryDataset):
-    """Synthetic(alpha, beta) of FedProx (Li et al. 2020), one split of it.
+    r"""Synthetic(alpha, beta) of FedProx (Li et al. 2020), one split of it.
 
-    Device sizes follow the reference generator, ``int(lognormal(4, 2)) + 50``; the first 90% of
+    Device sizes follow the reference generator, ``int(lognormal(4, 2)) + 50``, or, with
+    ``sizes="pareto"``, a Type-I Pareto law (Ruan et al. 2021, §6: "the number of samples at each
+    device follows the Type-I Pareto distribution with the Pareto index of 0.5"): weights
+    :math:`x_k \sim \mathrm{Pareto}(a, x_m = 1)` split ``total_samples`` in proportion, every
+    device keeping at least 2 samples. The paper gives no total; its index 0.5 has an infinite
+    mean, so the sizes are normalised to a fixed pool. The first 90% of
     each device's samples form the train split, the rest the test split. Everything is drawn
     from ``np.random.default_rng(seed)``, so the train and test splits built separately with the
     same arguments come from the same devices. See :func:`generate_synthetic` for the model.
@@ -99,6 +107,9 @@ class FedProxSynthetic(InMemoryDataset):
         samples_per_client: Override the lognormal sizes: one size for all devices, or one per
             device. Each must be ``>= 2`` so that both splits are non-empty.
         max_samples_per_client: Cap on the lognormal sizes, whose tail is very long.
+        sizes: ``"lognormal"`` (the FedProx generator's) or ``"pareto"``.
+        pareto_index: The Pareto shape :math:`a` for ``sizes="pareto"`` (> 0).
+        total_samples: Samples of all devices together for ``sizes="pareto"`` (>= 2 per device).
 
     Attributes:
         client_ids: The device of each sample, for :class:`~fl_lightning.data.Natural`.
@@ -117,6 +128,9 @@ class FedProxSynthetic(InMemoryDataset):
         iid: bool = False,
         samples_per_client: int | Sequence[int] | None = None,
         max_samples_per_client: int | None = None,
+        sizes: Literal["lognormal", "pareto"] = "lognormal",
+        pareto_index: float = 0.5,
+        total_samples: int = 10_000,
     ) -> None:
         if not alpha >= 0:
             raise ValueError(f"alpha must be >= 0, got {alpha!r}.")
@@ -126,16 +140,19 @@ class FedProxSynthetic(InMemoryDataset):
         num_classes = check_int("num_classes", num_classes, minimum=2)
         dim = check_int("dim", dim, minimum=1)
         check_choice("split", split, ("train", "test"))
+        check_choice("sizes", sizes, ("lognormal", "pareto"))
         rng = np.random.default_rng(seed)
         # Drawn even when overridden so that the override changes only the sizes.
-        sizes = rng.lognormal(4.0, 2.0, num_clients).astype(np.int64) + 50
+        counts = rng.lognormal(4.0, 2.0, num_clients).astype(np.int64) + 50
+        if sizes == "pareto":
+            counts = _pareto_sizes(num_clients, pareto_index, total_samples, seed)
         if samples_per_client is not None:
-            sizes = _sizes_override(samples_per_client, num_clients)
+            counts = _sizes_override(samples_per_client, num_clients)
         if max_samples_per_client is not None:
             cap = check_int("max_samples_per_client", max_samples_per_client, minimum=2)
-            sizes = np.minimum(sizes, cap)
+            counts = np.minimum(counts, cap)
         devices = generate_synthetic(
-            alpha=alpha, beta=beta, sizes=sizes, num_classes=num_classes, dim=dim, iid=iid, rng=rng
+            alpha=alpha, beta=beta, sizes=counts, num_classes=num_classes, dim=dim, iid=iid, rng=rng
         )
         xs, ys, ids = [], [], []
         for k, (x, y) in enumerate(devices):
@@ -158,3 +175,17 @@ def _sizes_override(samples_per_client: int | Sequence[int], num_clients: int) -
     if len(samples_per_client) != num_clients:
         raise ValueError(f"samples_per_client has {len(samples_per_client)} entries but num_clients={num_clients}.")
     return np.array([check_int("samples_per_client", n, minimum=2) for n in samples_per_client])
+
+
+def _pareto_sizes(num_clients: int, index: float, total: int, seed: int) -> np.ndarray:
+    """Device sizes ``>= 2`` summing to ``total``, proportional to Pareto-I(``index``, 1) weights.
+
+    The weights come from their own generator, so the devices' models and features do not
+    depend on the size law.
+    """
+    if not index > 0:
+        raise ValueError(f"`pareto_index` must be > 0, got {index!r}.")
+    total = check_int("total_samples", total, minimum=2 * num_clients)
+    # NumPy's ``pareto`` is the Lomax distribution; adding 1 gives Pareto-I with scale 1.
+    weights = np.random.default_rng([seed, _PARETO_STREAM]).pareto(index, num_clients) + 1.0
+    return proportional_sizes(total - num_clients, weights) + 1

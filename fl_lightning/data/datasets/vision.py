@@ -16,6 +16,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from fl_lightning.data._checks import check_choice
+from fl_lightning.data.augment import RandomCropFlip
 from fl_lightning.data.datasets.base import InMemoryDataset
 
 # Classes per EMNIST split; ``letters`` counts 26 because its labels are shifted to start at 0.
@@ -77,6 +78,9 @@ class TorchvisionDataset(InMemoryDataset):
         root: Directory holding (or receiving) the data.
         train: Training or test split.
         download: Download the data if it is missing.
+        augment: Random crop (4 pixels of black padding) and horizontal flip of every training
+            batch (:class:`~fl_lightning.data.augment.RandomCropFlip`), seeded by the client's
+            data seed; for a training split only.
 
     Attributes:
         source_name: Name of the class in ``torchvision.datasets``.
@@ -92,8 +96,14 @@ class TorchvisionDataset(InMemoryDataset):
     channels_last: ClassVar[bool] = False
     class_count: ClassVar[int]
 
-    def __init__(self, *, root: str = "data", train: bool = True, download: bool = False) -> None:
+    def __init__(self, *, root: str = "data", train: bool = True, download: bool = False, augment: bool = False) -> None:
         self._materialise(root=root, download=download, num_classes=self.class_count, train=train)
+        #: Batch-level training augmentation that :func:`~fl_lightning.data.client_batches` applies.
+        self.train_transform = self.crop_flip() if augment else None
+
+    def crop_flip(self) -> RandomCropFlip:
+        """The CIFAR training augmentation, padding with black (``-mean / std`` once normalised)."""
+        return RandomCropFlip(padding=4, fill=[-m / s for m, s in zip(self.mean, self.std)])
 
     def _materialise(self, *, root: str, download: bool, num_classes: int, **kwargs: Any) -> None:
         source = load_torchvision(self.source_name, root=root, download=download, **kwargs)
