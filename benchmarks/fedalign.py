@@ -184,7 +184,7 @@ def run_one(spec: RunSpec) -> RunResult:
 
     data, model, priority, epsilon = build(spec)
     method = {"FedALIGN": FedALIGN, "PriorityOnly": PriorityOnly, "AllClients": AllClients}[spec.method]
-    algorithm = method(priority=priority, epsilon=epsilon, warmup_fraction=s.warmup_fraction)
+    algorithm = method(priority=priority, epsilon=epsilon, warmup_fraction=s.warmup_fraction, evaluate_priority=True)
     recorder = Recorder()
     trainer = FederatedTrainer(
         algorithm=algorithm,

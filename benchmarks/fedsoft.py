@@ -125,10 +125,11 @@ def run_one(name: str, pattern: str, seed: int, args: argparse.Namespace) -> Run
             sigma=args.sigma,
             persist_optimizer_state=True,
             personal_eval_every=eval_every,
+            evaluate_sources=True,
         )
         per_round = None
     elif name == "ifca":
-        algorithm, per_round = IFCA(num_clusters=2, personal_eval_every=eval_every), args.ifca_clients
+        algorithm, per_round = IFCA(num_clusters=2, personal_eval_every=eval_every, evaluate_sources=True), args.ifca_clients
     else:
         algorithm, per_round = FedAvg(), args.ifca_clients
     trainer = FederatedTrainer(

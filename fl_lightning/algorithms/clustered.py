@@ -129,8 +129,11 @@ class ClusteredAlgorithm(Algorithm):
             independent initialisations (:func:`init_centres`, seeded from the trainer's seed).
         batched_probe: score the ``S`` centres in one ``vmap``-ed pass (else one pass each).
         personal_eval_every: evaluate the clients' own models every this many rounds and at
-            the last round (0: never); the per-source evaluation of the centres runs every round.
+            the last round (0: never).
         probe_batch_size: batch size of the loss probes on clients' data.
+        evaluate_sources: evaluate every centre on each source's **test** samples every round
+            (``src{d}_c{s}_*``, the papers' curves). Off by default: ``fit`` reads the test set only
+            when asked to, and these are reports, never for model selection (``docs/evaluation.md``).
     """
 
     #: Whether :meth:`estimated_importance` is free (kept as state) rather than probing every client.
@@ -144,6 +147,7 @@ class ClusteredAlgorithm(Algorithm):
         batched_probe: bool = True,
         personal_eval_every: int = 1,
         probe_batch_size: int = 512,
+        evaluate_sources: bool = False,
     ) -> None:
         if isinstance(num_clusters, bool) or not isinstance(num_clusters, int) or num_clusters < 1:
             raise ValueError(f"The number of clusters S (`num_clusters`) must be an int >= 1, got {num_clusters!r}.")
@@ -157,6 +161,7 @@ class ClusteredAlgorithm(Algorithm):
         self.batched_probe = batched_probe
         self.personal_eval_every = personal_eval_every
         self.probe_batch_size = probe_batch_size
+        self.evaluate_sources = evaluate_sources
         self.centres: list[State] = [cpu_copy(c) for c in centres] if centres is not None else []
         self._device_centres: list[State] | None = None
         self._probe_weights: WeightSets | None = None
@@ -220,11 +225,11 @@ class ClusteredAlgorithm(Algorithm):
         return {}
 
     def evaluate(self, round_idx: int, module: pl.LightningModule) -> dict[str, float]:
-        """Per-source metrics of every centre, the importance error against the ground truth
-        (when the data has it) and, every ``personal_eval_every`` rounds, personalised metrics
+        """Per-source test metrics of every centre (with ``evaluate_sources``), the importance
+        error against the ground truth (when the data has it) and, every ``personal_eval_every`` rounds, personalised metrics
         (and the importance error too when estimating it probes every client)."""
         data = self.federation.data
-        metrics = source_metrics(module, self.centres_on_device(), data, batched=self.batched_probe)
+        metrics = source_metrics(module, self.centres_on_device(), data, batched=self.batched_probe) if self.evaluate_sources else {}
         last = self.federation.num_rounds is not None and round_idx == self.federation.num_rounds - 1
         every = self.personal_eval_every
         personal_round = bool(every) and (round_idx % every == every - 1 or last)

@@ -80,7 +80,9 @@ class FedALIGN(Algorithm):
         strict: ``<`` instead of ``<=``.
         two_sided: server-side acceptance :math:`|F - F_k| \le \epsilon`; else opt-in suffices.
         metric: ``"loss"`` (default) or ``"accuracy"`` (compares error rates :math:`1 - acc`).
-        evaluate_priority: log the priority-weighted test metrics each round.
+        evaluate_priority: log the priority-weighted **test** metrics each round (the paper's
+            curves). Off by default: ``fit`` reads the test set only when asked to, and these are
+            reports, never for model selection (``docs/evaluation.md``).
         evaluate_clients: client ids whose held-out data also score the global model (App. C.1:
             the non-priority clients); needs ``holdout_fraction > 0``. ``None``: not logged.
     """
@@ -100,7 +102,7 @@ class FedALIGN(Algorithm):
         strict: bool = False,
         two_sided: bool = True,
         metric: str = "loss",
-        evaluate_priority: bool = True,
+        evaluate_priority: bool = False,
         evaluate_clients: Sequence[int] | None = None,
     ) -> None:
         if not 0 <= warmup_fraction < 1:

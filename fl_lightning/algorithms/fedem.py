@@ -55,7 +55,8 @@ class FedEM(ClusteredAlgorithm):
 
     Args:
         num_components: :math:`M \ge 1` (``num_clusters`` of the clustered base).
-        centres, batched_probe, personal_eval_every, probe_batch_size: see :class:`ClusteredAlgorithm`.
+        centres, batched_probe, personal_eval_every, probe_batch_size, evaluate_sources: see
+            :class:`ClusteredAlgorithm`.
     """
 
     def __init__(
@@ -66,6 +67,7 @@ class FedEM(ClusteredAlgorithm):
         batched_probe: bool = True,
         personal_eval_every: int = 1,
         probe_batch_size: int = 512,
+        evaluate_sources: bool = False,
     ) -> None:
         if isinstance(num_components, bool) or not isinstance(num_components, int) or num_components < 1:
             raise ValueError(f"The number of components M (`num_components`) must be an int >= 1, got {num_components!r}.")
@@ -75,6 +77,7 @@ class FedEM(ClusteredAlgorithm):
             batched_probe=batched_probe,
             personal_eval_every=personal_eval_every,
             probe_batch_size=probe_batch_size,
+            evaluate_sources=evaluate_sources,
         )
         self.pi = torch.empty(0, num_components, dtype=torch.float64)
         self._component = 0

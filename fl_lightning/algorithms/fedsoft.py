@@ -78,7 +78,8 @@ class FedSoft(ClusteredAlgorithm):
         replace: sample :math:`Sel_s` with replacement.
         persist_optimizer_state: keep each client's optimizer state across its rounds (the
             authors' Adam); otherwise the trainer's ``reset_optimizer`` applies.
-        centres, batched_probe, personal_eval_every, probe_batch_size: see :class:`ClusteredAlgorithm`.
+        centres, batched_probe, personal_eval_every, probe_batch_size, evaluate_sources: see
+            :class:`ClusteredAlgorithm`.
     """
 
     def __init__(
@@ -95,6 +96,7 @@ class FedSoft(ClusteredAlgorithm):
         batched_probe: bool = True,
         personal_eval_every: int = 1,
         probe_batch_size: int = 512,
+        evaluate_sources: bool = False,
     ) -> None:
         super().__init__(
             num_clusters=num_clusters,
@@ -102,6 +104,7 @@ class FedSoft(ClusteredAlgorithm):
             batched_probe=batched_probe,
             personal_eval_every=personal_eval_every,
             probe_batch_size=probe_batch_size,
+            evaluate_sources=evaluate_sources,
         )
         if isinstance(tau, bool) or not isinstance(tau, int) or tau < 1:
             raise ValueError(f"The importance re-estimation interval `tau` must be an int >= 1, got {tau!r}.")

@@ -37,7 +37,8 @@ class IFCA(ClusteredAlgorithm):
     Args:
         num_clusters: :math:`S \ge 1`.
         weighting: ``"uniform"`` (default) or ``"samples"``.
-        centres, batched_probe, personal_eval_every, probe_batch_size: see :class:`ClusteredAlgorithm`.
+        centres, batched_probe, personal_eval_every, probe_batch_size, evaluate_sources: see
+            :class:`ClusteredAlgorithm`.
     """
 
     importance_is_state = False
@@ -51,6 +52,7 @@ class IFCA(ClusteredAlgorithm):
         batched_probe: bool = True,
         personal_eval_every: int = 1,
         probe_batch_size: int = 512,
+        evaluate_sources: bool = False,
     ) -> None:
         super().__init__(
             num_clusters=num_clusters,
@@ -58,6 +60,7 @@ class IFCA(ClusteredAlgorithm):
             batched_probe=batched_probe,
             personal_eval_every=personal_eval_every,
             probe_batch_size=probe_batch_size,
+            evaluate_sources=evaluate_sources,
         )
         if weighting not in ("uniform", "samples"):
             raise ValueError(f"`weighting` must be 'uniform' or 'samples', got {weighting!r}.")

@@ -91,7 +91,7 @@ def test_warmup_rounds_admit_no_nonpriority_client():
 
 
 def test_round_metrics_and_priority_evaluation():
-    _, trainer = fit(FedALIGN(priority=PRIORITY, epsilon=0.3, warmup_fraction=0.0), rounds=2)
+    _, trainer = fit(FedALIGN(priority=PRIORITY, epsilon=0.3, warmup_fraction=0.0, evaluate_priority=True), rounds=2)
     metrics = trainer.callback_metrics
     for key in ("priority_loss", "epsilon", "accepted_nonpriority", "theta", "priority_test_acc", "priority_test_loss"):
         assert f"round/{key}" in metrics, key

@@ -71,7 +71,7 @@ def test_one_round_equals_a_plain_pytorch_fedem(executor):
 
 
 def test_pi_rows_sum_to_one_and_are_logged():
-    _, trainer = fit(FedEM(num_components=3), rounds=2, clients_per_round=5)
+    _, trainer = fit(FedEM(num_components=3, evaluate_sources=True), rounds=2, clients_per_round=5)
     pi = trainer.algorithm.pi
     torch.testing.assert_close(pi.sum(dim=1), torch.ones(N, dtype=torch.float64), rtol=0, atol=1e-12)
     assert sum(float(trainer.callback_metrics[f"round/fedem_pi_mean_c{m}"]) for m in range(3)) == pytest.approx(1.0)

@@ -143,7 +143,7 @@ def test_clients_train_from_their_own_model_with_optional_persistent_optimizer_s
 
 
 def test_metrics_of_every_centre_and_personalised_models():
-    _, trainer = fit(FedSoft(num_clusters=2, clients_per_cluster=4), rounds=2)
+    _, trainer = fit(FedSoft(num_clusters=2, clients_per_cluster=4, evaluate_sources=True), rounds=2)
     metrics = trainer.callback_metrics
     for key in ("src0_c0_loss", "src1_c1_loss", "src0_best_centre", "u_error", "c0_source", "personal_train_loss",
                 "personal_heldout_loss", "personal_clients", "distinct_clients", "estimated", "u_mean_c0"):
@@ -217,3 +217,11 @@ def test_a_module_without_the_proximal_mixin_is_rejected():
     trainer = FederatedTrainer(**{**QUIET, "max_epochs": 1, "local_steps": 1, "algorithm": FedSoft(clients_per_cluster=2)})
     with pytest.raises(TypeError, match=r"inherits `fl_lightning.ProximalMixin`.*class MyModel\(ProximalMixin, Quadratic\)"):
         trainer.fit(Quadratic(), datamodule=quadratic_data())
+
+
+def test_per_source_test_metrics_are_opt_in():
+    """Without ``evaluate_sources`` the centres are never scored on the test set during fit."""
+    _, trainer = fit(FedSoft(num_clusters=2, clients_per_cluster=4), rounds=1)
+    assert not any(key.startswith("round/src") for key in trainer.callback_metrics)
+
+

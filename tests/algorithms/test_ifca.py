@@ -43,7 +43,7 @@ def test_a_centre_nobody_picks_is_unchanged():
 
 def test_hard_clusters_are_recovered():
     data = mixture_data(pattern="0:100", noise_std=0.1)
-    algorithm = IFCA(num_clusters=2)
+    algorithm = IFCA(num_clusters=2, evaluate_sources=True)
     _, trainer = fit(algorithm, rounds=12, data=data, lr=0.2)
     metrics = trainer.callback_metrics
     assert metrics["round/u_error"] == 0.0  # every client on its own source's centre

@@ -11,7 +11,7 @@ from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import Dataset
 
-from fl_lightning import FederatedTrainer
+from fl_lightning import FedALIGN, FederatedTrainer
 from fl_lightning.callbacks import TestCurve
 from fl_lightning.cli import evaluation_rows
 from fl_lightning.data import FederatedDataModule, InMemoryDataset
@@ -64,6 +64,15 @@ def test_fit_with_model_selection_never_reads_the_test_set(tmp_path: Path) -> No
     held = data.validation_indices.tolist()
     val = InMemoryDataset(inputs=inputs[held], labels=labels[held], num_classes=3)
     assert float(trainer.callback_metrics["val_acc"]) == pytest.approx(plain_accuracy(model, val))
+
+
+def test_fedalign_reads_the_test_set_only_when_asked(tmp_path: Path) -> None:
+    """FedALIGN's priority test curve is opt-in (``evaluate_priority=True``)."""
+    trainer, model, data, test = setup(tmp_path, [], max_epochs=2)
+    trainer.fit_loop.algorithm = FedALIGN(priority=[0, 1], warmup_fraction=0.0)
+    trainer.fit(model, datamodule=data)
+    assert test.reads == 0
+    assert not any(key.startswith("round/priority_test") for key in trainer.callback_metrics)
 
 
 def test_trainer_test_reports_the_test_set(tmp_path: Path) -> None:

@@ -142,7 +142,7 @@ def test_fedalign_reads_the_priority_set_from_the_training_set() -> None:
     data = FederatedDataModule(make(), make(split="test"), partitioner=Natural(), num_clients=10, batch_size=20)
     torch.manual_seed(0)
     trainer = FederatedTrainer(
-        algorithm=FedALIGN(epsilon=0.2, warmup_fraction=0.0),
+        algorithm=FedALIGN(epsilon=0.2, warmup_fraction=0.0, evaluate_priority=True),
         max_epochs=2,
         accelerator="cpu",
         logger=False,
