@@ -12,10 +12,8 @@ from lightning.pytorch.strategies import DDPStrategy, Strategy
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from typing_extensions import override
 
-from fl_lightning import _lightning_compat as compat
 from fl_lightning.algorithms.base import Algorithm
 from fl_lightning.algorithms.fedavg import FedAvg
-from fl_lightning.callbacks.client_loss import ClientLossRecorder
 from fl_lightning.callbacks.progress import FederatedProgressBar
 from fl_lightning.checkpoint_io import CheckedCheckpointIO
 from fl_lightning.checkpointing import GlobalModelCheckpoint, find_last_checkpoint, round_checkpoint
@@ -184,7 +182,7 @@ class FederatedTrainer(pl.Trainer):
             callbacks.append(FederatedProgressBar())
         if kwargs.get("enable_checkpointing", True) is not False and not any(isinstance(c, ModelCheckpoint) for c in callbacks):
             callbacks.append(round_checkpoint())
-        callbacks += [ClientLossRecorder(), GlobalModelCheckpoint()]
+        callbacks.append(GlobalModelCheckpoint())
         super().__init__(callbacks=callbacks, use_distributed_sampler=False, **kwargs)
         # A truncated or foreign checkpoint then fails with one error naming the file.
         self.strategy.checkpoint_io = CheckedCheckpointIO(self.strategy.checkpoint_io)
@@ -205,9 +203,8 @@ class FederatedTrainer(pl.Trainer):
             max_batched_clients=max_batched_clients,
             update_bound=update_bound,
             allow_resume_changes=allow_resume_changes,
-        )
-        self.fit_loop.epoch_loop = compat.ClientEpochLoop(
-            self, min_steps=previous.epoch_loop.min_steps, max_steps=previous.epoch_loop.max_steps
+            min_steps=previous.epoch_loop.min_steps,
+            max_steps=previous.epoch_loop.max_steps,
         )
 
     @property
