@@ -57,7 +57,9 @@ class FederatedTrainer(pl.Trainer):
         partitioner: how a plain ``LightningDataModule`` given to ``fit`` is split (default
             :class:`~fl_lightning.data.IID`); an error with federated data.
         reset_optimizer: clear optimizer state (momentum, Adam moments) before every client.
-        client_executor: ``"auto"`` (default) picks ``"lean"`` whenever it gives the weights of
+        client_executor: which client executor trains each round's clients
+            (:class:`~fl_lightning.loops.client_executor.ClientExecutor`; all see the same batches).
+            ``"auto"`` (default) picks ``"lean"`` whenever it gives the weights of
             ``"lightning"`` bit for bit, else ``"lightning"``, and says which and why once
             (:mod:`fl_lightning.loops.executor_choice`; the run's first client always trains
             through Lightning's loop, which shows whether the module logs per step).
@@ -69,15 +71,18 @@ class FederatedTrainer(pl.Trainer):
             gradient clipping and accumulation, step-interval LR schedulers and per-step
             (``on_step``) logging; it needs one optimizer, automatic optimization and a precision
             without gradient scaling. ``self.log(on_epoch=True)`` still works, and
-            ``trainer.global_step`` counts its steps. ``"batched"`` trains clients with equal
-            batch shapes together with ``torch.func.vmap``
-            (:mod:`fl_lightning.loops.batched_clients`): plain ``torch.optim.SGD`` from the global
-            weights only (algorithms that do not override ``configure_client``,
-            ``reset_optimizer=True``), a ``training_step`` that ``vmap`` can run (no
-            ``self.log``); it skips what ``"lean"`` skips.
+            ``trainer.global_step`` counts its steps. ``"batched"`` trains a round's clients
+            together with ``torch.func.vmap`` (:mod:`fl_lightning.loops.batched_executor`), clients
+            with different sample and step counts included: plain ``torch.optim.SGD`` from the
+            global weights only (algorithms that do not override ``configure_client``,
+            ``reset_optimizer=True``), a ``training_step`` that ``vmap`` can run (no ``self.log``)
+            and, when clients' batches differ in size (they are then padded and the padding
+            masked out), whose loss is the mean of a per-sample loss over the batch (no summed
+            loss, no BatchNorm in training mode; checked once, refused with a ``ValueError``);
+            it skips what ``"lean"`` skips.
         max_batched_clients: with ``client_executor="batched"``, at most this many clients train at
             once (each costs about three model copies of memory: weights, gradients, momentum);
-            default: a whole group of same-shaped clients.
+            default: all of a round's clients.
         update_bound: a bound on the clients' update norms applied before every aggregation (synchronous
             rounds, asynchronous buffers, sharded rounds): :class:`~fl_lightning.NormClip` or
             :class:`~fl_lightning.MedianNormFilter` (:mod:`fl_lightning.update_bounds`); default none.
@@ -93,8 +98,9 @@ class FederatedTrainer(pl.Trainer):
         callbacks: Lightning callbacks; the trainer adds its progress bar (unless one is given
             or ``enable_progress_bar=False``), a ``ModelCheckpoint`` that keeps the latest round's
             ``round_<r>.ckpt`` and ``last.ckpt`` (unless one is given or ``enable_checkpointing=False``;
-            :mod:`fl_lightning.checkpointing`), the client-loss recorder, and
-            :class:`~fl_lightning.checkpointing.GlobalModelCheckpoint`.
+            :mod:`fl_lightning.checkpointing`) and
+            :class:`~fl_lightning.checkpointing.GlobalModelCheckpoint`; its fit loop adds its
+            client-loss recorder (:class:`~fl_lightning.callbacks.ClientLossRecorder`).
         **kwargs: forwarded to :class:`lightning.pytorch.Trainer`.
 
     Example::

@@ -8,7 +8,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from torch import Tensor, nn
-from torch.func import functional_call, grad_and_value, vmap
+from torch.func import functional_call, vmap
 from torch.utils._pytree import TreeSpec, tree_unflatten
 
 from fl_lightning import _lightning_compat as compat
@@ -82,6 +82,10 @@ def batched_step(module: pl.LightningModule, tied: bool, structure: type | TreeS
     sample alone (an inner ``vmap``), the client's loss being ``sum(mask * losses) / sum(mask)``,
     the mean over its real samples, for a ``mask`` argument of the real samples.
     ``tied``: the module has tied tensors (only the first name of each is passed).
+
+    The forward pass is vmapped; the backward pass is one ordinary autograd pass over the sum of
+    the clients' losses (each client's weights only reach its own loss, so its gradient is its
+    loss's), which is several times cheaper than ``vmap(grad(...))``'s per-op gradient tracking.
     """
     wrapper = _TrainingStep(module)
 
@@ -97,9 +101,17 @@ def batched_step(module: pl.LightningModule, tied: bool, structure: type | TreeS
         return torch.where(mask, losses, 0).sum() / mask.sum()
 
     # "different": each client draws its own random numbers (dropout masks), as if trained alone.
-    if padded:
-        return vmap(grad_and_value(masked_mean), in_dims=(0, 0, 0, None, 0), randomness="different")
-    return vmap(grad_and_value(loss), in_dims=(0, 0, 0, None), randomness="different")
+    in_dims = (0, 0, 0, None, 0) if padded else (0, 0, 0, None)
+    forward = vmap(masked_mean if padded else loss, in_dims=in_dims, randomness="different")
+
+    def step(trained: dict[str, Tensor], others: dict[str, Tensor], *args: Any) -> tuple[dict[str, Tensor], Tensor]:
+        leaves = {name: t.detach().requires_grad_() for name, t in trained.items()}
+        with torch.enable_grad():
+            losses = forward(leaves, others, *args)
+        grads = torch.autograd.grad(losses.sum(), list(leaves.values()), allow_unused=True)
+        return {name: torch.zeros_like(t) if g is None else g for (name, t), g in zip(leaves.items(), grads)}, losses.detach()
+
+    return step
 
 
 class StackedState:
