@@ -7,6 +7,7 @@ The same arithmetic as Lightning's automatic optimization, without its per-step 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sized
+from functools import cached_property
 from typing import Any
 
 import lightning.pytorch as pl
@@ -24,6 +25,10 @@ class LeanExecutor(SequentialExecutor):
 
     name = "lean"
 
+    @cached_property
+    def _to_device(self) -> Callable[[Any], Any]:
+        return batch_mover(self.runtime.trainer)  # once: the trainer's hooks do not change during the fit
+
     @override
     def run_steps(self, batches: Sized) -> int:
         trainer = self.runtime.trainer
@@ -33,7 +38,7 @@ class LeanExecutor(SequentialExecutor):
         if getattr(trainer.precision_plugin, "scaler", None) is not None:
             raise ValueError(f"The lean client executor does not scale gradients: precision={trainer.precision!r} is not supported.")
         optimizer, precision, record = trainer.optimizers[0], trainer.precision_plugin, self.runtime.recorder.record
-        to_device = batch_mover(trainer)
+        to_device = self._to_device
         takes_batch_idx = compat.step_takes_batch_idx(module)
         steps = 0
         try:
