@@ -24,7 +24,7 @@ group of at most ``max_batched_clients`` clients, about ``3 K`` models.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import lightning.pytorch as pl
@@ -36,7 +36,15 @@ from typing_extensions import override
 
 from fl_lightning import _lightning_compat as compat
 from fl_lightning.algorithms.base import Algorithm, ClientContext, ClientUpdate
-from fl_lightning.loops.batched_sgd import SGD_OPTIONS, BatchedStep, StackedState, batched_step, call_training_step, sgd_step, unflatten
+from fl_lightning.loops.batched_sgd import (
+    SGD_OPTIONS,
+    BatchedStep,
+    StackedState,
+    batched_step,
+    call_training_step,
+    sgd_step,
+    unflatten,
+)
 from fl_lightning.loops.client_executor import ClientExecutor, ClientRuntime
 from fl_lightning.model_state import State, load_into
 
@@ -205,30 +213,38 @@ class BatchedExecutor(ClientExecutor):
         trainer = self.runtime.trainer
         state = StackedState(self.runtime.live, optimizer, len(streams))
         momenta: dict[str, Tensor] = {}
-        device, precision = trainer.strategy.root_device, trainer.precision_plugin
-        loss_sums = torch.zeros(len(streams), device=device)
+        precision = trainer.precision_plugin
+        loss_sums = torch.zeros(len(streams), device=trainer.strategy.root_device)
         for batch_idx in range(len(streams[0]) if streams else 0):
             active = sum(len(stream) > batch_idx for stream in streams)  # a prefix: sorted by steps
             batches = [stream[batch_idx] for stream in streams[:active]]
-            leaves, structure = [b[0] for b in batches], batches[0][1]
-            padded = len({tuple(t.shape for t in parts) for parts in leaves}) > 1
-            if padded:
-                self._check_mean_step(leaves[0], structure)
-                stacked, mask = pad_batches(leaves)
-                extra: tuple[Tensor, ...] = (mask.to(device),)
-            else:
-                stacked, extra = [torch.stack(parts) for parts in zip(*leaves)], ()
-            inputs = move_data_to_device(precision.convert_input(stacked), device)
+            structure = batches[0][1]
+            inputs, mask = self._stack([leaves for leaves, _ in batches], structure)
             trained = {name: t[:active] for name, t in state.trained.items()}
             others = {name: t[:active] for name, t in state.others.items()}
+            step = self._step(state.tied, structure, padded=mask is not None)
             with precision.train_step_context():
-                grads, losses = self._run(self._step(state.tied, structure, padded), trained, others, inputs, batch_idx, *extra)
+                grads, losses = self._run(step, trained, others, inputs, batch_idx, *(() if mask is None else (mask,)))
             for group, params in state.groups:
                 sgd_step(params, grads, momenta, group, active)
             loss_sums[:active] += losses.detach().float()
         return state, loss_sums.tolist()
 
-    def _step(self, tied: bool, structure: type | TreeSpec, padded: bool) -> BatchedStep:
+    def _stack(self, batches: list[list[Tensor]], structure: type | TreeSpec) -> tuple[list[Tensor], Tensor | None]:
+        """The clients' batches stacked on the device; padded, with the mask of the real samples,
+        when their shapes differ (``None``: no padding)."""
+        if len({tuple(t.shape for t in leaves) for leaves in batches}) == 1:
+            return self._on_device([torch.stack(parts) for parts in zip(*batches)]), None
+        self._check_mean_step(batches[0], structure)
+        stacked, mask = pad_batches(batches)
+        return self._on_device(stacked), mask.to(self.runtime.trainer.strategy.root_device)
+
+    def _on_device(self, tensors: list[Tensor]) -> list[Tensor]:
+        """``tensors`` after the precision plugin's input conversion, on the module's device."""
+        trainer = self.runtime.trainer
+        return move_data_to_device(trainer.precision_plugin.convert_input(tensors), trainer.strategy.root_device)
+
+    def _step(self, tied: bool, structure: type | TreeSpec, *, padded: bool) -> BatchedStep:
         key = (structure, padded)
         if key not in self._steps:
             self._steps[key] = batched_step(self.runtime.module, tied, structure, padded)
@@ -250,6 +266,5 @@ class BatchedExecutor(ClientExecutor):
     def _check_mean_step(self, leaves: list[Tensor], structure: type | TreeSpec) -> None:
         """:func:`check_mean_step` once per executor, on the first padded step's first batch."""
         if not self._mean_checked:
-            batch = move_data_to_device(self.runtime.trainer.precision_plugin.convert_input(leaves), self.runtime.trainer.strategy.root_device)
-            check_mean_step(self.runtime.module, batch, structure)
+            check_mean_step(self.runtime.module, self._on_device(leaves), structure)
             self._mean_checked = True

@@ -93,7 +93,9 @@ def batched_step(module: pl.LightningModule, tied: bool, structure: type | TreeS
         state = {f"module.{name}": tensor for name, tensor in (*trained.items(), *others.items())}
         return functional_call(wrapper, state, (unflatten(leaves, structure), batch_idx), tie_weights=tied)
 
-    def masked_mean(trained: dict[str, Tensor], others: dict[str, Tensor], leaves: list[Tensor], batch_idx: int, mask: Tensor) -> Tensor:
+    def masked_mean(
+        trained: dict[str, Tensor], others: dict[str, Tensor], leaves: list[Tensor], batch_idx: int, mask: Tensor
+    ) -> Tensor:
         def one(sample: list[Tensor]) -> Tensor:
             return loss(trained, others, [t.unsqueeze(0) for t in sample], batch_idx)
 

@@ -190,7 +190,9 @@ class FederatedFitLoop(compat.FitLoopBase):
         data = require_federated_data(trainer.datamodule)
         self._check_update_bound()
         self._live = live_tensors(module)
-        runtime = ClientRuntime(trainer, self.algorithm, self._live, self.client_batches, self.loss_recorder, self.reset_optimizer)
+        runtime = ClientRuntime(
+            trainer, self.algorithm, self._live, self.client_batches, self.loss_recorder, self.reset_optimizer
+        )
         self._executor = make_executor(self.client_executor, runtime, max_batched_clients=self.max_batched_clients)
         federation = Federation(
             data=data,
