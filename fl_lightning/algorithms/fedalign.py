@@ -119,7 +119,6 @@ class FedALIGN(Algorithm):
         self.evaluate_clients_spec = None if evaluate_clients is None else list(evaluate_clients)
         #: Accepted non-priority clients of each round.
         self.accepted_history: list[list[int]] = []
-        self._round_metrics: dict[str, float] = {}
 
     def setup(self, federation: Federation) -> None:
         super().setup(federation)
@@ -189,12 +188,12 @@ class FedALIGN(Algorithm):
                 accepted = [c for c in candidates if self.admits(round_idx, float("nan"), global_loss)]
         del self.accepted_history[round_idx:]
         self.accepted_history.append(accepted)
-        self._round_metrics = {
+        self.federation.services.report_round_metrics({
             "priority_loss": global_loss,
             "epsilon": self.epsilon(round_idx),
             "accepted_nonpriority": float(len(accepted)),
             "theta": float(1.0 / (1.0 + self.p[accepted].sum())),
-        }
+        })
         return sorted(priority + accepted)
 
     def configure_client(self, client: ClientContext, module: pl.LightningModule, global_state: State) -> None:
@@ -211,7 +210,7 @@ class FedALIGN(Algorithm):
         return self.inner.decode_update(update)
 
     def aggregate(self, round_idx: int, global_state: State, updates: list[ClientUpdate]) -> dict[str, float]:
-        return {**self.inner.aggregate(round_idx, global_state, updates), **self._round_metrics}
+        return self.inner.aggregate(round_idx, global_state, updates)
 
     # Client sharding over processes (docs/distributed.md): the selection is computed identically
     # on every rank, so FedALIGN shards whenever the wrapped aggregation does.
@@ -226,7 +225,7 @@ class FedALIGN(Algorithm):
 
     def apply_weighted_sum(self, round_idx: int, global_state: State, total: State, weight: float) -> dict[str, float]:
         assert isinstance(self.inner, SupportsWeightedSum)
-        return {**self.inner.apply_weighted_sum(round_idx, global_state, total, weight), **self._round_metrics}
+        return self.inner.apply_weighted_sum(round_idx, global_state, total, weight)
 
     def evaluate(self, round_idx: int, module: pl.LightningModule) -> dict[str, float]:
         data = self.federation.data

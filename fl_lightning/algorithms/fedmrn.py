@@ -92,18 +92,18 @@ class FedMRN(CompressedFedAvg):
         """The client's seed :math:`s_k^t` for the round."""
         return masked_noise_seed(client)
 
-    def local_steps(self, client: ClientContext, module: pl.LightningModule) -> int:
+    def local_steps(self, client: ClientContext) -> int:
         """:math:`S`: the optimizer steps the loop will run for ``client`` (at least 1)."""
         if client.num_steps is not None:
             return max(client.num_steps, 1)
         batches = self.federation.data.client_batches(client.client_id, num_epochs=client.num_epochs, generator=torch.Generator())
-        return max(math.ceil(len(batches) / module.trainer.accumulate_grad_batches), 1)  # type: ignore[arg-type]
+        return max(math.ceil(len(batches) / self.federation.services.accumulate_grad_batches), 1)  # type: ignore[arg-type]
 
     def configure_client(self, client: ClientContext, module: pl.LightningModule, global_state: State) -> None:
         device = module.device
         module.begin_masked_noise_round(  # type: ignore[attr-defined]
             self.codec.noise(self.noise_seed(client), self.layout, device=device),
-            total_steps=self.local_steps(client, module),
+            total_steps=self.local_steps(client),
             mask=self.codec.mask,
             stochastic=self.stochastic,
             progressive=self.progressive,

@@ -26,6 +26,7 @@ from fl_lightning.loops.batched_clients import train_clients_batched
 from fl_lightning.loops.executor_choice import auto_choice_after_first_client, auto_choice_before_fit
 from fl_lightning.loops.guards import aggregate_or_roll_back, apply_bound, bound_updates, decode_and_screen
 from fl_lightning.loops.round_log import log_round
+from fl_lightning.loops.services import LoopServices
 from fl_lightning.model_state import State, compute_delta, live_tensors, load_into, snapshot
 from fl_lightning.update_bounds import UpdateBound, update_norm
 from fl_lightning.utils.init_args import RecordsInitArgs, flat_hparams
@@ -184,6 +185,7 @@ class FederatedFitLoop(compat.FitLoopBase):
             local_epochs=self.local_epochs,
             local_steps=self.local_steps,
             num_rounds=self.max_epochs if self.max_epochs is not None and self.max_epochs >= 0 else None,
+            services=LoopServices(self),
         )
         # Checked before the algorithm's set-up, whose own errors a changed federation could trigger.
         self._fingerprint = federation_fingerprint(
@@ -351,6 +353,7 @@ class FederatedFitLoop(compat.FitLoopBase):
             "rejected_clients": float(rejected),
             "rolled_back": float(rolled_back),
             **metrics,
+            **self.federation.services.pop_round_metrics(),
         }
 
     def end_round(
