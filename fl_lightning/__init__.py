@@ -3,6 +3,7 @@
 from fl_lightning.algorithms import (
     AllClients,
     Algorithm,
+    AsyncAlgorithm,
     ClientContext,
     ClientUpdate,
     CompressedFedAvg,
@@ -40,6 +41,7 @@ __all__ = [
     "AdaptiveClipping",
     "AllClients",
     "Algorithm",
+    "AsyncAlgorithm",
     "Bulyan",
     "ClientContext",
     "ClientUpdate",

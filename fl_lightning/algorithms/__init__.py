@@ -1,6 +1,7 @@
 """Federated algorithms: the server-side logic of each method."""
 
 from fl_lightning.algorithms.aggregation import apply_delta, weighted_average, weighted_sum
+from fl_lightning.algorithms.asynchronous import AsyncAlgorithm
 from fl_lightning.algorithms.base import Algorithm, ClientContext, ClientUpdate
 from fl_lightning.algorithms.compressed import CompressedFedAvg
 from fl_lightning.algorithms.epsilon_schedules import ConstantEpsilon, EpsilonSchedule, LinearEpsilon, StepEpsilon
@@ -30,6 +31,7 @@ from fl_lightning.algorithms.server_optimizers import (
 __all__ = [
     "AllClients",
     "Algorithm",
+    "AsyncAlgorithm",
     "ClientContext",
     "ClientUpdate",
     "CompressedFedAvg",
