@@ -6,6 +6,7 @@ from fl_lightning.algorithms.base import Algorithm, ClientContext, ClientUpdate
 from fl_lightning.algorithms.compressed import CompressedFedAvg
 from fl_lightning.algorithms.epsilon_schedules import ConstantEpsilon, EpsilonSchedule, LinearEpsilon, StepEpsilon
 from fl_lightning.algorithms.fedalign import AllClients, FedALIGN, PriorityOnly, alignment_decision
+from fl_lightning.algorithms.fedasync import FedAsync, staleness_weight
 from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.algorithms.fedavg_sm import FedAvgSM
 from fl_lightning.algorithms.fedmrn import FedMRN, FedMRNS
@@ -38,6 +39,7 @@ __all__ = [
     "ConstantEpsilon",
     "EpsilonSchedule",
     "FedALIGN",
+    "FedAsync",
     "FedAvg",
     "FedAvgSM",
     "FedBuff",
@@ -65,6 +67,7 @@ __all__ = [
     "alignment_decision",
     "apply_delta",
     "scheme_coefficients",
+    "staleness_weight",
     "weighted_average",
     "weighted_sum",
 ]
