@@ -13,7 +13,7 @@ from fl_lightning.algorithms.aggregation import apply_delta
 from fl_lightning.algorithms.asynchronous import AsyncAlgorithm, PullPolicy, TrainAt
 from fl_lightning.algorithms.base import ClientContext, ClientUpdate
 from fl_lightning.federation import Federation
-from fl_lightning.mixins._holders import require_mixin
+from fl_lightning.mixins.required import require_mixin
 from fl_lightning.mixins.proximal import ProximalMixin
 from fl_lightning.model_state import State, compute_delta, snapshot
 from fl_lightning.participation.speed import DelayModel

@@ -15,7 +15,7 @@ from fl_lightning.algorithms.aggregation import apply_delta, weighted_average
 from fl_lightning.algorithms.base import ClientContext, ClientUpdate
 from fl_lightning.algorithms.clustered import ClusteredAlgorithm
 from fl_lightning.federation import Federation
-from fl_lightning.mixins._holders import require_mixin
+from fl_lightning.mixins.required import require_mixin
 from fl_lightning.mixins.mixture_weighted import MixtureWeightedMixin, responsibilities
 from fl_lightning.model_state import State, compute_delta
 from fl_lightning.probe import WeightSets

@@ -14,7 +14,7 @@ from fl_lightning.algorithms.server_optimizers import ServerOptimizer
 from fl_lightning.compression.masked_noise import MaskedNoiseCodec, MaskType, NoiseType
 from fl_lightning.compression.wire import device_generator
 from fl_lightning.federation import Federation
-from fl_lightning.mixins._holders import require_mixin
+from fl_lightning.mixins.required import require_mixin
 from fl_lightning.mixins.masked_noise import MaskedNoiseMixin
 from fl_lightning.model_state import State
 from fl_lightning.utils.seeding import derive_seed

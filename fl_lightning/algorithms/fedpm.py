@@ -20,7 +20,7 @@ from fl_lightning.compression.probability_mask import (
 )
 from fl_lightning.compression.wire import device_generator
 from fl_lightning.federation import Federation
-from fl_lightning.mixins._holders import require_mixin
+from fl_lightning.mixins.required import require_mixin
 from fl_lightning.mixins.probability_mask import (
     WEIGHT_INITS,
     ProbabilityMaskMixin,

@@ -21,6 +21,7 @@ from fl_lightning.algorithms.clustering import (
 )
 from fl_lightning.federation import Federation
 from fl_lightning.mixins.proximal import ProximalMixin
+from fl_lightning.mixins.required import require_mixin
 from fl_lightning.model_state import State, tensor_bytes
 
 
@@ -122,11 +123,7 @@ class FedSoft(ClusteredAlgorithm):
         self._pending_optimizer: dict[int, list[dict[int, dict[str, Any]]]] = {}
 
     def setup(self, federation: Federation) -> None:
-        if not isinstance(federation.module, ProximalMixin):
-            raise TypeError(
-                f"FedSoft needs a LightningModule that inherits `fl_lightning.ProximalMixin`; got "
-                f"{type(federation.module).__name__}. Declare `class MyModel(ProximalMixin, {type(federation.module).__name__})`."
-            )
+        require_mixin(federation.module, ProximalMixin, self)
         if self.clients_per_cluster > federation.num_clients:
             raise ValueError(
                 f"FedSoft selects K={self.clients_per_cluster} clients per cluster but there are only "
