@@ -70,21 +70,6 @@ def test_a_buffer_whose_weights_are_all_zero_leaves_the_model_unchanged():
     assert torch.equal(state["w"], torch.ones(2))
 
 
-@pytest.mark.parametrize(
-    ("kwargs", "match"),
-    [
-        ({"buffer_size": 0}, r"`buffer_size` must be >= 1, got 0"),
-        ({"concurrency": 0}, r"`concurrency` must be >= 1, got 0"),
-        ({"server_lr": 0.0}, r"`server_lr` must be > 0, got 0.0"),
-        ({"staleness_discount": "linear"}, r"`staleness_discount` must be one of \['constant', 'inverse', 'inverse_sqrt'\], got 'linear'"),
-        ({"max_staleness": -1}, r"`max_staleness` must be >= 0, got -1"),
-    ],
-)
-def test_bad_input(kwargs, match):
-    with pytest.raises(ValueError, match=match):
-        FedBuff(**kwargs)
-
-
 def test_clients_are_dispatched_not_selected():
     with pytest.raises(TypeError, match="FedBuff is asynchronous: clients are dispatched by the AsyncFitLoop"):
         FedBuff().select_clients(0)
