@@ -1,10 +1,10 @@
 """Federated algorithms: the server-side logic of each method."""
 
-from fl_lightning.algorithms.aggregation import apply_delta, weighted_average, weighted_sum
-from fl_lightning.algorithms.asynchronous import AsyncAlgorithm
-from fl_lightning.algorithms.base import Algorithm, ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.aggregation import apply_delta, weighted_average, weighted_sum
+from fl_lightning.algorithms.shared.asynchronous import AsyncAlgorithm
+from fl_lightning.algorithms.shared.base import Algorithm, ClientContext, ClientUpdate
 from fl_lightning.algorithms.compressed import CompressedFedAvg
-from fl_lightning.algorithms.epsilon_schedules import ConstantEpsilon, EpsilonSchedule, LinearEpsilon, StepEpsilon
+from fl_lightning.algorithms.shared.epsilon_schedules import ConstantEpsilon, EpsilonSchedule, LinearEpsilon, StepEpsilon
 from fl_lightning.algorithms.fedalign import AllClients, FedALIGN, PriorityOnly, alignment_decision
 from fl_lightning.algorithms.fedasync import FedAsync, staleness_weight
 from fl_lightning.algorithms.fedavg import FedAvg
@@ -19,9 +19,9 @@ from fl_lightning.algorithms.fedsoft import FedSoft
 from fl_lightning.algorithms.ifca import IFCA
 from fl_lightning.algorithms.local_only import LocalOnly
 from fl_lightning.algorithms.flexible import FlexibleParticipation, scheme_coefficients
-from fl_lightning.algorithms.staleness import StalenessTracker
-from fl_lightning.algorithms.summable import SummableAggregation, SupportsWeightedSum
-from fl_lightning.algorithms.server_optimizers import (
+from fl_lightning.algorithms.shared.staleness import StalenessTracker
+from fl_lightning.algorithms.shared.summable import SummableAggregation, SupportsWeightedSum
+from fl_lightning.algorithms.shared.server_optimizers import (
     ServerAdagrad,
     ServerAdam,
     ServerOptimizer,

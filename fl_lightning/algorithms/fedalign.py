@@ -13,11 +13,11 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 
-from fl_lightning.algorithms.base import Algorithm, ClientContext, ClientUpdate
-from fl_lightning.algorithms.epsilon_schedules import ConstantEpsilon, EpsilonSchedule
+from fl_lightning.algorithms.shared.base import Algorithm, ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.epsilon_schedules import ConstantEpsilon, EpsilonSchedule
 from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.algorithms.local_only import check_client_ids, holdout_metrics
-from fl_lightning.algorithms.summable import SupportsWeightedSum
+from fl_lightning.algorithms.shared.summable import SupportsWeightedSum
 from fl_lightning.federation import Federation
 from fl_lightning.model_state import State
 from fl_lightning.probe import probe, sample_metrics
@@ -74,7 +74,7 @@ class FedALIGN(Algorithm):
     Args:
         priority: priority client ids, or a count (the first ``n`` ids), or ``None`` to read
             ``priority_clients`` from the data module or its training set.
-        epsilon: :math:`\epsilon` or a schedule (:mod:`~fl_lightning.algorithms.epsilon_schedules`).
+        epsilon: :math:`\epsilon` or a schedule (:mod:`~fl_lightning.algorithms.shared.epsilon_schedules`).
         algorithm: the aggregation algorithm wrapped (default :class:`FedAvg`).
         warmup_fraction: fraction of rounds in ``[0, 1)`` with priority clients only.
         strict: ``<`` instead of ``<=``.

@@ -9,9 +9,9 @@ from typing import Literal
 import lightning.pytorch as pl
 from typing_extensions import override
 
-from fl_lightning.algorithms.aggregation import apply_delta
-from fl_lightning.algorithms.asynchronous import AsyncAlgorithm, PullPolicy, TrainAt
-from fl_lightning.algorithms.base import ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.aggregation import apply_delta
+from fl_lightning.algorithms.shared.asynchronous import AsyncAlgorithm, PullPolicy, TrainAt
+from fl_lightning.algorithms.shared.base import ClientContext, ClientUpdate
 from fl_lightning.federation import Federation
 from fl_lightning.mixins.required import require_mixin
 from fl_lightning.mixins.proximal import ProximalMixin
@@ -60,7 +60,7 @@ class FedAsync(AsyncAlgorithm):
     integer buffers (``num_batches_tracked``) move by the rounded increment
     :math:`\alpha_t (x_{new} - x_{t-1})`. The paper's periodic scheduler is the loop's pull rule
     (every client in flight by default, ``concurrency`` and ``delays`` as in
-    :class:`~fl_lightning.algorithms.asynchronous.AsyncAlgorithm`).
+    :class:`~fl_lightning.algorithms.shared.asynchronous.AsyncAlgorithm`).
 
     Args:
         alpha: mixing hyper-parameter :math:`\alpha \in (0, 1]` (paper: 0.6 or 0.9).
@@ -69,7 +69,7 @@ class FedAsync(AsyncAlgorithm):
         b: :math:`b \ge 0` of the hinge function (paper: 4).
         rho: proximal coefficient :math:`\rho \ge 0` (paper: 0.005 or 0.01).
         concurrency, delays, pull_policy, train_at: see
-            :class:`~fl_lightning.algorithms.asynchronous.AsyncAlgorithm`.
+            :class:`~fl_lightning.algorithms.shared.asynchronous.AsyncAlgorithm`.
     """
 
     def __init__(

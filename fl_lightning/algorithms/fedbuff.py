@@ -10,9 +10,9 @@ from typing import Literal
 import numpy as np
 from typing_extensions import override
 
-from fl_lightning.algorithms.aggregation import apply_delta, weighted_sum
-from fl_lightning.algorithms.asynchronous import AsyncAlgorithm, PullPolicy, TrainAt
-from fl_lightning.algorithms.base import ClientUpdate
+from fl_lightning.algorithms.shared.aggregation import apply_delta, weighted_sum
+from fl_lightning.algorithms.shared.asynchronous import AsyncAlgorithm, PullPolicy, TrainAt
+from fl_lightning.algorithms.shared.base import ClientUpdate
 from fl_lightning.model_state import State
 from fl_lightning.participation.speed import DelayModel
 

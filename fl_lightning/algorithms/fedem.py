@@ -11,9 +11,9 @@ import torch
 from torch import Tensor
 from typing_extensions import override
 
-from fl_lightning.algorithms.aggregation import apply_delta, weighted_average
-from fl_lightning.algorithms.base import ClientContext, ClientUpdate
-from fl_lightning.algorithms.clustered import ClusteredAlgorithm
+from fl_lightning.algorithms.shared.aggregation import apply_delta, weighted_average
+from fl_lightning.algorithms.shared.base import ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.clustered_algorithm import ClusteredAlgorithm
 from fl_lightning.federation import Federation
 from fl_lightning.mixins.required import require_mixin
 from fl_lightning.mixins.mixture_weighted import MixtureWeightedMixin, responsibilities

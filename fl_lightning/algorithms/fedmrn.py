@@ -8,9 +8,9 @@ from typing import Any, Literal
 import lightning.pytorch as pl
 import torch
 
-from fl_lightning.algorithms.base import ClientContext
+from fl_lightning.algorithms.shared.base import ClientContext
 from fl_lightning.algorithms.compressed import CompressedFedAvg
-from fl_lightning.algorithms.server_optimizers import ServerOptimizer
+from fl_lightning.algorithms.shared.server_optimizers import ServerOptimizer
 from fl_lightning.compression.masked_noise import MaskedNoiseCodec, MaskType, NoiseType
 from fl_lightning.compression.wire import device_generator
 from fl_lightning.federation import Federation

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import lightning.pytorch as pl
 
-from fl_lightning.algorithms.base import ClientContext
+from fl_lightning.algorithms.shared.base import ClientContext
 from fl_lightning.algorithms.fedavg import FedAvg
-from fl_lightning.algorithms.server_optimizers import ServerOptimizer
+from fl_lightning.algorithms.shared.server_optimizers import ServerOptimizer
 from fl_lightning.federation import Federation
 from fl_lightning.mixins.proximal import ProximalMixin
 from fl_lightning.mixins.required import require_mixin

@@ -10,10 +10,10 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor
 
-from fl_lightning.algorithms.base import ClientContext, ClientUpdate
-from fl_lightning.algorithms.client_state import ClientStates, cpu_copy
-from fl_lightning.algorithms.clustered import ClusteredAlgorithm
-from fl_lightning.algorithms.clustering import (
+from fl_lightning.algorithms.shared.base import ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.client_state import ClientStates, cpu_copy
+from fl_lightning.algorithms.shared.clustered_algorithm import ClusteredAlgorithm
+from fl_lightning.algorithms.shared.cluster_math import (
     aggregation_weights,
     average_states,
     importance_weights,
@@ -36,7 +36,7 @@ class FedSoft(ClusteredAlgorithm):
        its samples with every centre (one ``vmap``-ed pass over the :math:`S` centres,
        :func:`~fl_lightning.probe.sample_metrics_many`), assigns each sample to the centre with
        the lowest loss and sends :math:`u_{ks} = \max(n_{ks}/n_k, \sigma)`, not renormalised
-       (:func:`~fl_lightning.algorithms.clustering.importance_weights`).
+       (:func:`~fl_lightning.algorithms.shared.cluster_math.importance_weights`).
     2. **Selection**: :math:`v_{sk} = u_{ks} n_k / \sum_{j=1}^N u_{js} n_j` (eq. 6 normalised over
        *all* clients, as the proof and the authors' code; the printed sum over
        :math:`Sel_s^t` is a typo); per cluster, :math:`K` clients drawn :math:`\propto v_{sk}`,

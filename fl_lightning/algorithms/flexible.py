@@ -11,8 +11,8 @@ import lightning.pytorch as pl
 import numpy as np
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
-from fl_lightning.algorithms.aggregation import apply_delta, weighted_sum
-from fl_lightning.algorithms.base import Algorithm, ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.aggregation import apply_delta, weighted_sum
+from fl_lightning.algorithms.shared.base import Algorithm, ClientContext, ClientUpdate
 from fl_lightning.federation import Federation
 from fl_lightning.model_state import State
 from fl_lightning.participation.base import ParticipationModel

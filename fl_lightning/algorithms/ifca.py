@@ -9,9 +9,9 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor
 
-from fl_lightning.algorithms.aggregation import apply_delta, weighted_average
-from fl_lightning.algorithms.base import ClientContext, ClientUpdate
-from fl_lightning.algorithms.clustered import ClusteredAlgorithm
+from fl_lightning.algorithms.shared.aggregation import apply_delta, weighted_average
+from fl_lightning.algorithms.shared.base import ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.clustered_algorithm import ClusteredAlgorithm
 from fl_lightning.federation import Federation
 from fl_lightning.model_state import State, compute_delta
 

@@ -14,8 +14,8 @@ import lightning.pytorch as pl
 import torch
 from typing_extensions import override
 
-from fl_lightning.algorithms.base import Algorithm, ClientContext, ClientUpdate
-from fl_lightning.algorithms.client_state import cpu_copy
+from fl_lightning.algorithms.shared.base import Algorithm, ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.client_state import cpu_copy
 from fl_lightning.federation import Federation
 from fl_lightning.model_state import State, live_tensors, load_into, snapshot
 from fl_lightning.probe import sample_metrics

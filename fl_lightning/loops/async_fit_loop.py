@@ -11,8 +11,8 @@ from typing import Any
 import torch
 from typing_extensions import override
 
-from fl_lightning.algorithms.asynchronous import AsyncAlgorithm
-from fl_lightning.algorithms.base import ClientUpdate
+from fl_lightning.algorithms.shared.asynchronous import AsyncAlgorithm
+from fl_lightning.algorithms.shared.base import ClientUpdate
 from fl_lightning.loops.federated_fit_loop import FederatedFitLoop
 from fl_lightning.model_state import load_into, moved
 from fl_lightning.utils.seeding import derive_seed
@@ -40,7 +40,7 @@ class AsyncFitLoop(FederatedFitLoop):
     A dispatched client trains at once through the same Lightning client path as the
     synchronous loop (:meth:`train_client`) and its update waits in the event queue until
     it arrives at ``dispatch time + duration``; ties arrive in dispatch order. It reads only the
-    :class:`~fl_lightning.algorithms.asynchronous.AsyncAlgorithm` contract. The ``j``-th
+    :class:`~fl_lightning.algorithms.shared.asynchronous.AsyncAlgorithm` contract. The ``j``-th
     dispatch of a client at one model version draws its data order from
     ``(seed, "client", version, client[, j])``, so with every client in flight and equal
     speeds the first pass equals a synchronous round. With ``train_at="arrival"`` the

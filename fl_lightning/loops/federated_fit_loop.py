@@ -13,8 +13,8 @@ from typing_extensions import override
 
 import lightning.pytorch as pl
 from fl_lightning import _lightning_compat as compat
-from fl_lightning.algorithms.base import TRAINING_METRICS, Algorithm, ClientContext, ClientUpdate
-from fl_lightning.algorithms.summable import SupportsWeightedSum, can_shard
+from fl_lightning.algorithms.shared.base import TRAINING_METRICS, Algorithm, ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.summable import SupportsWeightedSum, can_shard
 from fl_lightning.callbacks.client_loss import ClientLossRecorder
 from fl_lightning.callbacks.federated_callback import call_federated_hook
 from fl_lightning.checkpoint_io import CheckpointError, validate_federated_state

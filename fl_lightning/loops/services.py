@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 from typing_extensions import override
 
 from fl_lightning import _lightning_compat as compat
-from fl_lightning.algorithms.base import ClientUpdate
-from fl_lightning.algorithms.client_state import load_optimizer_state, optimizer_state_to_cpu
+from fl_lightning.algorithms.shared.base import ClientUpdate
+from fl_lightning.algorithms.shared.client_state import load_optimizer_state, optimizer_state_to_cpu
 from fl_lightning.schedulers import restart_staircases
 from fl_lightning.services import OptimizerState, ServerServices
 

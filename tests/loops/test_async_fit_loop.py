@@ -12,7 +12,7 @@ from fl_lightning.algorithms.fedstaleweight import FedStaleWeight
 from fl_lightning.participation.speed import ConstantDelay, UniformDelay
 
 from ..algorithms.quadratic import CENTRES, Quadratic, quadratic_data, quadratic_trainer
-from ..algorithms.test_asynchronous import BufferMean
+from ..algorithms.shared.test_asynchronous import BufferMean
 
 A, B, C = 0, 1, 2
 

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from fl_lightning import AsyncAlgorithm
-from fl_lightning.algorithms.aggregation import apply_delta, weighted_sum
+from fl_lightning.algorithms.shared.aggregation import apply_delta, weighted_sum
 from fl_lightning.participation.speed import ConstantDelay
 
-from .quadratic import Quadratic, quadratic_data, quadratic_trainer
+from ..quadratic import Quadratic, quadratic_data, quadratic_trainer
 
 
 class BufferMean(AsyncAlgorithm):

@@ -9,7 +9,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 from typing_extensions import override
 
-from fl_lightning.algorithms.base import Algorithm, ClientUpdate
+from fl_lightning.algorithms.shared.base import Algorithm, ClientUpdate
 from fl_lightning.evaluation.protocols import SupportsClientGroups
 from fl_lightning.federation import Federation
 from fl_lightning.participation.speed import DelayModel, UniformDelay
