@@ -12,7 +12,7 @@ from lightning.pytorch.strategies import DDPStrategy, Strategy
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from typing_extensions import override
 
-from fl_lightning.algorithms.base import Algorithm
+from fl_lightning.algorithms.shared.base import Algorithm
 from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.callbacks.progress import FederatedProgressBar
 from fl_lightning.checkpoint_io import CheckedCheckpointIO

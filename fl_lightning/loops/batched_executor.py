@@ -35,7 +35,7 @@ from torch.utils._pytree import TreeSpec, tree_flatten
 from typing_extensions import override
 
 from fl_lightning import _lightning_compat as compat
-from fl_lightning.algorithms.base import Algorithm, ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.base import Algorithm, ClientContext, ClientUpdate
 from fl_lightning.loops.batched_sgd import (
     SGD_OPTIONS,
     BatchedStep,

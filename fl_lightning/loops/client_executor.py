@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import lightning.pytorch as pl
 from typing_extensions import override
 
-from fl_lightning.algorithms.base import Algorithm, ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.base import Algorithm, ClientContext, ClientUpdate
 from fl_lightning.callbacks.client_loss import ClientLossRecorder
 from fl_lightning.callbacks.federated_callback import call_federated_hook
 from fl_lightning.model_state import State, compute_delta, load_into

@@ -8,9 +8,9 @@ import lightning.pytorch as pl
 import torch
 from typing_extensions import override
 
-from fl_lightning.algorithms.base import Algorithm, ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.base import Algorithm, ClientContext, ClientUpdate
 from fl_lightning.algorithms.fedalign import FedALIGN
-from fl_lightning.algorithms.wrapper import AlgorithmWrapper
+from fl_lightning.algorithms.shared.wrapper import AlgorithmWrapper
 from fl_lightning.model_state import State
 from fl_lightning.privacy.accountant import check_delta, gaussian_epsilon
 from fl_lightning.update_bounds import positive_finite, update_norm
