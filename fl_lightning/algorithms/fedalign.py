@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 import lightning.pytorch as pl
 import numpy as np
 import torch
+from typing_extensions import override
 
 from fl_lightning.algorithms.shared.base import Algorithm
 from fl_lightning.algorithms.shared.epsilon_schedules import ConstantEpsilon, EpsilonSchedule
@@ -121,6 +122,7 @@ class FedALIGN(AlgorithmWrapper):
         #: Accepted non-priority clients of each round.
         self.accepted_history: list[list[int]] = []
 
+    @override
     def setup(self, federation: Federation) -> None:
         super().setup(federation)
         self.priority = self._resolve_priority(federation)
@@ -172,6 +174,7 @@ class FedALIGN(AlgorithmWrapper):
             raise ValueError("metric='accuracy' needs a module whose sample_metrics reports 'correct'.")
         return 1.0 - result.accuracy
 
+    @override
     def select_clients(self, round_idx: int) -> list[int]:
         sampled = Algorithm.select_clients(self, round_idx)  # a uniform sample, whatever the wrapped selection
         priority = [c for c in sampled if c in set(self.priority)]
@@ -196,6 +199,7 @@ class FedALIGN(AlgorithmWrapper):
         })
         return sorted(priority + accepted)
 
+    @override
     def evaluate(self, round_idx: int, module: pl.LightningModule) -> dict[str, float]:
         data = self.federation.data
         local = {} if self.evaluate_clients is None else holdout_metrics(module, data, dict.fromkeys(self.evaluate_clients))
@@ -214,9 +218,11 @@ class FedALIGN(AlgorithmWrapper):
                 result[name] = float(np.dot(proportions, per_class))
         return {**result, **local}
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "accepted_history": [list(a) for a in self.accepted_history]}
 
+    @override
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.accepted_history = [list(a) for a in state["accepted_history"]]
