@@ -1,0 +1,48 @@
+"""``fl-lightning --help`` as plain text, and only the parsers it needs.
+
+The help reuses the classes' docstrings, written in Sphinx's reStructuredText for the docs; a
+terminal shows ``:class:`~fl_lightning.FedAvg``` as ``FedAvg`` and ``:math:`\\mu``` as ``\\mu``.
+"""
+
+from __future__ import annotations
+
+import re
+from argparse import Action
+from collections.abc import Sequence
+
+from jsonargparse import DefaultHelpFormatter
+from typing_extensions import override
+
+# :role:`text`, :role:`~a.b.Name` (shown as "Name") or :role:`Title <target>` (shown as "Title").
+_ROLE = re.compile(r":(?:py:)?[a-z]+:`(~?)([^`<]*?)\s*(?:<[^`>]*>)?`")
+_LITERAL = re.compile(r"``([^`]+)``")
+
+
+def plain_text(text: str) -> str:
+    """``text`` without Sphinx roles and literal markup: what the docs render, as a terminal shows it."""
+    text = _ROLE.sub(lambda m: m.group(2).rsplit(".", 1)[-1] if m.group(1) else m.group(2), text)
+    return _LITERAL.sub(r"\1", text)
+
+
+class PlainHelpFormatter(DefaultHelpFormatter):
+    """jsonargparse's help formatter, with every description and argument help as plain text."""
+
+    @override
+    def _expand_help(self, action: Action) -> str:
+        return plain_text(super()._expand_help(action))
+
+    @override
+    def _format_text(self, text: str) -> str:
+        return super()._format_text(plain_text(text))
+
+
+def requested_subcommand(args: Sequence[str], names: Sequence[str]) -> str | None:
+    """The subcommand that the command line names (the first word that is not an option or the value of
+    ``-c``/``--config``), if it is one of ``names``."""
+    words = iter(args)
+    for word in words:
+        if word in ("-c", "--config"):
+            next(words, None)
+        elif not word.startswith("-"):
+            return word if word in names else None
+    return None
