@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from rich.console import Console
 from rich.table import Table
 from typing_extensions import override
@@ -25,7 +25,7 @@ from typing_extensions import override
 from fl_lightning._quiet import silence_lightning_tips
 from fl_lightning.checkpointing import run_directory
 from fl_lightning.cli_errors import DEBUG_ENV, RunStarted, configuration_errors
-from fl_lightning.cli_help import PlainHelpFormatter, requested_subcommand
+from fl_lightning.cli_help import PlainHelpParser, requested_subcommand
 from fl_lightning.trainer import FederatedTrainer
 from fl_lightning.utils.run_names import stamp_wandb_names
 from fl_lightning.utils.metric_names import logged_test_metrics, logged_validation_metrics, monitored_metrics, require_logged
@@ -122,7 +122,7 @@ class FederatedCLI(LightningCLI):
     (:class:`~fl_lightning.data.Federated` wraps a user's datamodule), or a plain datamodule that the
     trainer federates with ``trainer.num_clients`` and ``trainer.partitioner`` (``docs/lightning_integration.md``).
 
-    Its help is plain text (:class:`~fl_lightning.cli_help.PlainHelpFormatter`); a W&B logger's fixed
+    Its help is plain text (:class:`~fl_lightning.cli_help.PlainHelpParser`); a W&B logger's fixed
     ``name`` gets the run's start time appended (:mod:`fl_lightning.utils.run_names`).
     """
 
@@ -133,17 +133,13 @@ class FederatedCLI(LightningCLI):
         kwargs.setdefault("subclass_mode_data", True)
         kwargs.setdefault("save_config_callback", LoggerSaveConfigCallback)
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
+        kwargs.setdefault("parser_class", PlainHelpParser)
         kwargs.setdefault("parser_kwargs", {}).setdefault("description", _DESCRIPTION)
         command_line = kwargs.get("args")
         command_line = sys.argv[1:] if command_line is None else command_line
         self._only = requested_subcommand(command_line, list(super().subcommands())) if isinstance(command_line, list) else None
         self._fit_started = 0.0
         super().__init__(*args, **kwargs)
-
-    @override
-    def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
-        kwargs.setdefault("formatter_class", PlainHelpFormatter)
-        return super().init_parser(**kwargs)
 
     @override
     def subcommands(self) -> dict[str, set[str]]:  # type: ignore[override]

@@ -10,7 +10,10 @@ import re
 from argparse import Action
 from collections.abc import Sequence
 
+from typing import Any
+
 from jsonargparse import DefaultHelpFormatter
+from lightning.pytorch.cli import LightningArgumentParser
 from typing_extensions import override
 
 # :role:`text`, :role:`~a.b.Name` (shown as "Name") or :role:`Title <target>` (shown as "Title").
@@ -25,7 +28,7 @@ def plain_text(text: str) -> str:
 
 
 class PlainHelpFormatter(DefaultHelpFormatter):
-    """jsonargparse's help formatter, with every description and argument help as plain text."""
+    """jsonargparse's help formatter, with every description, heading and argument help as plain text."""
 
     @override
     def _expand_help(self, action: Action) -> str:
@@ -34,6 +37,19 @@ class PlainHelpFormatter(DefaultHelpFormatter):
     @override
     def _format_text(self, text: str) -> str:
         return super()._format_text(plain_text(text))
+
+    @override
+    def start_section(self, heading: str | None) -> None:
+        # A group's heading is its class's or method's docstring summary.
+        super().start_section(plain_text(heading) if heading else heading)
+
+
+class PlainHelpParser(LightningArgumentParser):
+    """LightningCLI's parser, formatting help with :class:`PlainHelpFormatter` by default; also the
+    parsers that jsonargparse makes for ``--<key>.help <class>`` (of the parser's own type)."""
+
+    def __init__(self, *args: Any, formatter_class: type[DefaultHelpFormatter] = PlainHelpFormatter, **kwargs: Any) -> None:
+        super().__init__(*args, formatter_class=formatter_class, **kwargs)
 
 
 def requested_subcommand(args: Sequence[str], names: Sequence[str]) -> str | None:

@@ -2,8 +2,9 @@
 
 A config that fixes a W&B logger's ``name`` (``name: quickstart``) would give every run the same
 name in the W&B project. The CLI appends the run's start time, as Hydra names its run folders:
-``quickstart-20261126-004512``. CSV and TensorBoard loggers need nothing: each run gets its own
-``version_<n>`` folder under the fixed name.
+``quickstart-20261126-004512``. A logger that also fixes the run's ``id`` (or ``version``) names one
+run on purpose, to resume it (``fl-lightning-compare`` does): its name is kept. CSV and TensorBoard
+loggers need nothing: each run gets its own ``version_<n>`` folder under the fixed name.
 """
 
 from __future__ import annotations
@@ -27,10 +28,14 @@ def stamped(name: str, start: datetime) -> str:
 
 
 def stamp_wandb_names(logger: Any, start: datetime) -> None:
-    """Stamps the ``name`` of every W&B logger in a parsed ``trainer.logger`` config, in place."""
+    """Stamps the ``name`` of every W&B logger in a parsed ``trainer.logger`` config that fixes a name but
+    not a run id, in place."""
     for entry in logger if isinstance(logger, list) else [logger]:
-        if isinstance(entry, Namespace) and _is_wandb(entry.get("class_path")) and entry.get("init_args.name"):
-            entry["init_args.name"] = stamped(entry["init_args.name"], start)
+        if not (isinstance(entry, Namespace) and _is_wandb(entry.get("class_path"))):
+            continue
+        init_args = entry.get("init_args") or Namespace()
+        if init_args.get("name") and not (init_args.get("id") or init_args.get("version")):
+            init_args["name"] = stamped(init_args["name"], start)
 
 
 def _is_wandb(class_path: Any) -> bool:
