@@ -27,8 +27,8 @@ from fl_lightning.checkpointing import run_directory
 from fl_lightning.cli_errors import DEBUG_ENV, RunStarted, configuration_errors
 from fl_lightning.cli_help import PlainHelpParser, requested_subcommand
 from fl_lightning.trainer import FederatedTrainer
-from fl_lightning.utils.run_names import stamp_wandb_names
 from fl_lightning.utils.metric_names import logged_test_metrics, logged_validation_metrics, monitored_metrics, require_logged
+from fl_lightning.utils.run_names import stamp_wandb_names
 
 
 class LoggerSaveConfigCallback(SaveConfigCallback):
