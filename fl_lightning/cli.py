@@ -150,8 +150,8 @@ class FederatedCLI(LightningCLI):
 
     @override
     def before_instantiate_classes(self) -> None:
-        if self.subcommand is not None:
-            stamp_wandb_names(self.config[self.subcommand].trainer.logger, datetime.now())
+        config = self.config[self.subcommand] if self.subcommand is not None else self.config  # run=False: no subcommand
+        stamp_wandb_names(config.get("trainer.logger"), datetime.now())
 
     def before_fit(self) -> None:
         self._fit_started = time.perf_counter()
