@@ -70,9 +70,11 @@ def main() -> None:
             for name, tree in trees.items():
                 runs[name].append(timed(tree, command))
         wall, cpu, own = ({name: statistics.median(t[i] for t in r) for name, r in runs.items()} for i in range(3))
+        mine = "- | - | -"
+        if command[1] == CLI:
+            mine = f"{own['before']:.2f} | {own['after']:.2f} | {own['after'] / own['before']:.2f}x"
         rows.append(
-            f"| {label} | {wall['before']:.2f} | {wall['after']:.2f} | {cpu['before']:.2f} | {cpu['after']:.2f} "
-            f"| {own['before']:.2f} | {own['after']:.2f} | {own['after'] / own['before']:.2f}x |"
+            f"| {label} | {wall['before']:.2f} | {wall['after']:.2f} | {cpu['before']:.2f} | {cpu['after']:.2f} | {mine} |"
         )
     emit(
         "\n".join(

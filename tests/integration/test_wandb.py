@@ -134,8 +134,10 @@ def test_cli_sends_the_resolved_config_to_wandb(offline_wandb, capsys):
 def test_cli_runs_of_one_config_get_their_own_names_and_config_files(offline_wandb, monkeypatch):
     overlay = offline_wandb.parent / "wandb_logger.yaml"
     init_args = {"save_dir": str(offline_wandb.parent), "offline": True, "project": "fl-test", "name": "quickstart"}
-    overlay.write_text(yaml.safe_dump({"trainer": {"logger": {"class_path": "lightning.pytorch.loggers.WandbLogger", "init_args": init_args}}}))
-    args = ["fit", "--config", QUICKSTART, "--config", str(overlay), "--trainer.max_epochs", "1", "--trainer.enable_progress_bar", "false"]
+    logger = {"class_path": "lightning.pytorch.loggers.WandbLogger", "init_args": init_args}
+    overlay.write_text(yaml.safe_dump({"trainer": {"logger": logger}}))
+    args = ["fit", "--config", QUICKSTART, "--config", str(overlay), "--trainer.max_epochs", "1"]
+    args += ["--trainer.enable_progress_bar", "false"]
     starts = iter([datetime(2026, 11, 26, 0, 45, 12), datetime(2026, 11, 26, 0, 46, 3)])
 
     class Clock(datetime):
