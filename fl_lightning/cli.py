@@ -10,7 +10,6 @@ A bad value in the configuration ends the command with one ``error: ...`` line a
 from __future__ import annotations
 
 import os
-import sys
 import time
 from datetime import datetime
 from typing import Any
@@ -25,7 +24,7 @@ from typing_extensions import override
 from fl_lightning._quiet import silence_lightning_tips
 from fl_lightning.checkpointing import run_directory
 from fl_lightning.cli_errors import DEBUG_ENV, RunStarted, configuration_errors
-from fl_lightning.cli_help import PlainHelpParser, requested_subcommand
+from fl_lightning.cli_help import PlainHelpParser
 from fl_lightning.trainer import FederatedTrainer
 from fl_lightning.utils.metric_names import logged_test_metrics, logged_validation_metrics, monitored_metrics, require_logged
 from fl_lightning.utils.run_names import stamp_wandb_names
@@ -135,18 +134,8 @@ class FederatedCLI(LightningCLI):
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         kwargs.setdefault("parser_class", PlainHelpParser)
         kwargs.setdefault("parser_kwargs", {}).setdefault("description", _DESCRIPTION)
-        command_line = kwargs.get("args")
-        command_line = sys.argv[1:] if command_line is None else command_line
-        self._only = requested_subcommand(command_line, list(super().subcommands())) if isinstance(command_line, list) else None
         self._fit_started = 0.0
         super().__init__(*args, **kwargs)
-
-    @override
-    def subcommands(self) -> dict[str, set[str]]:  # type: ignore[override]
-        """Lightning's subcommands; only the one the command line names, whose parser is the only one
-        used (building the other three would cost most of ``fit --help``'s own time)."""
-        every = super().subcommands()
-        return {self._only: every[self._only]} if self._only else every
 
     @override
     def before_instantiate_classes(self) -> None:

@@ -1,4 +1,4 @@
-"""``fl-lightning --help`` as plain text, and only the parsers it needs.
+"""``fl-lightning --help`` as plain text.
 
 The help reuses the classes' docstrings, written in Sphinx's reStructuredText for the docs; a
 terminal shows ``:class:`~fl_lightning.FedAvg``` as ``FedAvg`` and ``:math:`\\mu``` as ``\\mu``.
@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import re
 from argparse import Action
-from collections.abc import Sequence
-
 from typing import Any
 
 from jsonargparse import DefaultHelpFormatter
@@ -50,15 +48,3 @@ class PlainHelpParser(LightningArgumentParser):
 
     def __init__(self, *args: Any, formatter_class: type[DefaultHelpFormatter] = PlainHelpFormatter, **kwargs: Any) -> None:
         super().__init__(*args, formatter_class=formatter_class, **kwargs)
-
-
-def requested_subcommand(args: Sequence[str], names: Sequence[str]) -> str | None:
-    """The subcommand that the command line names (the first word that is not an option or the value of
-    ``-c``/``--config``), if it is one of ``names``."""
-    words = iter(args)
-    for word in words:
-        if word in ("-c", "--config"):
-            next(words, None)
-        elif not word.startswith("-"):
-            return word if word in names else None
-    return None

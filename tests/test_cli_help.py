@@ -1,10 +1,10 @@
-"""The CLI's help as plain text, and the subcommand a command line names."""
+"""The CLI's help as plain text."""
 
 from __future__ import annotations
 
 import pytest
 
-from fl_lightning.cli_help import plain_text, requested_subcommand
+from fl_lightning.cli_help import plain_text
 
 
 @pytest.mark.parametrize(
@@ -21,21 +21,3 @@ from fl_lightning.cli_help import plain_text, requested_subcommand
 )
 def test_sphinx_markup_becomes_plain_text(markup: str, plain: str) -> None:
     assert plain_text(markup) == plain
-
-
-NAMES = ["fit", "validate", "test", "predict"]
-
-
-@pytest.mark.parametrize(
-    ("args", "expected"),
-    [
-        (["fit", "--config", "a.yaml"], "fit"),
-        (["--config", "test", "validate"], "validate"),  # a config file called "test"
-        (["-c", "x.yaml", "test", "--help"], "test"),
-        (["--help"], None),
-        (["fitt", "--help"], None),  # a typo: every parser, so the error lists the choices
-        ([], None),
-    ],
-)
-def test_the_requested_subcommand(args: list[str], expected: str | None) -> None:
-    assert requested_subcommand(args, NAMES) == expected

@@ -107,7 +107,7 @@ class FederatedProgressBar(ProgressBar, FederatedCallback):
     @override
     def on_round_aggregated(self, trainer: pl.Trainer, pl_module: pl.LightningModule, round_idx: int, metrics: dict[str, float]) -> None:
         if self._progress is None and self._lines is None:
-            return
+            return  # disabled, or not rank 0
         if self.metrics is None:
             values = {**self.get_metrics(trainer, pl_module), **{k: v for k, v in metrics.items() if k == TRAIN_LOSS}}
         else:
@@ -118,9 +118,9 @@ class FederatedProgressBar(ProgressBar, FederatedCallback):
         if self._progress is not None:
             self._progress.update(self._rounds, advance=1, info=info)
         else:
-            self._print_line(info)
+            self._print_line(self._lines, info)
 
-    def _print_line(self, info: str) -> None:
+    def _print_line(self, console: Console, info: str) -> None:
         """``rounds <done>/<total>  <metrics>  elapsed <h:mm:ss>  eta <h:mm:ss>``, never wrapped."""
         elapsed = time.monotonic() - self._started
         total = "?" if self._total is None else str(self._total)
@@ -129,8 +129,8 @@ class FederatedProgressBar(ProgressBar, FederatedCallback):
             parts.append(f"eta {_clock(elapsed / (self._done - self._first) * (self._total - self._done))}")
         line = "  ".join(part for part in parts if part)
         # soft_wrap: a log file gets the whole line, however narrow the console thinks it is.
-        self._lines.print(line, soft_wrap=True, markup=False, highlight=False)  # type: ignore[union-attr]
-        self._lines.file.flush()  # type: ignore[union-attr]
+        console.print(line, soft_wrap=True, markup=False, highlight=False)
+        console.file.flush()
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
