@@ -1,8 +1,8 @@
 """How ``fl-lightning`` reports a bad configuration: one ``error: ...`` line and exit status 2.
 
 A value that a constructor refuses (``ValueError``/``TypeError`` raised when LightningCLI builds the
-trainer, model, data or one of their parts), or that ``fit`` refuses before its first round (a missing
-file included), is the user's configuration, not a bug: the traceback says nothing the message does not.
+trainer, model, data or one of their parts), or that ``fit`` refuses before its first client trains (a
+missing file included), is the user's configuration, not a bug: the traceback says nothing the message does not.
 Errors raised once the run has started (a bug in a ``training_step``, a diverging run) keep their
 traceback. ``FL_LIGHTNING_DEBUG=1`` keeps every traceback.
 """
@@ -17,8 +17,10 @@ from contextlib import contextmanager
 from types import FrameType
 
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
+
+from fl_lightning.algorithms.base import ClientContext
+from fl_lightning.callbacks.federated_callback import FederatedCallback
 
 #: Set to anything but ``""`` or ``"0"`` to see full tracebacks.
 DEBUG_ENV = "FL_LIGHTNING_DEBUG"
@@ -28,19 +30,26 @@ EXIT_STATUS = 2
 CONFIG_ERRORS = (ValueError, TypeError, FileNotFoundError)
 
 
-class RunStarted(Callback):
-    """Records whether the run got past its set-up: an error before that is a configuration error."""
+class RunStarted(FederatedCallback):
+    """Records whether the run got past its set-up: an error before that is a configuration error.
+
+    In ``fit`` the set-up ends when the first client starts training: the federated loop checks
+    what it can only check then (clients per round against the federation, whether the client
+    executor can run the algorithm) after Lightning's ``on_train_start``. In ``validate``, ``test``
+    and ``predict`` it ends when the evaluation starts (Lightning's sanity check is still set-up).
+    """
 
     def __init__(self) -> None:
         self.started = False
 
-    def _start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        # Lightning's sanity check runs before the federated loop checks its set-up (clients per round
-        # against the federation, the executor): it is still set-up.
+    @override
+    def on_client_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, client: ClientContext) -> None:
+        self.started = True
+
+    def _evaluation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.started = self.started or not trainer.sanity_checking
 
-    # The first round, or ``validate``/``test``/``predict``: from here on, errors come from a running model.
-    on_train_start = on_validation_start = on_test_start = on_predict_start = override(_start)
+    on_validation_start = on_test_start = on_predict_start = override(_evaluation_start)
 
 
 def debugging() -> bool:

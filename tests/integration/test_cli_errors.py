@@ -49,11 +49,15 @@ def one_line_error(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
         (["--data.init_args.partitioner.init_args.alpha", "-1"], "error: Dirichlet: alpha must be > 0, got -1.0."),
         (["--model.init_args.lr", "0"], "error: MLP: `lr` must be > 0, got 0.0."),
         (["--data.init_args.num_clients", "5000"], "error: FederatedDataModule: num_clients=5000 exceeds the 1293"),
-        # ...or by fit before the first round (after Lightning's sanity check).
+        # ...or by fit before the first client trains (after Lightning's sanity check).
         (["--trainer.clients_per_round", "50"], "error: `clients_per_round=50` is not allowed with num_clients=20"),
         (["--ckpt_path", "missing.ckpt"], "error: Checkpoint file not found: missing.ckpt"),
+        (
+            ["--trainer.client_executor", "batched", "--trainer.algorithm", "fl_lightning.FedProx"],
+            "error: client_executor='batched' runs algorithms whose local work is plain SGD from the global weights",
+        ),
     ],
-    ids=["trainer", "nested-partitioner", "model", "data", "fit-start", "missing-checkpoint"],
+    ids=["trainer", "nested-partitioner", "model", "data", "fit-start", "missing-checkpoint", "first-round"],
 )
 def test_a_bad_value_is_one_error_line(override: list[str], expected: str, capsys: pytest.CaptureFixture[str]) -> None:
     line = one_line_error(["fit", "--config", QUICKSTART, *FAST, "--trainer.logger", "false", *override], capsys)
