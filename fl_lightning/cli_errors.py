@@ -19,7 +19,7 @@ from types import FrameType
 import lightning.pytorch as pl
 from typing_extensions import override
 
-from fl_lightning.algorithms.base import ClientContext
+from fl_lightning.algorithms import ClientContext
 from fl_lightning.callbacks.federated_callback import FederatedCallback
 
 #: Set to anything but ``""`` or ``"0"`` to see full tracebacks.
