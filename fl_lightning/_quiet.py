@@ -10,8 +10,8 @@ import warnings
 
 from typing_extensions import override
 
-#: Lightning 2.6's ``_tree_flatten`` builds a ``LeafSpec``, which torch >= 2.10 deprecates; nothing
-#: in a user's code triggers it, and ``pyproject.toml`` pins Lightning below the release that fixes it.
+#: Lightning 2.6's ``_tree_flatten`` builds a ``LeafSpec``, which the torch we require (2.15) deprecates
+#: with a ``FutureWarning``; it fires inside Lightning on every fit, and nothing a user writes changes it.
 _LEAFSPEC = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
 
 #: Lightning's advertisements for its cloud products, logged (``rank_zero_info``) on every fit.
