@@ -1,5 +1,9 @@
 """fl_lightning: federated learning research as a first-class citizen of PyTorch Lightning."""
 
+from fl_lightning._quiet import silence_leafspec_warning
+
+silence_leafspec_warning()
+
 from fl_lightning.algorithms import (
     AllClients,
     Algorithm,
