@@ -29,7 +29,7 @@ Run from the repository root::
     PYTHONPATH=. python benchmarks/async_fairness.py            # default, 3 seeds (see RESULTS.md for its time)
     PYTHONPATH=. python benchmarks/async_fairness.py --quick    # ~1-2 min smoke run
     PYTHONPATH=. python benchmarks/async_fairness.py --data blobs --lr 0.05 --seeds 0 1 2 3 4
-    PYTHONPATH=. python benchmarks/async_fairness.py --train-at arrival --timing-aggregations 0   # Fig. 2's runtime (parameter staleness 0)
+    PYTHONPATH=. python benchmarks/async_fairness.py --train-at arrival --timing-aggregations 0   # Fig. 2's runtime
     PYTHONPATH=. python benchmarks/async_fairness.py --out table.md --jobs 1
 
 Runs of (a)/(b) are spread over ``--jobs`` worker processes (default: the CPU cores), each with
@@ -509,7 +509,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--local-steps", type=int, default=1, help="Q")
     parser.add_argument("--window", type=int, default=5, help="FedStaleWeight's staleness window")
-    parser.add_argument("--train-at", default="dispatch", choices=list(TRAIN_AT), help="which model a client trains on (FedBuff's train_at)")
+    parser.add_argument(
+        "--train-at", default="dispatch", choices=list(TRAIN_AT), help="which model a client trains on (FedBuff's train_at)"
+    )
     parser.add_argument("--timing-aggregations", type=int, default=1000, help="aggregations / rounds per fit of (c); 0 skips (c)")
     parser.add_argument("--timing-repeats", type=int, default=2)
     add_worker_arguments(parser)  # --jobs runs (a)/(b)

@@ -98,7 +98,10 @@ def departure_table(results: list[Any], horizon: int) -> list[str]:
     """Table 5: rounds until the exclude test loss comes down to the include one, per (alpha, beta) and tau0."""
     from fl_lightning.participation import crossing_rounds
 
-    by = {(r.spec.settings.alpha, r.spec.settings.beta, r.spec.event.round, r.spec.event.variant, r.spec.seed): r for r in results}
+    by = {
+        (r.spec.settings.alpha, r.spec.settings.beta, r.spec.event.round, r.spec.event.variant, r.spec.seed): r
+        for r in results
+    }
     seeds = sorted({r.spec.seed for r in results})
     lines = [
         "| (alpha, beta) | tau0 | rounds until exclude <= include | per seed | loss at tau0 - 1 "

@@ -375,7 +375,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--event-rounds", nargs="+", type=int, help="tau0 of the arrival / departure (default: EVENT_DEFAULTS)")
     parser.add_argument("--horizon", type=int, help="rounds run after tau0 (default: EVENT_DEFAULTS)")
     parser.add_argument(
-        "--noniid", nargs="+", type=noniid_pair, help="departure: Synthetic(alpha, beta) pairs as ALPHA,BETA (default: --alpha,--beta)"
+        "--noniid",
+        nargs="+",
+        type=noniid_pair,
+        help="departure: Synthetic(alpha, beta) pairs as ALPHA,BETA (default: --alpha,--beta)",
     )
     add_worker_arguments(parser)
     args = parser.parse_args(argv)
@@ -434,7 +437,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         specs = [RunSpec(scheme, t, seed, settings) for t in args.traces for seed in args.seeds for scheme in args.schemes]
     else:
         specs = [
-            RunSpec(EVENT_SCHEME, EVENT_TRACES, seed, replace(settings, alpha=alpha, beta=beta), Event(args.experiment, tau0, variant), args.horizon)
+            RunSpec(
+                EVENT_SCHEME,
+                EVENT_TRACES,
+                seed,
+                replace(settings, alpha=alpha, beta=beta),
+                Event(args.experiment, tau0, variant),
+                args.horizon,
+            )
             for alpha, beta in args.noniid
             for tau0 in args.event_rounds
             for seed in args.seeds

@@ -35,7 +35,9 @@ def test_crossing_rounds(shifted: list[float], kept: list[float], tau0: int, exp
     assert crossing_rounds(shifted, kept, tau0) == expected
 
 
-@pytest.mark.parametrize(("curve", "tau0", "match"), [([0.1, 0.2], 0, r"tau0 must be >= 1 .*got 0"), ([0.1, 0.2], 2, "2 rounds has no round")])
+@pytest.mark.parametrize(
+    ("curve", "tau0", "match"), [([0.1, 0.2], 0, r"tau0 must be >= 1 .*got 0"), ([0.1, 0.2], 2, "2 rounds has no round")]
+)
 def test_bad_input_is_named(curve: list[float], tau0: int, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         recovery_rounds(curve, tau0)
