@@ -46,8 +46,8 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
 from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 import lightning.pytorch as pl
 from flexible_events import EVENT_SAMPLES, EVENT_SCHEME, EVENT_TRACES, HOLDOUT, VARIANTS, Event, arrival_table, departure_table
@@ -368,7 +368,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--samples-per-client",
         type=int,
-        help="equal device sizes (p_k = 1/N) instead of the generator's lognormal ones",
+        help=f"equal device sizes (p_k = 1/N) instead of the generator's lognormal ones (events: {EVENT_SAMPLES})",
     )
     parser.add_argument("--tail", type=int, default=10, help="evaluate the global model in the last TAIL rounds")
     parser.add_argument("--event-rounds", nargs="+", type=int, help="tau0 of the arrival / departure (default: EVENT_DEFAULTS)")
