@@ -36,6 +36,7 @@ Run from the repository root::
     PYTHONPATH=. python benchmarks/async_fairness.py            # default, 3 seeds (see RESULTS.md for its time)
     PYTHONPATH=. python benchmarks/async_fairness.py --quick    # ~1-2 min smoke run
     PYTHONPATH=. python benchmarks/async_fairness.py --data blobs --lr 0.05 --seeds 0 1 2 3 4
+    PYTHONPATH=. python benchmarks/async_fairness.py --train-at arrival --timing-aggregations 0   # Fig. 2's runtime
     PYTHONPATH=. python benchmarks/async_fairness.py --out table.md --jobs 1
     PYTHONPATH=. python benchmarks/async_fairness.py --fedasync constant polynomial hinge --aggregations 600 --timing-aggregations 0
 
@@ -68,6 +69,12 @@ NUM_FAST, NUM_SLOW, BUFFER = 10, 5, 5
 FAST_LABELS, SLOW_LABELS = (4, 5, 6, 7, 8, 9), (0, 1, 2, 3)
 FAST_DELAY, SLOW_DELAY = (1.0, 2.0), (8.0, 12.0)
 # Notes, Appendix B (numpy simulation, 3,000 aggregations, seed 0): slow-group share of weight.
+# FedBuff(train_at=...): the papers' algorithm, or the runtime behind FedStaleWeight's Fig. 2 (afl-bench).
+TRAIN_AT = {
+    "dispatch": "clients train on the model they pulled at dispatch (snapshot semantics, the papers' algorithm)",
+    "arrival": "clients train on the model current at their arrival (`train_at='arrival'`, parameter staleness 0, "
+    "the runtime behind the paper's Fig. 2)",
+}
 NOTES_SHARE = {"FedBuff": 0.0695, "eq8": 0.1992, "alg1": 0.1807, "aflbench": 0.2050}
 
 
@@ -82,6 +89,7 @@ class Settings:
     batch_size: int
     local_steps: int
     window: int
+    train_at: str  # FedBuff(train_at=...): "dispatch" (the papers' algorithm) or "arrival" (Fig. 2's runtime)
 
 
 @dataclass(frozen=True)
@@ -148,17 +156,18 @@ def versions_per_aggregation(name: str) -> int:
     return BUFFER if name.startswith("FedAsync") else 1
 
 
-def paper_algorithm(name: str, window: int) -> Any:
+def paper_algorithm(name: str, window: int, train_at: str = "dispatch") -> Any:
     from fl_lightning.algorithms import FedAsync, FedBuff, FedStaleWeight, StalenessTracker
     from fl_lightning.participation import DelayGroups, UniformDelay
 
     delays = DelayGroups(sizes=[NUM_FAST, NUM_SLOW], models=[UniformDelay(*FAST_DELAY), UniformDelay(*SLOW_DELAY)])
     if name == "FedBuff":
-        return FedBuff(buffer_size=BUFFER, delays=delays)
+        return FedBuff(buffer_size=BUFFER, delays=delays, train_at=train_at)
     if name.startswith("FedAsync-"):
         staleness = name.removeprefix("FedAsync-")
-        return FedAsync(alpha=0.6, staleness=staleness, delays=delays, **FEDASYNC[staleness])  # type: ignore[arg-type]
-    return FedStaleWeight(buffer_size=BUFFER, delays=delays, variant="eq8", tracker=StalenessTracker("window", window=window))
+        return FedAsync(alpha=0.6, staleness=staleness, delays=delays, train_at=train_at, **FEDASYNC[staleness])  # type: ignore[arg-type]
+    tracker = StalenessTracker("window", window=window)
+    return FedStaleWeight(buffer_size=BUFFER, delays=delays, variant="eq8", tracker=tracker, train_at=train_at)
 
 
 def trainer_kwargs() -> dict[str, Any]:
@@ -218,7 +227,7 @@ def run_one(spec: RunSpec) -> RunResult:
     torch.manual_seed(spec.seed)
     in_features = int(x_test[0].numel())
     model = LogisticRegression(in_features=in_features, num_classes=10, lr=s.lr)
-    algorithm = paper_algorithm(spec.algorithm, s.window)
+    algorithm = paper_algorithm(spec.algorithm, s.window, s.train_at)
     recorder = Recorder()
     trainer = FederatedTrainer(
         algorithm=algorithm, local_steps=s.local_steps, max_epochs=s.aggregations * scale, seed=spec.seed, callbacks=[recorder], **trainer_kwargs()
@@ -521,8 +530,8 @@ def report(results: list[RunResult], timings: list[Timing], settings: Settings, 
          f"total wall time {wall_s:.0f} s (load average at the end {load()})."),
         "",
         (f"Set-up (paper §6.2): 15 clients, 10 fast U{FAST_DELAY} holding labels 4-9 and 5 slow U{SLOW_DELAY} holding labels "
-         f"0-3 (`LabelGroups` + `DelayGroups`), b = {BUFFER}, all clients in flight, pull policy `immediate`, snapshot "
-         f"semantics, server lr 1, FedStaleWeight `eq8` with a sliding window of {settings.window}."),
+         f"0-3 (`LabelGroups` + `DelayGroups`), b = {BUFFER}, all clients in flight, pull policy `immediate`, "
+         f"{TRAIN_AT[settings.train_at]}, server lr 1, FedStaleWeight `eq8` with a sliding window of {settings.window}."),
         "",
         *shares_table(results, settings),
         "",
@@ -557,6 +566,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--local-steps", type=int, default=1, help="Q")
     parser.add_argument("--window", type=int, default=5, help="FedStaleWeight's staleness window")
     parser.add_argument("--fedasync", nargs="*", default=[], choices=sorted(FEDASYNC), help="(d): FedAsync with these staleness functions")
+    parser.add_argument(
+        "--train-at", default="dispatch", choices=list(TRAIN_AT), help="which model a client trains on (FedBuff's train_at)"
+    )
     parser.add_argument("--timing-aggregations", type=int, default=1000, help="aggregations / rounds per fit of (c); 0 skips (c)")
     parser.add_argument("--timing-repeats", type=int, default=2)
     add_worker_arguments(parser)  # --jobs runs (a)/(b)
@@ -589,6 +601,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         batch_size=args.batch_size,
         local_steps=args.local_steps,
         window=args.window,
+        train_at=args.train_at,
     )
     names = [*ALGORITHMS, *(f"FedAsync-{staleness}" for staleness in args.fedasync)]
     specs = [RunSpec(name, seed, settings) for seed in args.seeds for name in names]
