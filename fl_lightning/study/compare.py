@@ -117,9 +117,11 @@ def run_study(spec: StudySpec, *, report_only: bool = False, console: Console | 
         if record.status != DONE:
             error = result.refused.get(run.name) or record.error or "not run yet"
             log = f" (log: {run.log_file})" if record.status == FAILED else ""
-            console.print(f"[red]{record.arm} seed {record.seed} {record.status}[/red]: {escape(error)}{log}")
+            console.print(f"[red]{record.arm} seed {record.seed} {record.status}[/red]: {escape(error)}{log}", soft_wrap=True)
+    # Lines that end in paths are not folded (soft_wrap), so a path copied from a narrow log file stays whole.
     console.print(
-        f"Tables: {result.summary_markdown}, {result.summary_csv}" + (f"; plots: {study_dir / 'plots'}" if result.plots else "")
+        f"Tables: {result.summary_markdown}, {result.summary_csv}" + (f"; plots: {study_dir / 'plots'}" if result.plots else ""),
+        soft_wrap=True,
     )
     return result
 
@@ -173,7 +175,7 @@ def _check_configs(spec: StudySpec, todo: list[Run], result: StudyResult, consol
 def _execute(spec: StudySpec, launcher: Launcher, todo: list[Run], result: StudyResult, console: Console) -> None:
     if not todo:
         return
-    console.print(f"{spec.name}: running {len(todo)} run(s), {launcher.workers} at a time; logs in {spec.study_dir / 'runs'}.")
+    console.print(f"{spec.name}: running {len(todo)} run(s), {launcher.workers} at a time; logs in {spec.study_dir / 'runs'}.", soft_wrap=True)
     finished = 0
 
     def on_done(run: Run, state: RunState) -> None:
