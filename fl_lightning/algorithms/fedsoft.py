@@ -18,6 +18,7 @@ from fl_lightning.algorithms.client_state import (
     optimizer_state_to_cpu,
 )
 from fl_lightning.algorithms.clustered import ClusteredAlgorithm
+from fl_lightning.algorithms.combinable import Combine
 from fl_lightning.algorithms.clustering import (
     aggregation_weights,
     average_states,
@@ -192,6 +193,20 @@ class FedSoft(ClusteredAlgorithm):
         return super().client_update(client, module, model)  # uploads the local model, not a delta
 
     def aggregate(self, round_idx: int, global_state: State, updates: list[ClientUpdate]) -> dict[str, float]:
+        return self.aggregate_with(round_idx, global_state, updates, average_states)
+
+    @property
+    def combinable(self) -> bool:
+        """Yes: each centre's members form a group (:class:`~fl_lightning.algorithms.combinable.SupportsCombine`)."""
+        return True
+
+    def combine_group(self) -> tuple[str, int]:
+        """:math:`K`, the clients drawn per cluster."""
+        return "clients_per_cluster", self.clients_per_cluster
+
+    def aggregate_with(self, round_idx: int, global_state: State, updates: list[ClientUpdate], combine: Combine) -> dict[str, float]:
+        """Line 18 with ``combine`` of each centre's members' models in place of their uniform average
+        (:func:`average_states`); a centre none of whose clients reported keeps its value."""
         models = {u.client_id: u.payload for u in updates}
         for cid, model in models.items():
             self.clients.models[cid] = model
@@ -201,7 +216,7 @@ class FedSoft(ClusteredAlgorithm):
         centres = []
         for s, sel in enumerate(self.selection_history[round_idx]):
             members = [models[c] for c in sel if c in models]
-            centres.append(average_states(members) if members else self.centres[s])
+            centres.append(combine(members) if members else self.centres[s])
         self.set_centres(centres, global_state)
         return {**self._round_metrics, "client_state_mib": self.clients.nbytes() / 2**20}
 

@@ -11,7 +11,7 @@ import torch
 from typing_extensions import override
 
 from fl_lightning.algorithms.base import Algorithm, ClientContext, ClientUpdate
-from fl_lightning.algorithms.wrapper import AlgorithmWrapper
+from fl_lightning.algorithms.wrapper import AlgorithmWrapper, uploads_plain_delta
 from fl_lightning.federation import Federation
 from fl_lightning.model_state import State
 from fl_lightning.robust.attacks import Attack
@@ -66,7 +66,9 @@ class Byzantine(AlgorithmWrapper):
     Args:
         attack: e.g. ``SignFlip()``, ``ScaledUpdate(scale=10)``, ``GaussianUpdate(std=1)``, ``LabelFlip(num_classes=10)``.
         fraction: share of the federation that is malicious, in [0, 1).
-        algorithm: the synchronous algorithm the honest clients run (default :class:`FedAvg`).
+        algorithm: the synchronous algorithm the honest clients run (default :class:`FedAvg`). Model poisoning
+            needs an upload computed from the delta (:func:`~fl_lightning.algorithms.wrapper.uploads_plain_delta`);
+            over FedMRN, FedSoft and codecs only data poisoning (``LabelFlip``) is accepted.
     """
 
     malicious: frozenset[int]
@@ -80,6 +82,12 @@ class Byzantine(AlgorithmWrapper):
         super().__init__(algorithm)
         if self.inner.asynchronous:
             raise ValueError(f"Byzantine wraps synchronous algorithms; {type(self.inner).__name__} is asynchronous.")
+        if attack.poisons_update and not uploads_plain_delta(self.inner):
+            raise ValueError(
+                f"{type(attack).__name__} poisons the client's delta, but {type(self.inner).__name__} uploads something "
+                "else (a model, masks, a codec's payload) that the poisoned delta would not reach; use a data-poisoning "
+                "attack (LabelFlip) with it."
+            )
 
     @override
     def setup(self, federation: Federation) -> None:
