@@ -47,6 +47,11 @@ class AlgorithmWrapper(Algorithm):
     def uploads_deltas(self) -> bool:
         return self.inner.uploads_deltas
 
+    @property
+    @override
+    def gathers_updates(self) -> bool:
+        return self.inner.gathers_updates
+
     @override
     def decode_update(self, update: ClientUpdate) -> ClientUpdate:
         return self.inner.decode_update(update)

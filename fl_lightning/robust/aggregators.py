@@ -11,6 +11,7 @@ from typing_extensions import override
 from fl_lightning.algorithms.aggregation import accumulator_dtype
 from fl_lightning.algorithms.base import Algorithm, ClientUpdate
 from fl_lightning.algorithms.combinable import aggregate_with, can_combine, combine_group
+from fl_lightning.algorithms.summable import can_shard
 from fl_lightning.algorithms.wrapper import AlgorithmWrapper
 from fl_lightning.federation import Federation
 from fl_lightning.model_state import State
@@ -25,7 +26,8 @@ class RobustAggregation(AlgorithmWrapper, ABC):
     for a weighted-sum algorithm (FedAvg, FedProx, their server optimizers), FedMRN's decoded masked-noise
     updates, the members' models of each of FedSoft's centres. Everything else (client selection,
     client-side hooks, decoding, evaluation) is the wrapped algorithm's. The statistic needs every
-    update of a group at once, so the clients of a round cannot be sharded over processes. Norm
+    update of a group at once: over a weighted sum, clients shard over processes by gathering the
+    round's decoded updates to every rank (:attr:`gathers_updates`), which all apply the rule. Norm
     bounding, the other defence, is the trainer's ``update_bound`` (:class:`~fl_lightning.NormClip`,
     :class:`~fl_lightning.MedianNormFilter`), which composes with these.
 
@@ -67,6 +69,12 @@ class RobustAggregation(AlgorithmWrapper, ABC):
     def summable(self) -> bool:
         """Never: the statistic needs every update of the round at once."""
         return False
+
+    @property
+    @override
+    def gathers_updates(self) -> bool:
+        """Over a weighted sum, clients shard over processes and every rank applies the rule to the gathered updates."""
+        return can_shard(self.inner)
 
     @staticmethod
     def _unflatten(vector: Tensor, like: State, names: list[str]) -> State:

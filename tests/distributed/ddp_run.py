@@ -18,6 +18,7 @@ from fl_lightning import AdaptiveClipping, DPFedAvg, FedALIGN, FedAvg, Federated
 from fl_lightning.data import Digits, Dirichlet, FederatedDataModule
 from fl_lightning.distributed import FederatedDDPStrategy
 from fl_lightning.models import MLP
+from fl_lightning.robust import Byzantine, CoordinateMedian, Krum, SignFlip
 
 
 ALGORITHMS = {
@@ -28,6 +29,13 @@ ALGORITHMS = {
     # Clips some clients, adapts the clip norm from the all-reduced count, adds the server's noise once.
     "dpfedavg": lambda: DPFedAvg(
         noise_multiplier=0.5, clip_norm=0.5, adaptive_clipping=AdaptiveClipping(count_noise_std=1.0), algorithm=FedProx(mu=0.1)
+    ),
+    # Robust rules need every update: the ranks gather the round's decoded updates and each applies the rule.
+    "median": lambda: CoordinateMedian(algorithm=FedProx(mu=0.1)),
+    "krum": lambda: Byzantine(
+        attack=SignFlip(scale=3.0),
+        fraction=0.25,
+        algorithm=Krum(num_byzantine=1, num_selected=2, algorithm=FedAvg(server_optimizer=ServerSGD(lr=1.0, momentum=0.9))),
     ),
 }
 
