@@ -12,7 +12,8 @@ from typing_extensions import override
 from fl_lightning.algorithms.aggregation import weighted_sum
 from fl_lightning.algorithms.base import Algorithm, ClientUpdate
 from fl_lightning.algorithms.fedavg import FedAvg
-from fl_lightning.algorithms.summable import SupportsWeightedSum
+from fl_lightning.algorithms.compressed import CompressedFedAvg
+from fl_lightning.algorithms.summable import can_shard
 from fl_lightning.algorithms.wrapper import AlgorithmWrapper
 from fl_lightning.federation import Federation
 from fl_lightning.model_state import State
@@ -57,8 +58,9 @@ class DPFedAvg(AlgorithmWrapper):
         sampling: ``"fixed"`` or ``"poisson"``.
         adaptive_clipping: adapts :math:`C` to a quantile of the update norms (Andrew et al. 2021).
         algorithm: the wrapped algorithm (default ``FedAvg(weighting="uniform")``); it must sum its
-            clients' deltas (:class:`~fl_lightning.SummableAggregation`) and use the default uniform
-            client selection.
+            clients' deltas (:class:`~fl_lightning.SummableAggregation`), or average its decoded deltas
+            (FedMRN: each decoded masked-noise update :math:`G(s_k)\odot m_k` is what is clipped; no
+            sharding then), and use the default uniform client selection.
     """
 
     summary_metrics: ClassVar[dict[str, str]] = {"dp_epsilon": "final"}
@@ -93,10 +95,17 @@ class DPFedAvg(AlgorithmWrapper):
     @staticmethod
     def _check_inner(inner: Algorithm) -> None:
         name = type(inner).__name__
-        if not (isinstance(inner, SupportsWeightedSum) and inner.summable) or inner.asynchronous:
+        if not inner.uploads_deltas:
+            raise ValueError(
+                f"DPFedAvg clips client deltas, but {name}'s uploads are not deltas (a whole model, or masks sampled "
+                "from one): clipping them would not bound a client's influence on what is released; FedSoft also "
+                "selects clients by their unnoised importance estimates, which no noise on the centres covers."
+            )
+        if not (can_shard(inner) or _averages_decoded_deltas(inner)):
             raise ValueError(
                 f"DPFedAvg needs a synchronous algorithm whose aggregation is a sum of client deltas "
-                f"(SummableAggregation: FedAvg, FedProx, their server optimizers); {name} is not."
+                f"(SummableAggregation: FedAvg, FedProx, their server optimizers) or a compressed FedAvg that "
+                f"averages decoded deltas (FedMRN's masked noise, FedAvgSM); {name} is not."
             )
         if type(inner).select_clients is not Algorithm.select_clients:
             raise ValueError(f"DPFedAvg's accounting assumes uniform client sampling, but {name} selects its own clients.")
@@ -122,8 +131,8 @@ class DPFedAvg(AlgorithmWrapper):
     @property
     @override
     def summable(self) -> bool:
-        """Always: the clipped sum shards over processes (the noise is added after the all-reduce)."""
-        return True
+        """Over a weighted sum: the clipped sum shards over processes (the noise is added after the all-reduce)."""
+        return can_shard(self.inner)
 
     @property
     def budget_left(self) -> bool:
@@ -209,3 +218,9 @@ class DPFedAvg(AlgorithmWrapper):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.clip_norm, self.rounds_spent = float(state["clip_norm"]), int(state["rounds_spent"])
+
+
+def _averages_decoded_deltas(algorithm: Algorithm) -> bool:
+    """A compressed FedAvg that averages its decoded deltas (FedMRN's masked noise, FedAvgSM): its server step
+    takes the noised sum of the clipped *decoded* updates, which are what the server aggregates."""
+    return isinstance(algorithm, CompressedFedAvg) and algorithm.combinable
