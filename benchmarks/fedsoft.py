@@ -45,12 +45,12 @@ from harness import QUIET_TRAINER, QUIET_VALIDATING
 from reporting import emit  # benchmarks/ is on sys.path when run as a script
 
 from fl_lightning import IFCA, FedAvg, FederatedTrainer, FedSoft
-from fl_lightning.algorithms.clustered import (
+from fl_lightning.algorithms.shared.clustered_algorithm import (
     personal_metrics,
     source_metrics,
     true_importance,
 )
-from fl_lightning.algorithms.clustering import importance_weights, match_clusters
+from fl_lightning.algorithms.shared.cluster_math import importance_weights, match_clusters
 from fl_lightning.data import (
     Digits,
     FederatedDataModule,

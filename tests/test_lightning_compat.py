@@ -27,18 +27,11 @@ from fl_lightning import FederatedTrainer
 from fl_lightning import _lightning_compat as compat
 from fl_lightning.data import FederatedDataModule, InMemoryDataset, client_batches
 from fl_lightning.models import LogisticRegression
+from tests.quiet import QUIET
 from tests.recording_logger import RecordingLogger
 
 REVIEW = "review fl_lightning/_lightning_compat.py against this Lightning release"
 
-QUIET: dict[str, Any] = {
-    "accelerator": "cpu",
-    "logger": False,
-    "enable_checkpointing": False,
-    "enable_progress_bar": False,
-    "enable_model_summary": False,
-    "num_sanity_val_steps": 0,
-}
 
 
 def _params(fn: Any) -> list[str]:

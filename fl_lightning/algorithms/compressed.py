@@ -7,10 +7,10 @@ from typing import Literal
 
 import lightning.pytorch as pl
 
-from fl_lightning.algorithms.base import ClientContext, ClientUpdate
-from fl_lightning.algorithms.combinable import Combine, apply_combined
+from fl_lightning.algorithms.shared.base import ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.combinable import Combine, apply_combined
 from fl_lightning.algorithms.fedavg import FedAvg
-from fl_lightning.algorithms.server_optimizers import ServerOptimizer
+from fl_lightning.algorithms.shared.server_optimizers import ServerOptimizer
 from fl_lightning.compression.base import Codec, UpdateCodec
 from fl_lightning.compression.wire import Layout, as_wire, device_generator, from_wire
 from fl_lightning.federation import Federation
@@ -100,7 +100,7 @@ class CompressedFedAvg(FedAvg):
     @property
     def combinable(self) -> bool:
         """Whether the decoded updates are averaged as deltas (:meth:`aggregate_decoded` not overridden),
-        so a robust rule may replace the average (:class:`~fl_lightning.algorithms.combinable.SupportsCombine`)."""
+        so a robust rule may replace the average (:class:`~fl_lightning.algorithms.shared.combinable.SupportsCombine`)."""
         return type(self).aggregate_decoded is CompressedFedAvg.aggregate_decoded
 
     def combine_group(self) -> tuple[str, int]:

@@ -13,11 +13,11 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 
-from fl_lightning.algorithms.base import Algorithm, ClientContext, ClientUpdate
-from fl_lightning.algorithms.epsilon_schedules import ConstantEpsilon, EpsilonSchedule
+from fl_lightning.algorithms.shared.base import Algorithm, ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.epsilon_schedules import ConstantEpsilon, EpsilonSchedule
 from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.algorithms.local_only import check_client_ids, holdout_metrics
-from fl_lightning.algorithms.summable import SupportsWeightedSum
+from fl_lightning.algorithms.shared.summable import SupportsWeightedSum
 from fl_lightning.federation import Federation
 from fl_lightning.model_state import State
 from fl_lightning.probe import probe, sample_metrics
@@ -74,7 +74,7 @@ class FedALIGN(Algorithm):
     Args:
         priority: priority client ids, or a count (the first ``n`` ids), or ``None`` to read
             ``priority_clients`` from the data module or its training set.
-        epsilon: :math:`\epsilon` or a schedule (:mod:`~fl_lightning.algorithms.epsilon_schedules`).
+        epsilon: :math:`\epsilon` or a schedule (:mod:`~fl_lightning.algorithms.shared.epsilon_schedules`).
         algorithm: the aggregation algorithm wrapped (default :class:`FedAvg`).
         warmup_fraction: fraction of rounds in ``[0, 1)`` with priority clients only.
         strict: ``<`` instead of ``<=``.
@@ -119,7 +119,6 @@ class FedALIGN(Algorithm):
         self.evaluate_clients_spec = None if evaluate_clients is None else list(evaluate_clients)
         #: Accepted non-priority clients of each round.
         self.accepted_history: list[list[int]] = []
-        self._round_metrics: dict[str, float] = {}
 
     def setup(self, federation: Federation) -> None:
         super().setup(federation)
@@ -189,12 +188,12 @@ class FedALIGN(Algorithm):
                 accepted = [c for c in candidates if self.admits(round_idx, float("nan"), global_loss)]
         del self.accepted_history[round_idx:]
         self.accepted_history.append(accepted)
-        self._round_metrics = {
+        self.federation.services.report_round_metrics({
             "priority_loss": global_loss,
             "epsilon": self.epsilon(round_idx),
             "accepted_nonpriority": float(len(accepted)),
             "theta": float(1.0 / (1.0 + self.p[accepted].sum())),
-        }
+        })
         return sorted(priority + accepted)
 
     def configure_client(self, client: ClientContext, module: pl.LightningModule, global_state: State) -> None:
@@ -211,7 +210,7 @@ class FedALIGN(Algorithm):
         return self.inner.decode_update(update)
 
     def aggregate(self, round_idx: int, global_state: State, updates: list[ClientUpdate]) -> dict[str, float]:
-        return {**self.inner.aggregate(round_idx, global_state, updates), **self._round_metrics}
+        return self.inner.aggregate(round_idx, global_state, updates)
 
     # Client sharding over processes (docs/distributed.md): the selection is computed identically
     # on every rank, so FedALIGN shards whenever the wrapped aggregation does.
@@ -226,7 +225,7 @@ class FedALIGN(Algorithm):
 
     def apply_weighted_sum(self, round_idx: int, global_state: State, total: State, weight: float) -> dict[str, float]:
         assert isinstance(self.inner, SupportsWeightedSum)
-        return {**self.inner.apply_weighted_sum(round_idx, global_state, total, weight), **self._round_metrics}
+        return self.inner.apply_weighted_sum(round_idx, global_state, total, weight)
 
     def evaluate(self, round_idx: int, module: pl.LightningModule) -> dict[str, float]:
         data = self.federation.data

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from typing_extensions import override
 
-from fl_lightning.algorithms.base import ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.base import ClientContext, ClientUpdate
 from fl_lightning.callbacks.federated_callback import FederatedCallback
 from fl_lightning.distributed.sharding import shard
 

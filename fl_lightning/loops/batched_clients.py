@@ -25,7 +25,7 @@ from torch.func import functional_call, grad_and_value, vmap
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
 from fl_lightning import _lightning_compat as compat
-from fl_lightning.algorithms.base import Algorithm, ClientUpdate
+from fl_lightning.algorithms.shared.base import Algorithm, ClientUpdate
 from fl_lightning.callbacks.federated_callback import call_federated_hook
 from fl_lightning.model_state import compute_delta, load_into
 

@@ -14,8 +14,8 @@ from typing_extensions import override
 
 import lightning.pytorch as pl
 from fl_lightning import _lightning_compat as compat
-from fl_lightning.algorithms.base import TRAINING_METRICS, Algorithm, ClientContext, ClientUpdate
-from fl_lightning.algorithms.summable import SupportsWeightedSum, can_shard
+from fl_lightning.algorithms.shared.base import TRAINING_METRICS, Algorithm, ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.summable import SupportsWeightedSum, can_shard
 from fl_lightning.callbacks.client_loss import ClientLossRecorder
 from fl_lightning.callbacks.federated_callback import call_federated_hook
 from fl_lightning.checkpoint_io import CheckpointError, validate_federated_state
@@ -27,6 +27,7 @@ from fl_lightning.loops.batched_clients import train_clients_batched
 from fl_lightning.loops.executor_choice import auto_choice_after_first_client, auto_choice_before_fit
 from fl_lightning.loops.guards import aggregate_or_roll_back, apply_bound, bound_updates, decode_and_screen
 from fl_lightning.loops.round_log import log_round
+from fl_lightning.loops.services import LoopServices
 from fl_lightning.model_state import State, compute_delta, live_tensors, load_into, snapshot
 from fl_lightning.update_bounds import UpdateBound, update_norm
 from fl_lightning.utils.init_args import RecordsInitArgs, flat_hparams
@@ -185,6 +186,7 @@ class FederatedFitLoop(compat.FitLoopBase):
             local_epochs=self.local_epochs,
             local_steps=self.local_steps,
             num_rounds=self.max_epochs if self.max_epochs is not None and self.max_epochs >= 0 else None,
+            services=LoopServices(self),
         )
         # Checked before the algorithm's set-up, whose own errors a changed federation could trigger.
         self._fingerprint = federation_fingerprint(
@@ -362,6 +364,7 @@ class FederatedFitLoop(compat.FitLoopBase):
             "rejected_clients": float(rejected),
             "rolled_back": float(rolled_back),
             **metrics,
+            **self.federation.services.pop_round_metrics(),
         }
 
     def end_round(

@@ -8,11 +8,11 @@ import torch
 from torch import Tensor
 from typing_extensions import override
 
-from fl_lightning.algorithms.aggregation import accumulator_dtype
-from fl_lightning.algorithms.base import Algorithm, ClientUpdate
-from fl_lightning.algorithms.combinable import aggregate_with, can_combine, combine_group
-from fl_lightning.algorithms.summable import can_shard
-from fl_lightning.algorithms.wrapper import AlgorithmWrapper
+from fl_lightning.algorithms.shared.aggregation import accumulator_dtype
+from fl_lightning.algorithms.shared.base import Algorithm, ClientUpdate
+from fl_lightning.algorithms.shared.combinable import aggregate_with, can_combine, combine_group
+from fl_lightning.algorithms.shared.summable import can_shard
+from fl_lightning.algorithms.shared.wrapper import AlgorithmWrapper
 from fl_lightning.federation import Federation
 from fl_lightning.model_state import State
 from fl_lightning.robust import rules
@@ -22,7 +22,7 @@ class RobustAggregation(AlgorithmWrapper, ABC):
     """Replaces the wrapped algorithm's average of each group of decoded updates by a robust statistic
     (:meth:`combine`) of the flattened updates, then lets it take its server step (its server optimizer).
 
-    The groups are the wrapped algorithm's (:mod:`fl_lightning.algorithms.combinable`): a round's deltas
+    The groups are the wrapped algorithm's (:mod:`fl_lightning.algorithms.shared.combinable`): a round's deltas
     for a weighted-sum algorithm (FedAvg, FedProx, their server optimizers), FedMRN's decoded masked-noise
     updates, the members' models of each of FedSoft's centres. Everything else (client selection,
     client-side hooks, decoding, evaluation) is the wrapped algorithm's. The statistic needs every

@@ -10,8 +10,9 @@ import lightning.pytorch as pl
 import torch
 from typing_extensions import override
 
-from fl_lightning.algorithms.base import Algorithm, ClientContext, ClientUpdate
-from fl_lightning.algorithms.wrapper import AlgorithmWrapper, uploads_plain_delta
+from fl_lightning.algorithms.shared.base import Algorithm, ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.wrapper import AlgorithmWrapper
+from fl_lightning.privacy.local_dp import uploads_plain_delta
 from fl_lightning.federation import Federation
 from fl_lightning.model_state import State
 from fl_lightning.robust.attacks import Attack
@@ -67,7 +68,7 @@ class Byzantine(AlgorithmWrapper):
         attack: e.g. ``SignFlip()``, ``ScaledUpdate(scale=10)``, ``GaussianUpdate(std=1)``, ``LabelFlip(num_classes=10)``.
         fraction: share of the federation that is malicious, in [0, 1).
         algorithm: the synchronous algorithm the honest clients run (default :class:`FedAvg`). Model poisoning
-            needs an upload computed from the delta (:func:`~fl_lightning.algorithms.wrapper.uploads_plain_delta`);
+            needs an upload computed from the delta (:func:`~fl_lightning.privacy.local_dp.uploads_plain_delta`);
             over FedMRN, FedSoft and codecs only data poisoning (``LabelFlip``) is accepted.
     """
 

@@ -9,7 +9,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from fl_lightning import FedAvg, FederatedTrainer
-from fl_lightning.algorithms.epsilon_schedules import ConstantEpsilon, LinearEpsilon, StepEpsilon
+from fl_lightning.algorithms.shared.epsilon_schedules import ConstantEpsilon, LinearEpsilon, StepEpsilon
 from fl_lightning.algorithms.fedalign import AllClients, FedALIGN, PriorityOnly, alignment_decision
 from fl_lightning.models import MLP
 

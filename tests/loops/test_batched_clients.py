@@ -10,8 +10,8 @@ import torch
 from torch import Tensor
 
 from fl_lightning import FedAvg, FedBuff, FedProx
-from fl_lightning.algorithms.base import ClientContext, ClientUpdate
-from fl_lightning.algorithms.server_optimizers import ServerSGD
+from fl_lightning.algorithms.shared.base import ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.server_optimizers import ServerSGD
 from fl_lightning.callbacks.federated_callback import FederatedCallback
 from fl_lightning.data import Dirichlet, FederatedDataModule, InMemoryDataset
 from fl_lightning.loops.batched_clients import flatten_stream, group_clients, signature

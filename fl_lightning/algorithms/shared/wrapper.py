@@ -7,10 +7,9 @@ from typing import Any
 import lightning.pytorch as pl
 from typing_extensions import override
 
-from fl_lightning.algorithms.base import Algorithm, ClientContext, ClientUpdate
-from fl_lightning.algorithms.fedalign import FedALIGN
+from fl_lightning.algorithms.shared.base import Algorithm, ClientContext, ClientUpdate
 from fl_lightning.algorithms.fedavg import FedAvg
-from fl_lightning.algorithms.summable import SupportsWeightedSum
+from fl_lightning.algorithms.shared.summable import SupportsWeightedSum
 from fl_lightning.federation import Federation
 from fl_lightning.model_state import State
 
@@ -88,14 +87,3 @@ class AlgorithmWrapper(Algorithm):
     @override
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.inner.load_state_dict(state["inner"])
-
-
-def uploads_plain_delta(algorithm: Algorithm) -> bool:
-    """Whether the algorithm's upload is computed from the delta alone (the default ``client_update``,
-    or a wrapper that forwards it), so a change to the delta (local DP's noise, an attack) reaches everything
-    the client sends."""
-    method = type(algorithm).client_update
-    if method is Algorithm.client_update:
-        return True
-    forwards = method in (AlgorithmWrapper.client_update, FedALIGN.client_update)
-    return forwards and uploads_plain_delta(algorithm.inner)  # type: ignore[attr-defined]
