@@ -41,6 +41,11 @@ class AlgorithmWrapper(Algorithm):
     def client_update(self, client: ClientContext, module: pl.LightningModule, delta: State) -> ClientUpdate:
         return self.inner.client_update(client, module, delta)
 
+    @property  # type: ignore[misc]  # a class constant of Algorithm, the wrapped algorithm's here
+    def asynchronous(self) -> bool:  # type: ignore[override]
+        """Whether the wrapped algorithm runs on the asynchronous loop (which then reads its settings)."""
+        return self.inner.asynchronous
+
     @property
     @override
     def uploads_deltas(self) -> bool:
