@@ -161,13 +161,8 @@ class DPFedAvg(AlgorithmWrapper):
         r""":math:`(\sum_k \hat\Delta_k, \sum_k b_k)`: the clipped deltas' sum (integer tensors zeroed) and
         the number of updates that fit unclipped, :math:`b_k = \mathbb 1[\lVert\Delta_k\rVert \le C]`,
         the one per-client scalar the server step reads (Andrew et al. 2021's clipped count)."""
-        norms = [update_norm(u.payload) for u in updates]
-        scales = [min(1.0, self.clip_norm / norm) if norm > 0 else 1.0 for norm in norms]
-        total = weighted_sum([u.payload for u in updates], scales)
-        for name, value in updates[0].payload.items():
-            if not value.is_floating_point():
-                total[name].zero_()
-        return total, float(sum(norm <= self.clip_norm for norm in norms))
+        total, unclipped = clipped_sum([u.payload for u in updates], self.clip_norm)
+        return total, float(unclipped)
 
     @override
     def apply_weighted_sum(self, round_idx: int, global_state: State, total: State, weight: float) -> dict[str, float]:
@@ -176,11 +171,8 @@ class DPFedAvg(AlgorithmWrapper):
         clip_norm, expected = self.clip_norm, float(self.federation.clients_per_round)
         multiplier = self.update_noise_multiplier()
         noise_std = multiplier * clip_norm if multiplier > 0 else 0.0  # no noise stays 0 with C = inf
-        generator = self.federation.generator("dp_noise", round_idx)
-        for name, target in global_state.items():  # the state's order: the same draws on every rank
-            if noise_std > 0 and name in total and target.is_floating_point():
-                noise = torch.randn(total[name].shape, generator=generator, dtype=torch.float64)
-                total[name].add_(noise.mul_(noise_std).to(total[name]))
+        released = [name for name, target in global_state.items() if target.is_floating_point()]  # the same draws on every rank
+        add_noise(total, released, noise_std, self.federation.generator("dp_noise", round_idx))
         metrics = self.inner.apply_weighted_sum(round_idx, global_state, total, expected)
         self.rounds_spent += 1
         metrics.update(dp_epsilon=self.accountant.epsilon(self.rounds_spent), dp_clip_norm=clip_norm, dp_noise_std=noise_std)
@@ -224,3 +216,23 @@ def _averages_decoded_deltas(algorithm: Algorithm) -> bool:
     """A compressed FedAvg that averages its decoded deltas (FedMRN's masked noise, FedAvgSM): its server step
     takes the noised sum of the clipped *decoded* updates, which are what the server aggregates."""
     return isinstance(algorithm, CompressedFedAvg) and algorithm.combinable
+
+
+def clipped_sum(payloads: list[State], clip_norm: float) -> tuple[State, int]:
+    r""":math:`\sum_k \Delta_k \min(1, C/\lVert\Delta_k\rVert)` (integer tensors zeroed: not released) and the
+    number of payloads that fit unclipped, :math:`\sum_k \mathbb 1[\lVert\Delta_k\rVert \le C]`."""
+    norms = [update_norm(p) for p in payloads]
+    total = weighted_sum(payloads, [min(1.0, clip_norm / norm) if norm > 0 else 1.0 for norm in norms])
+    for name, value in payloads[0].items():
+        if not value.is_floating_point():
+            total[name].zero_()
+    return total, sum(norm <= clip_norm for norm in norms)
+
+
+def add_noise(total: State, names: list[str], std: float, generator: torch.Generator) -> None:
+    """Adds :math:`\mathcal N(0, \mathrm{std}^2)` to ``total[name]`` in place, for the ``names`` it holds, in their
+    order (so the draws are reproducible); nothing when ``std`` is 0."""
+    for name in names:
+        if std > 0 and name in total:
+            noise = torch.randn(total[name].shape, generator=generator, dtype=torch.float64)
+            total[name].add_(noise.mul_(std).to(total[name]))
