@@ -219,7 +219,7 @@ class AsyncFitLoop(FederatedFitLoop):
 
 
 def async_core(algorithm: Algorithm) -> AsyncAlgorithm | None:
-    """The :class:`AsyncAlgorithm` that ``algorithm`` is or wraps (through :class:`AlgorithmWrapper`\ s), else ``None``.
+    """The :class:`AsyncAlgorithm` that ``algorithm`` is or wraps (through any :class:`AlgorithmWrapper`), else ``None``.
 
     The loop calls every hook on ``algorithm`` itself, so a wrapper changes what it overrides
     (an attack, a robust rule over each buffer) and the simulation reads the wrapped settings."""

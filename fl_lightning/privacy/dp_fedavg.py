@@ -230,7 +230,7 @@ def clipped_sum(payloads: list[State], clip_norm: float) -> tuple[State, int]:
 
 
 def add_noise(total: State, names: list[str], std: float, generator: torch.Generator) -> None:
-    """Adds :math:`\mathcal N(0, \mathrm{std}^2)` to ``total[name]`` in place, for the ``names`` it holds, in their
+    r"""Adds :math:`\mathcal N(0, \mathrm{std}^2)` to ``total[name]`` in place, for the ``names`` it holds, in their
     order (so the draws are reproducible); nothing when ``std`` is 0."""
     for name in names:
         if std > 0 and name in total:
