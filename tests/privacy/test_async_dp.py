@@ -1,4 +1,5 @@
-"""DP over asynchronous buffers: one clipped update per client, the noise's std, ε of composed Gaussians."""
+"""DP in asynchronous runs: DPFedBuff (one clipped update per client, the noise's std, ε of composed
+Gaussians) and LocalDP (ε of the most uploads of any client)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 
 from fl_lightning import FedAsync, FedAvg, FedBuff, FedStaleWeight
 from fl_lightning.participation.speed import ConstantDelay
-from fl_lightning.privacy import DPFedBuff
+from fl_lightning.privacy import DPFedBuff, LocalDP
 from tests.algorithms.quadratic import CENTRES, Quadratic, quadratic_data, quadratic_trainer
 from tests.privacy.conftest import global_state, make_federation, updates_with_norms
 
@@ -73,6 +74,15 @@ def test_a_fast_client_s_repeats_are_dropped_in_a_fit_and_epsilon_is_logged():
     metrics = trainer.callback_metrics
     assert metrics["round/dp_repeats_dropped"] == 2.0 and metrics["round/aggregated_clients"] == 3.0
     assert float(metrics["round/dp_epsilon"]) == pytest.approx(_epsilon(1.0, 2, 1e-5), rel=1e-6)
+
+
+def test_local_dp_in_an_async_run_accounts_the_most_uploads_of_any_client():
+    fedbuff = FedBuff(buffer_size=3, delays=ConstantDelay([1.0, 10.0, 10.0, 10.0]))
+    algorithm = LocalDP(noise_multiplier=2.0, clip_norm=1.0, delta=1e-5, algorithm=fedbuff)
+    trainer = quadratic_trainer(max_epochs=3, algorithm=algorithm, local_steps=1)
+    trainer.fit(Quadratic(), datamodule=quadratic_data(CENTRES))
+    assert algorithm.uploads == {0: 9}  # client 0 arrives at t = 1, ..., 9: three buffers; the others at t = 10
+    assert float(trainer.callback_metrics["round/local_dp_epsilon"]) == pytest.approx(_epsilon(1.0, 9, 1e-5), rel=1e-6)  # z/2
 
 
 @pytest.mark.parametrize(
