@@ -150,6 +150,11 @@ class ClientSharding:
         buffer = self.strategy.reduce(buffer.to(self.strategy.root_device), reduce_op="sum").cpu()
         return {cid: _unflatten(row[1:], template, lambda t: t.dtype) for cid, row in zip(clients, buffer) if row[0] > 0}
 
+    def sum_residues(self, residues: torch.Tensor) -> torch.Tensor:
+        """Every rank's int64 ``residues`` added by one all-reduce (wrapping mod 2**64, so any sum mod
+        2**b with b <= 64 is exact): secure aggregation's masked sums."""
+        return self.strategy.reduce(residues.to(self.strategy.root_device), reduce_op="sum").cpu()
+
     def gather_norms(self, clients: list[int], norms: Mapping[int, float]) -> dict[int, float]:
         """Every rank's update norms (``norms``: this rank's, by client), in selection order, by one
         small all-reduce; for an update bound that compares a round's updates."""

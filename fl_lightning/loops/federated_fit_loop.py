@@ -29,6 +29,7 @@ from fl_lightning.loops.guards import aggregate_or_roll_back, apply_bound, bound
 from fl_lightning.loops.round_log import log_round
 from fl_lightning.loops.services import LoopServices
 from fl_lightning.model_state import State, compute_delta, live_tensors, load_into, snapshot
+from fl_lightning.secure.secure_aggregation import SecureAggregation
 from fl_lightning.update_bounds import UpdateBound, update_norm
 from fl_lightning.utils.init_args import RecordsInitArgs, flat_hparams
 from fl_lightning.utils.seeding import derive_seed
@@ -219,12 +220,12 @@ class FederatedFitLoop(compat.FitLoopBase):
                 f"With {trainer.world_size} processes, FederatedTrainer needs strategy='ddp' (FederatedDDPStrategy); "
                 f"got {type(trainer.strategy).__name__}."
             )
-        if not (can_shard(self.algorithm) or self.algorithm.gathers_updates):
+        if not (can_shard(self.algorithm) or self.algorithm.gathers_updates or isinstance(self.algorithm, SecureAggregation)):
             raise ValueError(
                 f"{type(self.algorithm).__name__} cannot shard its clients over {trainer.world_size} processes: "
                 "only synchronous algorithms whose aggregation is a weighted sum of client deltas "
                 "(SummableAggregation: FedAvg, FedProx, their server optimizers, FedALIGN over them), or a robust "
-                "rule over one, can; run it with devices=1."
+                "rule or secure aggregation over one, can; run it with devices=1."
             )
         return ClientSharding(trainer.strategy)
 
@@ -307,7 +308,13 @@ class FederatedFitLoop(compat.FitLoopBase):
         screened = decode_and_screen(algorithm, round_idx, local)
         updates, refused = self._bound(round_idx, clients, screened.finite)
         payloads = self._sharding.gather_payloads(clients, updates, self.global_state) if gathers else {}
-        summed = isinstance(algorithm, SupportsWeightedSum) and not gathers
+        secure = isinstance(algorithm, SecureAggregation)
+        if secure:  # each rank masks and sums its clients; the pads cancel in one int64 all-reduce
+            if screened.dropped or screened.rejected or refused:
+                raise RuntimeError(f"Round {round_idx}: secure aggregation under client sharding lost an update it cannot recover.")
+            dropped = algorithm.dropped_clients(round_idx)
+            masked_total = self._sharding.sum_residues(algorithm.masked_sum(round_idx, updates, dropped, self.global_state))
+        summed = isinstance(algorithm, SupportsWeightedSum) and not gathers and not secure
         partial = algorithm.weighted_delta_sum(updates) if summed and updates else ({}, 0.0)  # type: ignore[union-attr]
         combined = self._sharding.all_reduce(
             clients,
@@ -326,6 +333,8 @@ class FederatedFitLoop(compat.FitLoopBase):
         metrics, rolled_back = {}, False
 
         def server_step() -> dict[str, float]:
+            if secure:
+                return algorithm.apply_masked_sum(round_idx, self.global_state, masked_total, dropped)  # type: ignore[union-attr]
             if summed:
                 return algorithm.apply_weighted_sum(round_idx, self.global_state, combined.total, combined.weight)  # type: ignore[union-attr]
             # Every rank aggregates the same gathered updates, in selection order, as one process would.
