@@ -16,6 +16,7 @@ from fl_lightning.algorithms.shared.clustered_algorithm import ClusteredAlgorith
 from fl_lightning.algorithms.shared.combinable import Combine
 from fl_lightning.algorithms.shared.cluster_math import (
     aggregation_weights,
+    as_model,
     average_states,
     importance_weights,
     select_per_cluster,
@@ -195,7 +196,7 @@ class FedSoft(ClusteredAlgorithm):
 
     def aggregate_with(self, round_idx: int, global_state: State, updates: list[ClientUpdate], combine: Combine) -> dict[str, float]:
         """Line 18 with ``combine`` of each centre's members' models in place of their uniform average
-        (:func:`average_states`); a centre none of whose clients reported keeps its value."""
+        (:func:`average_states`), integer buffers rounded; a centre none of whose clients reported keeps its value."""
         models = {u.client_id: u.payload for u in updates}
         for cid, model in models.items():
             self.clients.models[cid] = model
@@ -205,7 +206,7 @@ class FedSoft(ClusteredAlgorithm):
         centres = []
         for s, sel in enumerate(self.selection_history[round_idx]):
             members = [models[c] for c in sel if c in models]
-            centres.append(combine(members) if members else self.centres[s])
+            centres.append(as_model(combine(members), members[0]) if members else self.centres[s])
         self.set_centres(centres, global_state)
         return {"client_state_mib": self.clients.nbytes() / 2**20}
 

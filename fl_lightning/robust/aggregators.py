@@ -24,7 +24,8 @@ class RobustAggregation(AlgorithmWrapper, ABC):
 
     The groups are the wrapped algorithm's (:mod:`fl_lightning.algorithms.shared.combinable`): a round's deltas
     for a weighted-sum algorithm (FedAvg, FedProx, their server optimizers), FedMRN's decoded masked-noise
-    updates, the members' models of each of FedSoft's centres. Everything else (client selection,
+    updates, the members' models of each of FedSoft's centres, each FedBuff/FedStaleWeight buffer (then
+    scaled by the buffer's total weight). Everything else (client selection,
     client-side hooks, decoding, evaluation) is the wrapped algorithm's. The statistic needs every
     update of a group at once: over a weighted sum, clients shard over processes by gathering the
     round's decoded updates to every rank (:attr:`gathers_updates`), which all apply the rule. Norm
@@ -42,7 +43,8 @@ class RobustAggregation(AlgorithmWrapper, ABC):
                 f"{type(self).__name__} replaces the average of a group of client updates, but {type(self.inner).__name__} "
                 "aggregates otherwise; wrap a synchronous algorithm whose aggregation is a sum of client deltas "
                 "(FedAvg, FedProx, their server optimizers), a compressed FedAvg that averages decoded deltas (FedMRN, "
-                "FedAvgSM), or FedSoft (per centre); put Byzantine or LocalDP outside the robust rule."
+                "FedAvgSM), FedSoft (per centre) or FedBuff/FedStaleWeight (per buffer); put Byzantine or LocalDP "
+                "outside the robust rule."
             )
 
     @abstractmethod
