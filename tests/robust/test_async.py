@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from fl_lightning import FedBuff, FedStaleWeight
+from fl_lightning import FedALIGN, FedBuff, FedStaleWeight
 from fl_lightning.participation.speed import ConstantDelay, UniformDelay
 from fl_lightning.robust import Bulyan, Byzantine, CoordinateMedian, SignFlip, TrimmedMean
 from tests.algorithms.quadratic import CENTRES, Quadratic, quadratic_data, quadratic_trainer
@@ -89,3 +89,9 @@ def test_a_rule_over_a_buffer_checks_its_condition_against_the_buffer_size():
         quadratic_trainer(max_epochs=1, algorithm=Bulyan(num_byzantine=1, algorithm=FedBuff(buffer_size=4))).fit(
             Quadratic(), datamodule=quadratic_data(CLIENTS)
         )
+
+
+def test_a_wrapper_runs_asynchronously_when_its_algorithm_does_and_fedalign_refuses_to():
+    assert CoordinateMedian(algorithm=FedBuff(buffer_size=2)).asynchronous and not CoordinateMedian().asynchronous
+    with pytest.raises(ValueError, match="FedALIGN selects each round's clients; FedBuff is asynchronous"):
+        FedALIGN(priority=1, algorithm=FedBuff(buffer_size=2))
