@@ -8,6 +8,7 @@ from typing import Literal
 import lightning.pytorch as pl
 
 from fl_lightning.algorithms.shared.base import ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.combinable import Combine, apply_combined
 from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.algorithms.shared.server_optimizers import ServerOptimizer
 from fl_lightning.compression.base import Codec, UpdateCodec
@@ -94,11 +95,27 @@ class CompressedFedAvg(FedAvg):
 
     def aggregate(self, round_idx: int, global_state: State, updates: list[ClientUpdate]) -> dict[str, float]:
         """Aggregates decoded updates (:meth:`decode_update`) with :meth:`aggregate_decoded`."""
-        metrics = {
+        return {**self.aggregate_decoded(round_idx, global_state, updates), **self._payload_metrics(updates)}
+
+    @property
+    def combinable(self) -> bool:
+        """Whether the decoded updates are averaged as deltas (:meth:`aggregate_decoded` not overridden),
+        so a robust rule may replace the average (:class:`~fl_lightning.algorithms.shared.combinable.SupportsCombine`)."""
+        return type(self).aggregate_decoded is CompressedFedAvg.aggregate_decoded
+
+    def combine_group(self) -> tuple[str, int]:
+        """The round: all decoded deltas form one group."""
+        return "clients_per_round", self.federation.clients_per_round
+
+    def aggregate_with(self, round_idx: int, global_state: State, updates: list[ClientUpdate], combine: Combine) -> dict[str, float]:
+        """The server step applied to ``combine`` of the decoded deltas instead of their weighted mean."""
+        return {**apply_combined(self, round_idx, global_state, updates, combine), **self._payload_metrics(updates)}
+
+    def _payload_metrics(self, updates: list[ClientUpdate]) -> dict[str, float]:
+        return {
             "payload_bytes": sum(u.upload_bytes for u in updates) / max(len(updates), 1),
             "compression_ratio": self.dense_bytes() / self.codec.payload_size(self.layout),
         }
-        return {**self.aggregate_decoded(round_idx, global_state, updates), **metrics}
 
     def aggregate_decoded(self, round_idx: int, global_state: State, updates: list[ClientUpdate]) -> dict[str, float]:
         """Aggregates updates whose payloads are decoded (by default dense deltas, averaged as FedAvg)."""

@@ -13,6 +13,7 @@ from typing_extensions import override
 from fl_lightning.algorithms.shared.aggregation import apply_delta, weighted_sum
 from fl_lightning.algorithms.shared.asynchronous import AsyncAlgorithm, PullPolicy, TrainAt
 from fl_lightning.algorithms.shared.base import ClientUpdate
+from fl_lightning.algorithms.shared.combinable import Combine
 from fl_lightning.model_state import State
 from fl_lightning.participation.speed import DelayModel
 
@@ -101,6 +102,31 @@ class FedBuff(AsyncAlgorithm):
         self.record_influence(updates, weights)
         if any(weights):
             apply_delta(global_state, weighted_sum([u.payload for u in updates], weights), scale=self.server_lr)
+        return self._buffer_metrics(updates, weights)
+
+    @property
+    def combinable(self) -> bool:
+        """Yes: a buffer's updates form a group (:class:`~fl_lightning.algorithms.shared.combinable.SupportsCombine`)."""
+        return True
+
+    def combine_group(self) -> tuple[str, int]:
+        """:math:`b`, the buffer."""
+        return "buffer_size", self.buffer_size
+
+    def aggregate_with(self, round_idx: int, global_state: State, updates: list[ClientUpdate], combine: Combine) -> dict[str, float]:
+        r"""The step :math:`\eta_g \sum_j \alpha_j \Delta_j` written as :math:`\eta_g (\sum_j \alpha_j)\,\bar\Delta`,
+        with ``combine`` of the buffer's updates of weight :math:`\alpha_j > 0` (each counting once) in place of
+        their :math:`\alpha`-weighted mean :math:`\bar\Delta`: staleness discounts still shorten the step, and
+        the rule sees every kept update (with the constant discount, :math:`\sum_j \alpha_j = 1`)."""
+        weights = self.buffer_weights(updates)
+        self.record_influence(updates, weights)
+        kept = [u.payload for u, w in zip(updates, weights) if w > 0]
+        if kept:
+            apply_delta(global_state, combine(kept), scale=self.server_lr * sum(weights))
+        return self._buffer_metrics(updates, weights)
+
+    @staticmethod
+    def _buffer_metrics(updates: list[ClientUpdate], weights: list[float]) -> dict[str, float]:
         staleness = [u.staleness for u in updates]
         return {
             "mean_staleness": float(np.mean(staleness)),

@@ -13,8 +13,10 @@ from torch import Tensor
 from fl_lightning.algorithms.shared.base import ClientContext, ClientUpdate
 from fl_lightning.algorithms.shared.client_state import ClientStates, cpu_copy
 from fl_lightning.algorithms.shared.clustered_algorithm import ClusteredAlgorithm
+from fl_lightning.algorithms.shared.combinable import Combine
 from fl_lightning.algorithms.shared.cluster_math import (
     aggregation_weights,
+    as_model,
     average_states,
     importance_weights,
     select_per_cluster,
@@ -181,6 +183,20 @@ class FedSoft(ClusteredAlgorithm):
         return super().client_update(client, module, model)  # uploads the local model, not a delta
 
     def aggregate(self, round_idx: int, global_state: State, updates: list[ClientUpdate]) -> dict[str, float]:
+        return self.aggregate_with(round_idx, global_state, updates, average_states)
+
+    @property
+    def combinable(self) -> bool:
+        """Yes: each centre's members form a group (:class:`~fl_lightning.algorithms.shared.combinable.SupportsCombine`)."""
+        return True
+
+    def combine_group(self) -> tuple[str, int]:
+        """:math:`K`, the clients drawn per cluster."""
+        return "clients_per_cluster", self.clients_per_cluster
+
+    def aggregate_with(self, round_idx: int, global_state: State, updates: list[ClientUpdate], combine: Combine) -> dict[str, float]:
+        """Line 18 with ``combine`` of each centre's members' models in place of their uniform average
+        (:func:`average_states`), integer buffers rounded; a centre none of whose clients reported keeps its value."""
         models = {u.client_id: u.payload for u in updates}
         for cid, model in models.items():
             self.clients.models[cid] = model
@@ -190,7 +206,7 @@ class FedSoft(ClusteredAlgorithm):
         centres = []
         for s, sel in enumerate(self.selection_history[round_idx]):
             members = [models[c] for c in sel if c in models]
-            centres.append(average_states(members) if members else self.centres[s])
+            centres.append(as_model(combine(members), members[0]) if members else self.centres[s])
         self.set_centres(centres, global_state)
         return {"client_state_mib": self.clients.nbytes() / 2**20}
 

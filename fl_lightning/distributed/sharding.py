@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Set
+from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass
 
 import torch
@@ -116,10 +116,8 @@ class ClientSharding:
 
     @staticmethod
     def _unpack(buffer: torch.Tensor, clients: list[int], template: State) -> ShardedRound:
-        total, offset = {}, 0
-        for name, t in template.items():
-            total[name] = buffer[offset : offset + t.numel()].view(t.shape).to(t.device, accumulator_dtype(t.dtype))
-            offset += t.numel()
+        total = _unflatten(buffer, template, lambda t: accumulator_dtype(t.dtype))
+        offset = sum(t.numel() for t in template.values())
         reports = buffer[offset : offset + len(clients) * len(_REPORT_FIELDS)].view(len(clients), -1)
         weight, stop = buffer[-2:].tolist()
         if not torch.equal(reports[:, 0], torch.ones(len(clients), dtype=torch.float64)):
@@ -138,6 +136,25 @@ class ClientSharding:
         dropped, rejected = int(reports[:, 1].sum()), int(reports[:, 2].sum())
         return ShardedRound(total, weight, received, dropped=dropped, rejected=rejected, stop=stop > 0)
 
+    def gather_payloads(self, clients: list[int], updates: list[ClientUpdate], template: State) -> dict[int, State]:
+        """Every rank's decoded payloads (``updates``: this rank's), by client, on every rank, by one
+        all-reduce of a ``(clients, 1 + d)`` float64 matrix in which each client's row is filled by the
+        one rank that trained it; tensors come back in ``template``'s dtypes (exact for float32 and
+        float64 values and for integer counters below 2**53)."""
+        size = sum(t.numel() for t in template.values())
+        buffer = torch.zeros(len(clients), 1 + size, dtype=torch.float64)
+        row_of = {cid: i for i, cid in enumerate(clients)}
+        for update in updates:
+            flat = [update.payload[name].reshape(-1).to("cpu", torch.float64) for name in template]
+            buffer[row_of[update.client_id]] = torch.cat([torch.ones(1, dtype=torch.float64), *flat])
+        buffer = self.strategy.reduce(buffer.to(self.strategy.root_device), reduce_op="sum").cpu()
+        return {cid: _unflatten(row[1:], template, lambda t: t.dtype) for cid, row in zip(clients, buffer) if row[0] > 0}
+
+    def sum_residues(self, residues: torch.Tensor) -> torch.Tensor:
+        """Every rank's int64 ``residues`` added by one all-reduce (wrapping mod 2**64, so any sum mod
+        2**b with b <= 64 is exact): secure aggregation's masked sums."""
+        return self.strategy.reduce(residues.to(self.strategy.root_device), reduce_op="sum").cpu()
+
     def gather_norms(self, clients: list[int], norms: Mapping[int, float]) -> dict[int, float]:
         """Every rank's update norms (``norms``: this rank's, by client), in selection order, by one
         small all-reduce; for an update bound that compares a round's updates."""
@@ -152,3 +169,12 @@ class ClientSharding:
 def _reported_metrics(fields: list[float]) -> dict[str, float]:
     """The training metrics a client reported, from its ``(has, value)`` report fields."""
     return {key: fields[2 * i + 1] for i, key in enumerate(TRAINING_METRICS) if fields[2 * i]}
+
+
+def _unflatten(vector: torch.Tensor, template: State, dtype: Callable[[torch.Tensor], torch.dtype]) -> State:
+    """The start of ``vector`` cut into ``template``'s shapes, on its devices, each tensor in ``dtype(template tensor)``."""
+    out, offset = {}, 0
+    for name, t in template.items():
+        out[name] = vector[offset : offset + t.numel()].view(t.shape).to(t.device, dtype(t))
+        offset += t.numel()
+    return out

@@ -12,7 +12,8 @@ import torch
 from typing_extensions import override
 
 from fl_lightning.algorithms.shared.asynchronous import AsyncAlgorithm
-from fl_lightning.algorithms.shared.base import ClientUpdate
+from fl_lightning.algorithms.shared.base import Algorithm, ClientUpdate
+from fl_lightning.algorithms.shared.wrapper import AlgorithmWrapper
 from fl_lightning.loops.federated_fit_loop import FederatedFitLoop
 from fl_lightning.model_state import load_into, moved
 from fl_lightning.utils.seeding import derive_seed
@@ -52,8 +53,10 @@ class AsyncFitLoop(FederatedFitLoop):
 
     @property
     def async_algorithm(self) -> AsyncAlgorithm:
-        assert isinstance(self.algorithm, AsyncAlgorithm)
-        return self.algorithm
+        """The asynchronous algorithm whose settings drive the simulation, under any wrappers (robust rules, attacks)."""
+        core = async_core(self.algorithm)
+        assert core is not None
+        return core
 
     def _reset_simulation(self, n: int) -> None:
         self.clock = 0.0
@@ -75,7 +78,7 @@ class AsyncFitLoop(FederatedFitLoop):
 
     @override
     def _setup_federation(self) -> None:
-        if not isinstance(self.algorithm, AsyncAlgorithm):
+        if async_core(self.algorithm) is None:
             raise TypeError(
                 f"AsyncFitLoop runs buffered asynchronous algorithms (subclasses of AsyncAlgorithm: FedBuff, FedStaleWeight, "
                 f"FedAsync), got {type(self.algorithm).__name__}."
@@ -213,3 +216,13 @@ class AsyncFitLoop(FederatedFitLoop):
         self._jobs, self._last_version = list(state["jobs"]), list(state["last_version"])
         self._repeats = list(state["repeats"])
         self.arrivals = [tuple(a) for a in state["arrivals"]]  # type: ignore[misc]
+
+
+def async_core(algorithm: Algorithm) -> AsyncAlgorithm | None:
+    """The :class:`AsyncAlgorithm` that ``algorithm`` is or wraps (through any :class:`AlgorithmWrapper`), else ``None``.
+
+    The loop calls every hook on ``algorithm`` itself, so a wrapper changes what it overrides
+    (an attack, a robust rule over each buffer) and the simulation reads the wrapped settings."""
+    while isinstance(algorithm, AlgorithmWrapper):
+        algorithm = algorithm.inner
+    return algorithm if isinstance(algorithm, AsyncAlgorithm) else None

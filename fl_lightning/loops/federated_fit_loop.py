@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sized
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -28,6 +29,7 @@ from fl_lightning.loops.guards import aggregate_or_roll_back, apply_bound, bound
 from fl_lightning.loops.round_log import log_round
 from fl_lightning.loops.services import LoopServices
 from fl_lightning.model_state import State, live_tensors, load_into, snapshot
+from fl_lightning.secure.secure_aggregation import SecureAggregation
 from fl_lightning.update_bounds import UpdateBound, update_norm
 from fl_lightning.utils.init_args import RecordsInitArgs, flat_hparams
 from fl_lightning.utils.seeding import derive_seed
@@ -237,12 +239,12 @@ class FederatedFitLoop(compat.FitLoopBase):
                 f"With {trainer.world_size} processes, FederatedTrainer needs strategy='ddp' (FederatedDDPStrategy); "
                 f"got {type(trainer.strategy).__name__}."
             )
-        if not can_shard(self.algorithm):
+        if not (can_shard(self.algorithm) or self.algorithm.gathers_updates or isinstance(self.algorithm, SecureAggregation)):
             raise ValueError(
                 f"{type(self.algorithm).__name__} cannot shard its clients over {trainer.world_size} processes: "
                 "only synchronous algorithms whose aggregation is a weighted sum of client deltas "
-                "(SummableAggregation: FedAvg, FedProx, their server optimizers, FedALIGN over them) can; "
-                "run it with devices=1."
+                "(SummableAggregation: FedAvg, FedProx, their server optimizers, FedALIGN over them), or a robust "
+                "rule or secure aggregation over one, can; run it with devices=1."
             )
         return ClientSharding(trainer.strategy)
 
@@ -315,17 +317,30 @@ class FederatedFitLoop(compat.FitLoopBase):
         )
 
     def _aggregate_sharded(self, round_idx: int, clients: list[int]) -> tuple[list[ClientUpdate], dict[str, float]]:
-        """This rank trains its share of ``clients``; one all-reduce combines every rank's weighted sum."""
-        assert self._sharding is not None and isinstance(self.algorithm, SupportsWeightedSum)
+        """This rank trains its share of ``clients``; one all-reduce combines every rank's weighted sum
+        (or, for an algorithm that :attr:`~fl_lightning.Algorithm.gathers_updates`, every rank first
+        gathers all decoded updates and aggregates them itself)."""
+        assert self._sharding is not None
+        algorithm = self.algorithm
+        gathers = algorithm.gathers_updates
         local = self.train_clients(round_idx, self._sharding.share(clients))
-        screened = decode_and_screen(self.algorithm, round_idx, local)
+        screened = decode_and_screen(algorithm, round_idx, local)
         updates, refused = self._bound(round_idx, clients, screened.finite)
+        payloads = self._sharding.gather_payloads(clients, updates, self.global_state) if gathers else {}
+        secure = isinstance(algorithm, SecureAggregation)
+        if secure:  # each rank masks and sums its clients; the pads cancel in one int64 all-reduce
+            if screened.dropped or screened.rejected or refused:
+                raise RuntimeError(f"Round {round_idx}: secure aggregation under client sharding lost an update it cannot recover.")
+            dropped = algorithm.dropped_clients(round_idx)
+            masked_total = self._sharding.sum_residues(algorithm.masked_sum(round_idx, updates, dropped, self.global_state))
+        summed = isinstance(algorithm, SupportsWeightedSum) and not gathers and not secure
+        partial = algorithm.weighted_delta_sum(updates) if summed and updates else ({}, 0.0)  # type: ignore[union-attr]
         combined = self._sharding.all_reduce(
             clients,
             local,
             dropped_ids=set(screened.dropped),
             rejected_ids={*screened.rejected, *refused},
-            partial=self.algorithm.weighted_delta_sum(updates) if updates else ({}, 0.0),
+            partial=partial,
             template=self.global_state,
             stop=self.trainer.received_sigterm,
         )
@@ -335,13 +350,18 @@ class FederatedFitLoop(compat.FitLoopBase):
         compat.count_steps(self.trainer, sum(r.num_steps for r in combined.reports) - sum(u.num_steps for u in local))
         aggregated = len(clients) - combined.dropped - combined.rejected
         metrics, rolled_back = {}, False
+
+        def server_step() -> dict[str, float]:
+            if secure:
+                return algorithm.apply_masked_sum(round_idx, self.global_state, masked_total, dropped)  # type: ignore[union-attr]
+            if summed:
+                return algorithm.apply_weighted_sum(round_idx, self.global_state, combined.total, combined.weight)  # type: ignore[union-attr]
+            # Every rank aggregates the same gathered updates, in selection order, as one process would.
+            everyone = [replace(r, payload=payloads[r.client_id]) for r in combined.reports if r.client_id in payloads]
+            return algorithm.aggregate(round_idx, self.global_state, everyone)
+
         if aggregated:
-            metrics, rolled_back = aggregate_or_roll_back(
-                round_idx,
-                self.algorithm,
-                self.global_state,
-                lambda: self.algorithm.apply_weighted_sum(round_idx, self.global_state, combined.total, combined.weight),
-            )
+            metrics, rolled_back = aggregate_or_roll_back(round_idx, algorithm, self.global_state, server_step)
         counts = {"dropped": combined.dropped, "rejected": combined.rejected, "rolled_back": rolled_back}
         return combined.reports, self._finish_aggregation(round_idx, metrics, aggregated=aggregated, **counts)
 

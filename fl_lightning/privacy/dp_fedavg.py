@@ -12,7 +12,8 @@ from typing_extensions import override
 from fl_lightning.algorithms.shared.aggregation import weighted_sum
 from fl_lightning.algorithms.shared.base import Algorithm, ClientUpdate
 from fl_lightning.algorithms.fedavg import FedAvg
-from fl_lightning.algorithms.shared.summable import SupportsWeightedSum
+from fl_lightning.algorithms.compressed import CompressedFedAvg
+from fl_lightning.algorithms.shared.summable import can_shard
 from fl_lightning.algorithms.shared.wrapper import AlgorithmWrapper
 from fl_lightning.federation import Federation
 from fl_lightning.model_state import State
@@ -57,8 +58,9 @@ class DPFedAvg(AlgorithmWrapper):
         sampling: ``"fixed"`` or ``"poisson"``.
         adaptive_clipping: adapts :math:`C` to a quantile of the update norms (Andrew et al. 2021).
         algorithm: the wrapped algorithm (default ``FedAvg(weighting="uniform")``); it must sum its
-            clients' deltas (:class:`~fl_lightning.SummableAggregation`) and use the default uniform
-            client selection.
+            clients' deltas (:class:`~fl_lightning.SummableAggregation`), or average its decoded deltas
+            (FedMRN: each decoded masked-noise update :math:`G(s_k)\odot m_k` is what is clipped; no
+            sharding then), and use the default uniform client selection.
     """
 
     summary_metrics: ClassVar[dict[str, str]] = {"dp_epsilon": "final"}
@@ -93,10 +95,17 @@ class DPFedAvg(AlgorithmWrapper):
     @staticmethod
     def _check_inner(inner: Algorithm) -> None:
         name = type(inner).__name__
-        if not (isinstance(inner, SupportsWeightedSum) and inner.summable) or inner.asynchronous:
+        if not inner.uploads_deltas:
+            raise ValueError(
+                f"DPFedAvg clips client deltas, but {name}'s uploads are not deltas (a whole model, or masks sampled "
+                "from one): clipping them would not bound a client's influence on what is released; FedSoft also "
+                "selects clients by their unnoised importance estimates, which no noise on the centres covers."
+            )
+        if not (can_shard(inner) or _averages_decoded_deltas(inner)):
             raise ValueError(
                 f"DPFedAvg needs a synchronous algorithm whose aggregation is a sum of client deltas "
-                f"(SummableAggregation: FedAvg, FedProx, their server optimizers); {name} is not."
+                f"(SummableAggregation: FedAvg, FedProx, their server optimizers) or a compressed FedAvg that "
+                f"averages decoded deltas (FedMRN's masked noise, FedAvgSM); {name} is not."
             )
         if type(inner).select_clients is not Algorithm.select_clients:
             raise ValueError(f"DPFedAvg's accounting assumes uniform client sampling, but {name} selects its own clients.")
@@ -122,8 +131,8 @@ class DPFedAvg(AlgorithmWrapper):
     @property
     @override
     def summable(self) -> bool:
-        """Always: the clipped sum shards over processes (the noise is added after the all-reduce)."""
-        return True
+        """Over a weighted sum: the clipped sum shards over processes (the noise is added after the all-reduce)."""
+        return can_shard(self.inner)
 
     @property
     def budget_left(self) -> bool:
@@ -152,13 +161,8 @@ class DPFedAvg(AlgorithmWrapper):
         r""":math:`(\sum_k \hat\Delta_k, \sum_k b_k)`: the clipped deltas' sum (integer tensors zeroed) and
         the number of updates that fit unclipped, :math:`b_k = \mathbb 1[\lVert\Delta_k\rVert \le C]`,
         the one per-client scalar the server step reads (Andrew et al. 2021's clipped count)."""
-        norms = [update_norm(u.payload) for u in updates]
-        scales = [min(1.0, self.clip_norm / norm) if norm > 0 else 1.0 for norm in norms]
-        total = weighted_sum([u.payload for u in updates], scales)
-        for name, value in updates[0].payload.items():
-            if not value.is_floating_point():
-                total[name].zero_()
-        return total, float(sum(norm <= self.clip_norm for norm in norms))
+        total, unclipped = clipped_sum([u.payload for u in updates], self.clip_norm)
+        return total, float(unclipped)
 
     @override
     def apply_weighted_sum(self, round_idx: int, global_state: State, total: State, weight: float) -> dict[str, float]:
@@ -167,11 +171,8 @@ class DPFedAvg(AlgorithmWrapper):
         clip_norm, expected = self.clip_norm, float(self.federation.clients_per_round)
         multiplier = self.update_noise_multiplier()
         noise_std = multiplier * clip_norm if multiplier > 0 else 0.0  # no noise stays 0 with C = inf
-        generator = self.federation.generator("dp_noise", round_idx)
-        for name, target in global_state.items():  # the state's order: the same draws on every rank
-            if noise_std > 0 and name in total and target.is_floating_point():
-                noise = torch.randn(total[name].shape, generator=generator, dtype=torch.float64)
-                total[name].add_(noise.mul_(noise_std).to(total[name]))
+        released = [name for name, target in global_state.items() if target.is_floating_point()]  # the same draws on every rank
+        add_noise(total, released, noise_std, self.federation.generator("dp_noise", round_idx))
         metrics = self.inner.apply_weighted_sum(round_idx, global_state, total, expected)
         self.rounds_spent += 1
         metrics.update(dp_epsilon=self.accountant.epsilon(self.rounds_spent), dp_clip_norm=clip_norm, dp_noise_std=noise_std)
@@ -209,3 +210,29 @@ class DPFedAvg(AlgorithmWrapper):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.clip_norm, self.rounds_spent = float(state["clip_norm"]), int(state["rounds_spent"])
+
+
+def _averages_decoded_deltas(algorithm: Algorithm) -> bool:
+    """A compressed FedAvg that averages its decoded deltas (FedMRN's masked noise, FedAvgSM): its server step
+    takes the noised sum of the clipped *decoded* updates, which are what the server aggregates."""
+    return isinstance(algorithm, CompressedFedAvg) and algorithm.combinable
+
+
+def clipped_sum(payloads: list[State], clip_norm: float) -> tuple[State, int]:
+    r""":math:`\sum_k \Delta_k \min(1, C/\lVert\Delta_k\rVert)` (integer tensors zeroed: not released) and the
+    number of payloads that fit unclipped, :math:`\sum_k \mathbb 1[\lVert\Delta_k\rVert \le C]`."""
+    norms = [update_norm(p) for p in payloads]
+    total = weighted_sum(payloads, [min(1.0, clip_norm / norm) if norm > 0 else 1.0 for norm in norms])
+    for name, value in payloads[0].items():
+        if not value.is_floating_point():
+            total[name].zero_()
+    return total, sum(norm <= clip_norm for norm in norms)
+
+
+def add_noise(total: State, names: list[str], std: float, generator: torch.Generator) -> None:
+    r"""Adds :math:`\mathcal N(0, \mathrm{std}^2)` to ``total[name]`` in place, for the ``names`` it holds, in their
+    order (so the draws are reproducible); nothing when ``std`` is 0."""
+    for name in names:
+        if std > 0 and name in total:
+            noise = torch.randn(total[name].shape, generator=generator, dtype=torch.float64)
+            total[name].add_(noise.mul_(std).to(total[name]))

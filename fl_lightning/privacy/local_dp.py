@@ -34,11 +34,14 @@ class LocalDP(AlgorithmWrapper):
     is a Gaussian mechanism of multiplier :math:`z/2`; ``round/local_dp_epsilon`` is ε at ``delta``
     after as many rounds as have run (RDP composition, ``dp-accounting``), a bound for a client
     that took part in every one (sampling does not hide a client from the server it talks to).
+    In asynchronous runs (FedBuff, FedStaleWeight) a client may send several updates per
+    aggregation, or none: there ε is that of the most uploads any client has made so far (counted
+    from the updates that reach the aggregations).
 
-    Composes with any synchronous algorithm whose upload is computed from the delta alone
+    Composes with any algorithm whose upload is computed from the delta alone
     (:func:`uploads_plain_delta`: FedAvg, FedProx, server optimizers, FedALIGN over them, the robust
-    aggregators); refused for uploads that are models or masks (FedSoft, FedPM, FedMRN), codecs
-    (CompressedFedAvg) and the asynchronous algorithms.
+    aggregators, FedBuff, FedStaleWeight); refused for uploads that are models or masks (FedSoft,
+    FedPM, FedMRN: a mask or model cannot carry the noise) and codecs (CompressedFedAvg).
 
     Args:
         noise_multiplier: :math:`z > 0`.
@@ -54,12 +57,14 @@ class LocalDP(AlgorithmWrapper):
         self.clip_norm = positive_finite("clip_norm", clip_norm)
         self.delta = check_delta(delta)
         super().__init__(algorithm)
-        if self.inner.asynchronous or not uploads_plain_delta(self.inner):
+        if not uploads_plain_delta(self.inner):
             raise ValueError(
                 f"LocalDP noises the client's delta, but {type(self.inner).__name__} uploads something else "
-                "(a model, masks, a codec's payload) or is asynchronous; wrap FedAvg, FedProx, FedALIGN or a robust aggregator."
+                "(a model, masks, a codec's payload); wrap FedAvg, FedProx, FedALIGN, FedBuff or a robust aggregator."
             )
         self.rounds_done = 0
+        #: Updates of each client that reached an aggregation (asynchronous runs).
+        self.uploads: dict[int, int] = {}
 
     @override
     def client_update(self, client: ClientContext, module: pl.LightningModule, delta: State) -> ClientUpdate:
@@ -75,6 +80,9 @@ class LocalDP(AlgorithmWrapper):
 
     @override
     def aggregate(self, round_idx: int, global_state: State, updates: list[ClientUpdate]) -> dict[str, float]:
+        if self.asynchronous:
+            for update in updates:
+                self.uploads[update.client_id] = self.uploads.get(update.client_id, 0) + 1
         return self._accounted(super().aggregate(round_idx, global_state, updates))
 
     @override
@@ -83,13 +91,15 @@ class LocalDP(AlgorithmWrapper):
 
     def _accounted(self, metrics: dict[str, float]) -> dict[str, float]:
         self.rounds_done += 1
-        return {**metrics, "local_dp_epsilon": gaussian_epsilon(self.noise_multiplier / 2, self.rounds_done, self.delta)}
+        releases = max(self.uploads.values(), default=0) if self.asynchronous else self.rounds_done
+        return {**metrics, "local_dp_epsilon": gaussian_epsilon(self.noise_multiplier / 2, releases, self.delta)}
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "rounds_done": self.rounds_done}
+        return {**super().state_dict(), "rounds_done": self.rounds_done, "uploads": dict(self.uploads)}
 
     @override
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.rounds_done = int(state["rounds_done"])
+        self.uploads = {int(cid): int(n) for cid, n in state.get("uploads", {}).items()}  # older checkpoints lack it

@@ -10,7 +10,8 @@ from typing_extensions import override
 
 from fl_lightning.algorithms.shared.aggregation import accumulator_dtype
 from fl_lightning.algorithms.shared.base import Algorithm, ClientUpdate
-from fl_lightning.algorithms.shared.summable import SupportsWeightedSum
+from fl_lightning.algorithms.shared.combinable import aggregate_with, can_combine, combine_group
+from fl_lightning.algorithms.shared.summable import can_shard
 from fl_lightning.algorithms.shared.wrapper import AlgorithmWrapper
 from fl_lightning.federation import Federation
 from fl_lightning.model_state import State
@@ -18,50 +19,64 @@ from fl_lightning.robust import rules
 
 
 class RobustAggregation(AlgorithmWrapper, ABC):
-    """Replaces the wrapped algorithm's weighted mean of client deltas by a robust statistic
-    (:meth:`combine`) of the flattened deltas, then lets it apply the result (its server optimizer).
+    """Replaces the wrapped algorithm's average of each group of decoded updates by a robust statistic
+    (:meth:`combine`) of the flattened updates, then lets it take its server step (its server optimizer).
 
-    Everything else (client selection, client-side hooks, decoding, evaluation) is the wrapped
-    algorithm's. The statistic needs every update at once, so the clients of a round cannot be
-    sharded over processes. Norm bounding, the other defence, is the trainer's
-    ``update_bound`` (:class:`~fl_lightning.NormClip`, :class:`~fl_lightning.MedianNormFilter`),
-    which composes with these.
+    The groups are the wrapped algorithm's (:mod:`fl_lightning.algorithms.shared.combinable`): a round's deltas
+    for a weighted-sum algorithm (FedAvg, FedProx, their server optimizers), FedMRN's decoded masked-noise
+    updates, the members' models of each of FedSoft's centres, each FedBuff/FedStaleWeight buffer (then
+    scaled by the buffer's total weight). Everything else (client selection,
+    client-side hooks, decoding, evaluation) is the wrapped algorithm's. The statistic needs every
+    update of a group at once: over a weighted sum, clients shard over processes by gathering the
+    round's decoded updates to every rank (:attr:`gathers_updates`), which all apply the rule. Norm
+    bounding, the other defence, is the trainer's ``update_bound`` (:class:`~fl_lightning.NormClip`,
+    :class:`~fl_lightning.MedianNormFilter`), which composes with these.
 
     Args:
-        algorithm: the wrapped synchronous weighted-sum algorithm (default :class:`FedAvg`).
+        algorithm: the wrapped algorithm (default :class:`FedAvg`).
     """
 
     def __init__(self, *, algorithm: Algorithm | None = None) -> None:
         super().__init__(algorithm)
-        if not (isinstance(self.inner, SupportsWeightedSum) and self.inner.summable) or self.inner.asynchronous:
+        if not can_combine(self.inner):
             raise ValueError(
-                f"{type(self).__name__} wraps a synchronous algorithm whose aggregation is a sum of client deltas "
-                f"(SummableAggregation: FedAvg, FedProx, their server optimizers); {type(self.inner).__name__} is not."
+                f"{type(self).__name__} replaces the average of a group of client updates, but {type(self.inner).__name__} "
+                "aggregates otherwise; wrap a synchronous algorithm whose aggregation is a sum of client deltas "
+                "(FedAvg, FedProx, their server optimizers), a compressed FedAvg that averages decoded deltas (FedMRN, "
+                "FedAvgSM), FedSoft (per centre) or FedBuff/FedStaleWeight (per buffer); put Byzantine or LocalDP "
+                "outside the robust rule."
             )
 
     @abstractmethod
     def combine(self, updates: Tensor) -> Tensor:
-        """The aggregate ``(d,)`` of an ``(n, d)`` float64 matrix of flattened deltas."""
+        """The aggregate ``(d,)`` of an ``(n, d)`` float64 matrix of flattened updates."""
 
     @override
     def aggregate(self, round_idx: int, global_state: State, updates: list[ClientUpdate]) -> dict[str, float]:
-        """Applies :meth:`combine` of the floating-point deltas as the round's delta. Integer counters
+        return aggregate_with(self.inner, round_idx, global_state, updates, self.combine_states)
+
+    def combine_states(self, payloads: list[State]) -> State:
+        """:meth:`combine` of the floating-point tensors of a group of payloads. Integer counters
         (BatchNorm's ``num_batches_tracked``) stay out of the statistic, so they cannot sway Krum's
-        distances; they advance by their coordinate median, rounded."""
-        payloads = [u.payload for u in updates]
+        distances; they take their coordinate median."""
         floats = [name for name, t in payloads[0].items() if t.is_floating_point()]
-        delta = self._unflatten(self.combine(_flatten(payloads, floats)), payloads[0], floats)
-        counters = [name for name in payloads[0] if name not in delta]
+        combined = self._unflatten(self.combine(_flatten(payloads, floats)), payloads[0], floats)
+        counters = [name for name in payloads[0] if name not in combined]
         if counters:
-            delta.update(self._unflatten(rules.coordinate_median(_flatten(payloads, counters)), payloads[0], counters))
-        assert isinstance(self.inner, SupportsWeightedSum)
-        return self.inner.apply_weighted_sum(round_idx, global_state, delta, 1.0)
+            combined.update(self._unflatten(rules.coordinate_median(_flatten(payloads, counters)), payloads[0], counters))
+        return combined
 
     @property
     @override
     def summable(self) -> bool:
         """Never: the statistic needs every update of the round at once."""
         return False
+
+    @property
+    @override
+    def gathers_updates(self) -> bool:
+        """Over a weighted sum, clients shard over processes and every rank applies the rule to the gathered updates."""
+        return can_shard(self.inner)
 
     @staticmethod
     def _unflatten(vector: Tensor, like: State, names: list[str]) -> State:
@@ -131,8 +146,8 @@ class Krum(RobustAggregation):
 
     @override
     def setup(self, federation: Federation) -> None:
-        rules.check_krum(federation.clients_per_round, self.num_byzantine)
         super().setup(federation)
+        rules.check_krum(combine_group(self.inner)[1], self.num_byzantine)
 
     @override
     def combine(self, updates: Tensor) -> Tensor:
@@ -153,12 +168,10 @@ class Bulyan(RobustAggregation):
 
     @override
     def setup(self, federation: Federation) -> None:
-        if federation.clients_per_round < 4 * self.num_byzantine + 3:
-            raise ValueError(
-                f"Bulyan needs n >= 4f + 3 clients per round: got clients_per_round={federation.clients_per_round} "
-                f"for num_byzantine={self.num_byzantine}."
-            )
         super().setup(federation)
+        setting, n = combine_group(self.inner)
+        if n < 4 * self.num_byzantine + 3:
+            raise ValueError(f"Bulyan needs n >= 4f + 3 updates per group: got {setting}={n} for num_byzantine={self.num_byzantine}.")
 
     @override
     def combine(self, updates: Tensor) -> Tensor:

@@ -34,6 +34,11 @@ class Attack(RecordsInitArgs):
         """Whether :meth:`poison_batch` is overridden (the client's data is then wrapped)."""
         return type(self).poison_batch is not Attack.poison_batch
 
+    @property
+    def poisons_update(self) -> bool:
+        """Whether :meth:`poison_update` is overridden (model poisoning)."""
+        return type(self).poison_update is not Attack.poison_update
+
 
 class LabelFlip(Attack):
     """Trains on flipped labels :math:`y \\mapsto C - 1 - y` (Tolpegin et al. 2020, §3); batches are ``(x, y, ...)``.

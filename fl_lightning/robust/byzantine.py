@@ -12,6 +12,7 @@ from typing_extensions import override
 
 from fl_lightning.algorithms.shared.base import Algorithm, ClientContext, ClientUpdate
 from fl_lightning.algorithms.shared.wrapper import AlgorithmWrapper
+from fl_lightning.privacy.local_dp import uploads_plain_delta
 from fl_lightning.federation import Federation
 from fl_lightning.model_state import State
 from fl_lightning.robust.attacks import Attack
@@ -61,12 +62,16 @@ class Byzantine(AlgorithmWrapper):
     its delta before the wrapped algorithm packs it (:meth:`Attack.poison_update`, with a generator
     seeded by ``(client seed, "attack")``), so compression and server-side checks see the poisoned
     update. The attack is client-side, so the wrapper shards over processes when ``algorithm`` does.
-    ``round/malicious_clients`` counts the round's malicious participants (unsharded rounds).
+    ``round/malicious_clients`` counts the round's (or the asynchronous buffer's) malicious participants in rounds
+    whose aggregation sees every update (unsharded, or a robust rule's gathered updates).
 
     Args:
         attack: e.g. ``SignFlip()``, ``ScaledUpdate(scale=10)``, ``GaussianUpdate(std=1)``, ``LabelFlip(num_classes=10)``.
         fraction: share of the federation that is malicious, in [0, 1).
-        algorithm: the synchronous algorithm the honest clients run (default :class:`FedAvg`).
+        algorithm: the algorithm the honest clients run (default :class:`FedAvg`), synchronous or buffered
+            asynchronous (FedBuff, FedStaleWeight: malicious clients poison each update they send). Model poisoning
+            needs an upload computed from the delta (:func:`~fl_lightning.privacy.local_dp.uploads_plain_delta`);
+            over FedMRN, FedSoft and codecs only data poisoning (``LabelFlip``) is accepted.
     """
 
     malicious: frozenset[int]
@@ -78,8 +83,12 @@ class Byzantine(AlgorithmWrapper):
             raise ValueError(f"`fraction` must be a number in [0, 1), got {fraction!r}.")
         self.attack, self.fraction = attack, float(fraction)
         super().__init__(algorithm)
-        if self.inner.asynchronous:
-            raise ValueError(f"Byzantine wraps synchronous algorithms; {type(self.inner).__name__} is asynchronous.")
+        if attack.poisons_update and not uploads_plain_delta(self.inner):
+            raise ValueError(
+                f"{type(attack).__name__} poisons the client's delta, but {type(self.inner).__name__} uploads something "
+                "else (a model, masks, a codec's payload) that the poisoned delta would not reach; use a data-poisoning "
+                "attack (LabelFlip) with it."
+            )
 
     @override
     def setup(self, federation: Federation) -> None:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Set
 from dataclasses import replace
 
 import lightning.pytorch as pl
 import torch
+from torch import Tensor
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
 
@@ -44,8 +46,10 @@ class SecureAggregation(AlgorithmWrapper):
     and share messages (:data:`PUBLIC_KEYS_BYTES`, :data:`SHARES_BYTES_PER_PEER` per peer); the
     recovery round's messages are not counted. Simulated, not secure: the pads are seeded from
     the run's seed, and the self-masks that protect against a server lying about dropouts are
-    omitted. The server sees no individual update, so an ``update_bound`` is refused and the
-    clients do not shard over processes.
+    omitted. The server sees no individual update, so an ``update_bound`` is refused. Under client
+    sharding (``strategy="ddp"``) each rank sums its clients' masked vectors (:meth:`masked_sum`), one
+    int64 all-reduce adds the ranks' sums (the pads between clients of different ranks cancel there,
+    mod :math:`2^b`, as int64 wraps mod :math:`2^{64}`), and every rank unmasks the same sum.
 
     Args:
         algorithm: a :class:`~fl_lightning.SummableAggregation` (default :class:`FedAvg`).
@@ -121,24 +125,41 @@ class SecureAggregation(AlgorithmWrapper):
     @override
     def aggregate(self, round_idx: int, global_state: State, updates: list[ClientUpdate]) -> dict[str, float]:
         """Sums the arrived masked vectors, removes the pads shared with dropped clients, and applies the sum."""
-        arrived = [u for u in updates if not self.drops(round_idx, u.client_id)]
-        arrived_ids = {u.client_id for u in arrived}
-        dropped = [c for c in self.round_clients if c not in arrived_ids]
-        metrics = {"secagg_dropped_clients": float(len(dropped))}
-        if len(arrived) < math.ceil(self.min_survivors * len(self.round_clients)):
-            rank_zero_warn(
-                f"Round {round_idx}: secure aggregation aborted: {len(arrived)} of {len(self.round_clients)} clients "
-                f"arrived, fewer than min_survivors={self.min_survivors}; the global model is unchanged."
-            )
-            return metrics
+        dropped = self.dropped_clients(round_idx, absent=set(self.round_clients) - {u.client_id for u in updates})
+        return self.apply_masked_sum(round_idx, global_state, self.masked_sum(round_idx, updates, dropped, global_state), dropped)
+
+    def dropped_clients(self, round_idx: int, absent: Set[int] = frozenset()) -> list[int]:
+        """The round's clients whose upload did not arrive: the simulated dropouts and ``absent``."""
+        return [c for c in self.round_clients if c in absent or self.drops(round_idx, c)]
+
+    def masked_sum(self, round_idx: int, updates: list[ClientUpdate], dropped: list[int], global_state: State) -> Tensor:
+        """The masked vectors of ``updates`` not in ``dropped``, summed mod :math:`2^b`, less the pads each
+        shares with a dropped client (the recovery). Additive over any split of the clients: with client
+        sharding each rank sums its own and the ranks' sums are added mod :math:`2^b`, where the pads
+        between clients of different ranks cancel."""
         modulus = 1 << self.modulus_bits
-        total = torch.zeros_like(arrived[0].payload["masked"])
-        for update in arrived:
+        total = torch.zeros(sum(t.numel() for t in global_state.values()) + 1, dtype=torch.int64)
+        for update in updates:
+            if update.client_id in dropped:
+                continue
             total = (total + update.payload["masked"]) % modulus
             # Recovery: the pads this survivor shares with dropped clients, rebuilt and removed.
             pads = masked(torch.zeros_like(total), update.client_id, dropped, self.federation.seed, round_idx, self.modulus_bits)
             total = (total - pads) % modulus
-        values, offset, summed = decode(total, self.modulus_bits, self.fraction_bits), 0, {}
+        return total
+
+    def apply_masked_sum(self, round_idx: int, global_state: State, total: Tensor, dropped: list[int]) -> dict[str, float]:
+        """Unmasks ``total`` (a sum of :meth:`masked_sum` results) and hands the sum to the wrapped server step,
+        unless fewer than ``min_survivors`` of the round arrived (then the round aborts)."""
+        arrived = len(self.round_clients) - len(dropped)
+        metrics = {"secagg_dropped_clients": float(len(dropped))}
+        if arrived < math.ceil(self.min_survivors * len(self.round_clients)):
+            rank_zero_warn(
+                f"Round {round_idx}: secure aggregation aborted: {arrived} of {len(self.round_clients)} clients "
+                f"arrived, fewer than min_survivors={self.min_survivors}; the global model is unchanged."
+            )
+            return metrics
+        values, offset, summed = decode(total % (1 << self.modulus_bits), self.modulus_bits, self.fraction_bits), 0, {}
         for name, like in global_state.items():
             summed[name] = values[offset : offset + like.numel()].view(like.shape).to(like.device, accumulator_dtype(like.dtype))
             offset += like.numel()

@@ -18,6 +18,8 @@ from fl_lightning import AdaptiveClipping, DPFedAvg, FedALIGN, FedAvg, Federated
 from fl_lightning.data import Digits, Dirichlet, FederatedDataModule
 from fl_lightning.distributed import FederatedDDPStrategy
 from fl_lightning.models import MLP
+from fl_lightning.robust import Byzantine, CoordinateMedian, Krum, SignFlip
+from fl_lightning.secure import SecureAggregation
 
 
 ALGORITHMS = {
@@ -29,6 +31,15 @@ ALGORITHMS = {
     "dpfedavg": lambda: DPFedAvg(
         noise_multiplier=0.5, clip_norm=0.5, adaptive_clipping=AdaptiveClipping(count_noise_std=1.0), algorithm=FedProx(mu=0.1)
     ),
+    # Robust rules need every update: the ranks gather the round's decoded updates and each applies the rule.
+    "median": lambda: CoordinateMedian(algorithm=FedProx(mu=0.1)),
+    "krum": lambda: Byzantine(
+        attack=SignFlip(scale=3.0),
+        fraction=0.25,
+        algorithm=Krum(num_byzantine=1, num_selected=2, algorithm=FedAvg(server_optimizer=ServerSGD(lr=1.0, momentum=0.9))),
+    ),
+    # Each rank masks and sums its clients; the pads cancel in one int64 all-reduce, dropouts recovered.
+    "secagg": lambda: SecureAggregation(algorithm=FedProx(mu=0.1), dropout=0.3, min_survivors=0.4),
 }
 
 UPDATE_BOUNDS = {

@@ -12,6 +12,7 @@ from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from fl_lightning import CompressedFedAvg, FedALIGN, FedAvg, FedBuff, FederatedTrainer, FedProx, ServerAdam
 from fl_lightning.compression import StochasticSignCodec
 from fl_lightning.distributed import ClientSharding, FederatedDDPStrategy
+from fl_lightning.robust import CoordinateMedian
 from tests.algorithms.test_fedavg import _global_state, _updates, federation  # noqa: F401 (fixture)
 
 
@@ -84,6 +85,21 @@ def test_dropped_clients_stop_flag_and_missing_losses_travel_in_the_reduce(feder
     assert all(torch.count_nonzero(t) == 0 for t in combined.total.values())
 
 
+def test_every_rank_gathers_every_decoded_payload_exactly(federation):  # noqa: F811
+    template = _global_state(federation.module)
+    updates = _updates(template, seed=2)  # float deltas and integer counters
+    clients = [u.client_id for u in updates]
+    rank1 = _SummingStrategy(1, 2)
+    ClientSharding(rank1).gather_payloads(clients, updates[1:2], template)  # its other client was dropped
+    gathered = ClientSharding(_SummingStrategy(0, 2, others=[rank1.sent])).gather_payloads(clients, updates[0:3:2], template)
+
+    assert list(gathered) == clients[:3]  # every client some rank sent, in selection order
+    for update in updates[:3]:
+        for name, value in update.payload.items():
+            got = gathered[update.client_id][name]
+            assert got.dtype == template[name].dtype and torch.equal(got, value.to(got.dtype))
+
+
 def test_a_client_trained_by_no_rank_or_two_is_an_error(federation):  # noqa: F811
     global_state = _global_state(federation.module)
     updates = _updates(global_state)
@@ -119,8 +135,9 @@ def _sharding_error(algorithm, strategy) -> str:
         CompressedFedAvg(codec=StochasticSignCodec()),
         FedBuff(buffer_size=2),
         FedALIGN(priority=2, algorithm=CompressedFedAvg(codec=StochasticSignCodec())),
+        CoordinateMedian(algorithm=CompressedFedAvg(codec=StochasticSignCodec())),
     ],
-    ids=["overrides-aggregate", "async", "fedalign-over-compressed"],
+    ids=["overrides-aggregate", "async", "fedalign-over-compressed", "robust-over-compressed"],
 )
 def test_algorithms_that_are_not_a_weighted_sum_refuse_to_shard(algorithm):
     message = _sharding_error(algorithm, FederatedDDPStrategy())

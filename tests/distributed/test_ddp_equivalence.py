@@ -36,8 +36,14 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 
 @pytest.mark.parametrize(
     ("algorithm", "executor"),
-    [("fedavg", "lightning"), ("fedprox", "lean"), ("fedalign", "lean"), ("fedavgm", "batched"), ("dpfedavg", "lean")],
-    ids=["fedavg-lightning", "fedprox-lean", "fedalign-lean", "fedavgm-batched", "dpfedavg-lean"],
+    [
+        ("fedavg", "lightning"), ("fedprox", "lean"), ("fedalign", "lean"), ("fedavgm", "batched"), ("dpfedavg", "lean"),
+        ("median", "lightning"), ("krum", "lean"), ("secagg", "lean"),
+    ],  # fmt: skip
+    ids=[
+        "fedavg-lightning", "fedprox-lean", "fedalign-lean", "fedavgm-batched", "dpfedavg-lean", "median-lightning", "krum-lean",
+        "secagg-lean",
+    ],  # fmt: skip
 )
 def test_two_processes_match_one(tmp_path, algorithm, executor):
     # 5 clients per round over 2 ranks: an uneven 3/2 split, so ranks train different numbers of steps.

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from fl_lightning import FedAvg, FedBuff, ServerSGD
+from fl_lightning import FedAsync, FedAvg, ServerSGD
 from fl_lightning.algorithms.shared.summable import can_shard
 from fl_lightning.robust import Bulyan, CoordinateMedian, Krum, TrimmedMean, rules
 from tests.algorithms.test_fedavg import _global_state, _updates, federation  # noqa: F401 (fixture)
@@ -63,7 +63,7 @@ def test_krum_and_bulyan_refuse_too_few_clients_per_round(federation):  # noqa: 
         (lambda: TrimmedMean(beta=0.5), "beta"),
         (lambda: Krum(num_byzantine=-1), "num_byzantine"),
         (lambda: Krum(num_byzantine=1, num_selected=0), "num_selected"),
-        (lambda: CoordinateMedian(algorithm=FedBuff(buffer_size=2)), "sum of client deltas"),
+        (lambda: CoordinateMedian(algorithm=FedAsync()), "sum of client deltas"),
     ],
 )
 def test_bad_input_is_named(build, message):

@@ -83,6 +83,19 @@ def test_dropped_clients_pads_are_recovered(federation):  # noqa: F811
     assert metrics["secagg_dropped_clients"] == len(dropped)
 
 
+@pytest.mark.parametrize("dropout", [0.0, 0.5], ids=["all-arrive", "three-drop"])
+def test_masked_sums_of_two_shares_add_up_to_the_one_process_sum(federation, dropout):  # noqa: F811
+    # Client sharding: each rank sums its clients' masked vectors; the ranks' sums are added mod 2^b.
+    algorithm = SecureAggregation(dropout=dropout, min_survivors=0.25)
+    uploads, one_process, _ = _round(algorithm, federation, _updates(_global_state(federation.module), seed=3))
+    dropped, state = algorithm.dropped_clients(0), _global_state(federation.module)
+    assert len(dropped) == (0 if dropout == 0 else 3)
+    shares = [algorithm.masked_sum(0, uploads[rank::2], dropped, state) for rank in range(2)]
+    algorithm.apply_masked_sum(0, state, shares[0] + shares[1], dropped)
+    for name, value in one_process.items():
+        assert torch.equal(state[name], value), name
+
+
 def test_too_few_survivors_abort_the_round(federation):  # noqa: F811
     updates = _updates(_global_state(federation.module))
     algorithm = SecureAggregation(dropout=0.99, min_survivors=1.0)

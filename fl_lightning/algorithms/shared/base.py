@@ -112,6 +112,13 @@ class Algorithm(RecordsInitArgs, ABC):
         (:mod:`fl_lightning.update_bounds`) needs them and is refused otherwise."""
         return True
 
+    @property
+    def gathers_updates(self) -> bool:
+        """Whether :meth:`aggregate` needs every update of the round at once but may still shard its
+        clients over processes: the ranks then gather the round's decoded updates and each runs
+        :meth:`aggregate` on all of them (a robust rule over a weighted sum, :mod:`fl_lightning.robust`)."""
+        return False
+
     def decode_update(self, update: ClientUpdate) -> ClientUpdate:
         """The update as :meth:`aggregate` reads it (e.g. decompressed); by default unchanged.
 

@@ -97,11 +97,16 @@ def average_states(states: Sequence[Mapping[str, Tensor]], weights: Sequence[flo
     {'w': tensor([2.5000]), 'n': tensor(4)}
     """
     weights = [1.0] * len(states) if weights is None else list(weights)
-    mean = weighted_average(states, weights)
-    return {
-        name: t if states[0][name].is_floating_point() else torch.round(t).to(states[0][name].dtype)
-        for name, t in mean.items()
-    }
+    return as_model(weighted_average(states, weights), states[0])
+
+
+def as_model(state: Mapping[str, Tensor], like: Mapping[str, Tensor]) -> State:
+    """``state`` with its integer buffers (``num_batches_tracked``) rounded back to their dtype in ``like``.
+
+    >>> as_model({"w": torch.tensor([2.5]), "n": torch.tensor(3.5, dtype=torch.float64)}, {"w": torch.tensor([0.0]), "n": torch.tensor(0)})
+    {'w': tensor([2.5000]), 'n': tensor(4)}
+    """
+    return {name: t if like[name].is_floating_point() else torch.round(t).to(like[name].dtype) for name, t in state.items()}
 
 
 def match_clusters(u_hat: Tensor, u_true: Tensor) -> tuple[float, list[int]]:

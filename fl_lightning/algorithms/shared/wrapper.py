@@ -41,10 +41,20 @@ class AlgorithmWrapper(Algorithm):
     def client_update(self, client: ClientContext, module: pl.LightningModule, delta: State) -> ClientUpdate:
         return self.inner.client_update(client, module, delta)
 
+    @property  # type: ignore[misc]  # a class constant of Algorithm, the wrapped algorithm's here
+    def asynchronous(self) -> bool:  # type: ignore[override]
+        """Whether the wrapped algorithm runs on the asynchronous loop (which then reads its settings)."""
+        return self.inner.asynchronous
+
     @property
     @override
     def uploads_deltas(self) -> bool:
         return self.inner.uploads_deltas
+
+    @property
+    @override
+    def gathers_updates(self) -> bool:
+        return self.inner.gathers_updates
 
     @override
     def decode_update(self, update: ClientUpdate) -> ClientUpdate:
