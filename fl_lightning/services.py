@@ -53,6 +53,10 @@ class ServerServices:
         """Batches per optimizer step (the trainer's gradient accumulation factor)."""
         raise self._needs_loop("accumulate_grad_batches")
 
+    def request_stop(self) -> None:
+        """Asks the run to stop after this round (e.g. a privacy budget is spent); outside a fit
+        there is nothing to stop."""
+
     def train_client(self, round_idx: int, client_id: int, *, seed: int) -> ClientUpdate:
         """Runs the loop's client training once more for ``client_id`` (e.g. one more mixture
         component) with the data order of ``seed``; returns that run's update."""

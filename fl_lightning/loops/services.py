@@ -47,5 +47,9 @@ class LoopServices(ServerServices):
         return int(self._loop.trainer.accumulate_grad_batches)
 
     @override
+    def request_stop(self) -> None:
+        self._loop.trainer.should_stop = True
+
+    @override
     def train_client(self, round_idx: int, client_id: int, *, seed: int) -> ClientUpdate:
         return self._loop.train_client(round_idx, client_id, seed=seed)

@@ -143,7 +143,7 @@ class DPFedAvg(AlgorithmWrapper):
     def select_clients(self, round_idx: int) -> list[int]:
         """Uniform sampling as accounted for; no client once the budget is spent (nothing is released)."""
         if not self.budget_left:
-            self._request_stop()
+            self.federation.services.request_stop()
             return []
         if self.sampling == "fixed":
             return super().select_clients(round_idx)
@@ -186,7 +186,7 @@ class DPFedAvg(AlgorithmWrapper):
                 f"Round {round_idx}: epsilon={metrics['dp_epsilon']:.4g}; one more round would exceed "
                 f"target_epsilon={self.target_epsilon}, so training stops."
             )
-            self._request_stop()
+            self.federation.services.request_stop()
         return metrics
 
     def update_noise_multiplier(self) -> float:
@@ -194,13 +194,6 @@ class DPFedAvg(AlgorithmWrapper):
         if self.adaptive_clipping is None:
             return self.noise_multiplier
         return self.adaptive_clipping.update_noise_multiplier(self.noise_multiplier, self.federation.clients_per_round)
-
-    def _request_stop(self) -> None:
-        try:
-            trainer = self.federation.module.trainer
-        except RuntimeError:  # aggregating outside a fit (unit use): nothing to stop
-            return
-        trainer.should_stop = True
 
     @override
     def state_dict(self) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""Algorithms reach the run only through ``Federation`` and its services, never into the trainer."""
+"""Algorithms (and the privacy, robustness and secure-aggregation wrappers) reach the run only through
+``Federation`` and its services, never into the trainer."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
-import fl_lightning.algorithms as algorithms
+import fl_lightning
 
-PACKAGE = Path(algorithms.__file__).parent
+ROOT = Path(fl_lightning.__file__).parent
+PACKAGES = ("algorithms", "privacy", "robust", "secure")
+SOURCES = sorted(path for package in PACKAGES for path in (ROOT / package).rglob("*.py"))
 FORBIDDEN_ATTRIBUTES = {"trainer", "_trainer", "fit_loop"}
 
 
@@ -25,7 +28,7 @@ def trainer_reaches(tree: ast.AST) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(PACKAGE)))
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_no_algorithm_touches_the_trainer(path):
     assert trainer_reaches(ast.parse(path.read_text())) == [], f"{path.name} reaches into the trainer"
 
