@@ -21,7 +21,7 @@ only. Two offline federations, every run through the real
   per-class accuracy/loss weighted by the priority clients' class proportions.
 
 ``--paper`` switches both to the paper's own federations (Sec. 4, App. B) and adds App. C.1's
-baseline, at the paper's 200 rounds, seeds 0-2 (about 15 CPU-minutes):
+baseline, at the paper's 200 rounds, seeds 0-2 (about 18 CPU-minutes):
 
 * ``--synth paper``: the 10 priority devices and 10 noisy non-priority clients only (no clean
   free clients), every size from the FedProx generator, ``int(lognormal(4, 2)) + 50``.
