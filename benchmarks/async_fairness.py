@@ -1,4 +1,5 @@
-"""Buffered asynchronous FL on a virtual clock: FedBuff vs FedStaleWeight (Ma et al., issue 8).
+"""Buffered asynchronous FL on a virtual clock: FedBuff vs FedStaleWeight (Ma et al., issue 8), and
+FedAsync (Xie et al. 2019) as an unbuffered baseline (issue 18).
 
 The paper's set-up (§6.2): 15 agents, 10 fast with job durations U(1, 2) holding labels 4-9 and
 5 slow with U(8, 12) holding labels 0-3 (:class:`~fl_lightning.data.LabelGroups` +
@@ -24,12 +25,20 @@ measurements:
     finished. Per-update time = process CPU time (and wall time) / client updates trained,
     over the whole ``fit`` and over its first and last tenth.
 
+(d) **FedAsync** (``--fedasync constant polynomial hinge``): the same traces with FedAsync, which
+    updates on every arrival (alpha = 0.6; polynomial a = 0.5, hinge a = 10, b = 4, the paper's
+    values). It runs ``b`` times more model versions, so its version ``b * k`` has seen the same
+    arrivals, at the same virtual time, as FedBuff's aggregation ``k``: influence shares and
+    accuracies are reported at those points, beside FedBuff and FedStaleWeight.
+
 Run from the repository root::
 
     PYTHONPATH=. python benchmarks/async_fairness.py            # default, 3 seeds (see RESULTS.md for its time)
     PYTHONPATH=. python benchmarks/async_fairness.py --quick    # ~1-2 min smoke run
     PYTHONPATH=. python benchmarks/async_fairness.py --data blobs --lr 0.05 --seeds 0 1 2 3 4
+    PYTHONPATH=. python benchmarks/async_fairness.py --train-at arrival --timing-aggregations 0   # Fig. 2's runtime
     PYTHONPATH=. python benchmarks/async_fairness.py --out table.md --jobs 1
+    PYTHONPATH=. python benchmarks/async_fairness.py --fedasync constant polynomial hinge --aggregations 600 --timing-aggregations 0
 
 Runs of (a)/(b) are spread over ``--jobs`` worker processes (default: the CPU cores), each with
 one torch thread.
@@ -55,10 +64,17 @@ from workers import add_worker_arguments, init_worker, run_in_workers
 from fl_lightning import FederatedCallback
 
 ALGORITHMS = ("FedBuff", "FedStaleWeight")
+FEDASYNC = {"constant": {}, "polynomial": {"a": 0.5}, "hinge": {"a": 10.0, "b": 4}}  # the paper's s(t - tau)
 NUM_FAST, NUM_SLOW, BUFFER = 10, 5, 5
 FAST_LABELS, SLOW_LABELS = (4, 5, 6, 7, 8, 9), (0, 1, 2, 3)
 FAST_DELAY, SLOW_DELAY = (1.0, 2.0), (8.0, 12.0)
 # Notes, Appendix B (numpy simulation, 3,000 aggregations, seed 0): slow-group share of weight.
+# FedBuff(train_at=...): the papers' algorithm, or the runtime behind FedStaleWeight's Fig. 2 (afl-bench).
+TRAIN_AT = {
+    "dispatch": "clients train on the model they pulled at dispatch (snapshot semantics, the papers' algorithm)",
+    "arrival": "clients train on the model current at their arrival (`train_at='arrival'`, parameter staleness 0, "
+    "the runtime behind the paper's Fig. 2)",
+}
 NOTES_SHARE = {"FedBuff": 0.0695, "eq8": 0.1992, "alg1": 0.1807, "aflbench": 0.2050}
 
 
@@ -73,6 +89,7 @@ class Settings:
     batch_size: int
     local_steps: int
     window: int
+    train_at: str  # FedBuff(train_at=...): "dispatch" (the papers' algorithm) or "arrival" (Fig. 2's runtime)
 
 
 @dataclass(frozen=True)
@@ -134,14 +151,23 @@ def paper_data(settings: Settings, seed: int) -> Any:
     )
 
 
-def paper_algorithm(name: str, window: int) -> Any:
-    from fl_lightning.algorithms import FedBuff, FedStaleWeight, StalenessTracker
+def versions_per_aggregation(name: str) -> int:
+    """Model versions per FedBuff aggregation: FedAsync updates on each of the ``b`` arrivals."""
+    return BUFFER if name.startswith("FedAsync") else 1
+
+
+def paper_algorithm(name: str, window: int, train_at: str = "dispatch") -> Any:
+    from fl_lightning.algorithms import FedAsync, FedBuff, FedStaleWeight, StalenessTracker
     from fl_lightning.participation import DelayGroups, UniformDelay
 
     delays = DelayGroups(sizes=[NUM_FAST, NUM_SLOW], models=[UniformDelay(*FAST_DELAY), UniformDelay(*SLOW_DELAY)])
     if name == "FedBuff":
-        return FedBuff(buffer_size=BUFFER, delays=delays)
-    return FedStaleWeight(buffer_size=BUFFER, delays=delays, variant="eq8", tracker=StalenessTracker("window", window=window))
+        return FedBuff(buffer_size=BUFFER, delays=delays, train_at=train_at)
+    if name.startswith("FedAsync-"):
+        staleness = name.removeprefix("FedAsync-")
+        return FedAsync(alpha=0.6, staleness=staleness, delays=delays, train_at=train_at, **FEDASYNC[staleness])  # type: ignore[arg-type]
+    tracker = StalenessTracker("window", window=window)
+    return FedStaleWeight(buffer_size=BUFFER, delays=delays, variant="eq8", tracker=tracker, train_at=train_at)
 
 
 def trainer_kwargs() -> dict[str, Any]:
@@ -172,6 +198,7 @@ def run_one(spec: RunSpec) -> RunResult:
     from fl_lightning.probe import sample_metrics
 
     s = spec.settings
+    scale = versions_per_aggregation(spec.algorithm)
     data = paper_data(s, spec.seed)
     data.setup("fit")
     x_test, y_test = data.test.tensors  # type: ignore[union-attr]
@@ -188,8 +215,8 @@ def run_one(spec: RunSpec) -> RunResult:
 
         def on_round_aggregated(self, trainer: pl.Trainer, pl_module: pl.LightningModule, round_idx: int, metrics: dict[str, float]) -> None:
             super().on_round_aggregated(trainer, pl_module, round_idx, metrics)
-            version = int(metrics["round/version"])
-            if version % s.eval_every and version != s.aggregations:
+            version, unaligned = divmod(int(metrics["round/version"]), scale)  # in FedBuff aggregations
+            if unaligned or (version % s.eval_every and version != s.aggregations):
                 return
             correct = sample_metrics(pl_module, [(x_test, y_test)])["correct"].numpy()
             per_class = np.bincount(y_test.numpy(), weights=correct, minlength=10) / counts
@@ -200,10 +227,10 @@ def run_one(spec: RunSpec) -> RunResult:
     torch.manual_seed(spec.seed)
     in_features = int(x_test[0].numel())
     model = LogisticRegression(in_features=in_features, num_classes=10, lr=s.lr)
-    algorithm = paper_algorithm(spec.algorithm, s.window)
+    algorithm = paper_algorithm(spec.algorithm, s.window, s.train_at)
     recorder = Recorder()
     trainer = FederatedTrainer(
-        algorithm=algorithm, local_steps=s.local_steps, max_epochs=s.aggregations, seed=spec.seed, callbacks=[recorder], **trainer_kwargs()
+        algorithm=algorithm, local_steps=s.local_steps, max_epochs=s.aggregations * scale, seed=spec.seed, callbacks=[recorder], **trainer_kwargs()
     )
     started, cpu_started = time.perf_counter(), time.process_time()
     trainer.fit(model, datamodule=data)
@@ -218,8 +245,8 @@ def run_one(spec: RunSpec) -> RunResult:
         wall_s=wall,
         cpu_s=cpu,
         class_counts=counts.tolist(),
-        first_ms=per_update_ms(recorder.marks, 0, s.aggregations // 10),
-        last_ms=per_update_ms(recorder.marks, s.aggregations - 1 - s.aggregations // 10, s.aggregations - 1),
+        first_ms=per_update_ms(recorder.marks, 0, scale * (s.aggregations // 10)),
+        last_ms=per_update_ms(recorder.marks, scale * (s.aggregations - s.aggregations // 10) - 1, scale * s.aggregations - 1),
     )
 
 
@@ -424,6 +451,42 @@ def learning_table(results: list[RunResult], settings: Settings) -> list[str]:
     return lines
 
 
+def group_accuracy(result: RunResult, version: int, labels: Sequence[int]) -> float:
+    """Test accuracy of ``result``'s global model at ``version`` on the classes ``labels``."""
+    acc, counts = np.asarray(result.accuracy[version]), np.asarray(result.class_counts)
+    return float((acc * counts)[list(labels)].sum() / counts[list(labels)].sum())
+
+
+def fedasync_table(results: list[RunResult], settings: Settings) -> list[str]:
+    """(d): FedAsync's influence and accuracy at FedBuff's aggregation points, beside FedBuff and FedStaleWeight."""
+    seeds = sorted({r.spec.seed for r in results})
+    by = {(r.spec.algorithm, r.spec.seed): r for r in results}
+    names = ["FedBuff", "FedStaleWeight", *sorted({r.spec.algorithm for r in results if r.spec.algorithm.startswith("FedAsync")})]
+    def events(r: RunResult) -> list[tuple[float, int]]:  # (time, client): pulled versions count differently
+        return [(t, c) for t, c, _ in r.arrivals]
+
+    paired = all(events(by[(name, s)]) == events(by[("FedBuff", s)]) for name in names for s in seeds)
+    points = sorted({min(report_versions(settings.aggregations)), settings.aggregations})
+    lines = [
+        (f"**(d) FedAsync** (alpha 0.6; polynomial a = 0.5, hinge a = 10, b = 4), one update per arrival, on the traces of "
+         f"(a)/(b) (identical to FedBuff's for every seed: {'yes' if paired else 'NO'}); at FedBuff aggregation k FedAsync "
+         f"has made {BUFFER}k updates from the same arrivals. Mean ± std over seeds {seeds}; accuracies in %."),
+        "",
+        "| strategy | slow-group share | " + " | ".join(f"slow / fast / overall @ {k}" for k in points) + " |",
+        "|---|---|" + "---|" * len(points),
+    ]
+    for name in names:
+        runs = [by[(name, s)] for s in seeds]
+        shares = [np.asarray(r.influence)[NUM_FAST:].sum() / np.sum(r.influence) for r in runs]
+        cells = [
+            f"{mean_std([group_accuracy(r, k, SLOW_LABELS) for r in runs], 1, 100)} / "
+            f"{mean_std([group_accuracy(r, k, FAST_LABELS) for r in runs], 1, 100)} / {mean_std([r.overall[k] for r in runs], 1, 100)}"
+            for k in points
+        ]
+        lines.append(f"| {name} | {mean_std(shares, 4)} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def report_versions(aggregations: int) -> set[int]:
     return {v for v in (50, 100, 200, 500, 1000, 2000, 3000, 5000, 10000) if v < aggregations} | {aggregations}
 
@@ -467,13 +530,15 @@ def report(results: list[RunResult], timings: list[Timing], settings: Settings, 
          f"total wall time {wall_s:.0f} s (load average at the end {load()})."),
         "",
         (f"Set-up (paper §6.2): 15 clients, 10 fast U{FAST_DELAY} holding labels 4-9 and 5 slow U{SLOW_DELAY} holding labels "
-         f"0-3 (`LabelGroups` + `DelayGroups`), b = {BUFFER}, all clients in flight, pull policy `immediate`, snapshot "
-         f"semantics, server lr 1, FedStaleWeight `eq8` with a sliding window of {settings.window}."),
+         f"0-3 (`LabelGroups` + `DelayGroups`), b = {BUFFER}, all clients in flight, pull policy `immediate`, "
+         f"{TRAIN_AT[settings.train_at]}, server lr 1, FedStaleWeight `eq8` with a sliding window of {settings.window}."),
         "",
         *shares_table(results, settings),
         "",
         *learning_table(results, settings),
     ]
+    if args.fedasync:
+        lines += ["", *fedasync_table(results, settings)]
     if timings:
         lines += ["", *timing_table(timings, args.timing_aggregations)]
     cpu = sum(r.cpu_s for r in results)
@@ -500,6 +565,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--local-steps", type=int, default=1, help="Q")
     parser.add_argument("--window", type=int, default=5, help="FedStaleWeight's staleness window")
+    parser.add_argument("--fedasync", nargs="*", default=[], choices=sorted(FEDASYNC), help="(d): FedAsync with these staleness functions")
+    parser.add_argument(
+        "--train-at", default="dispatch", choices=list(TRAIN_AT), help="which model a client trains on (FedBuff's train_at)"
+    )
     parser.add_argument("--timing-aggregations", type=int, default=1000, help="aggregations / rounds per fit of (c); 0 skips (c)")
     parser.add_argument("--timing-repeats", type=int, default=2)
     add_worker_arguments(parser)  # --jobs runs (a)/(b)
@@ -532,8 +601,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         batch_size=args.batch_size,
         local_steps=args.local_steps,
         window=args.window,
+        train_at=args.train_at,
     )
-    specs = [RunSpec(name, seed, settings) for seed in args.seeds for name in ALGORITHMS]
+    names = [*ALGORITHMS, *(f"FedAsync-{staleness}" for staleness in args.fedasync)]
+    specs = [RunSpec(name, seed, settings) for seed in args.seeds for name in names]
     print(asdict(settings), flush=True)
     started = time.perf_counter()
     results = run_in_workers(run_one, specs, args, progress_line)

@@ -10,7 +10,7 @@ training data (the paper's w-bar) and held-out data, and how per-client state sc
     PYTHONPATH=. python benchmarks/fedsoft.py --quick                # smoke run
     PYTHONPATH=. python benchmarks/fedsoft.py --patterns random --seeds 0,1,2,3 --out table.md
     # the paper's setting (Adam lr 5e-3, 10 local epochs of batch 10, 50 rounds, no held-out
-    # part, FedEM too; about 50x the local steps, ~5 CPU-minutes per FedSoft run, 6x that for FedEM):
+    # part, FedEM too; about 50x the local steps, ~5 CPU-minutes per FedSoft run, about 5x that for FedEM):
     PYTHONPATH=. python benchmarks/fedsoft.py --paper
 
 The paper's synthetic setting is kept (N=100, K=60, tau=2, lambda=1, sigma=1e-4, theta variance
@@ -49,12 +49,12 @@ from harness import QUIET_TRAINER, QUIET_VALIDATING
 from reporting import emit  # benchmarks/ is on sys.path when run as a script
 
 from fl_lightning import IFCA, FedAvg, FedEM, FederatedTrainer, FedSoft
-from fl_lightning.algorithms.clustered import (
+from fl_lightning.algorithms.shared.clustered_algorithm import (
     personal_metrics,
     source_metrics,
     true_importance,
 )
-from fl_lightning.algorithms.clustering import importance_weights, match_clusters
+from fl_lightning.algorithms.shared.cluster_math import importance_weights, match_clusters
 from fl_lightning.data import (
     Digits,
     FederatedDataModule,

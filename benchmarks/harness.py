@@ -71,7 +71,7 @@ def plain_fedavg(
     client_idx: Sequence[Tensor],
     select: Callable[[int], Sequence[int]],
     *,
-    steps: int,
+    steps: int | None,
     rounds: int,
     lr: float,
     batch_size: int,
@@ -85,7 +85,8 @@ def plain_fedavg(
         labels: every sample's class.
         client_idx: each client's dataset indices (int64, CPU).
         select: round -> the round's clients.
-        steps: local SGD steps per client (epochs of fresh permutations, last batch partial).
+        steps: local SGD steps per client (epochs of fresh permutations, last batch partial);
+            ``None``: one epoch per client, as ``FederatedTrainer(local_epochs=1)``.
         rounds: number of rounds.
         lr: local learning rate (plain SGD, no momentum).
         batch_size: local batch size.
@@ -110,8 +111,8 @@ def plain_fedavg(
             idx = client_idx[cid]
             n = len(idx)
             g = torch.Generator().manual_seed(derive_seed(seed, "client", r, cid))
-            done = 0
-            while done < steps:  # epochs of fresh permutations, cut into batches, last one partial
+            done, client_steps = 0, -(-n // batch_size) if steps is None else steps
+            while done < client_steps:  # epochs of fresh permutations, cut into batches, last one partial
                 order = torch.randperm(n, generator=g)
                 for start in range(0, n, batch_size):
                     b = idx[order[start : start + batch_size]]
@@ -120,7 +121,7 @@ def plain_fedavg(
                     F.cross_entropy(net(x), y).backward()
                     opt.step()
                     done += 1
-                    if done == steps:
+                    if done == client_steps:
                         break
             with torch.no_grad():
                 for k, p in live.items():

@@ -28,6 +28,7 @@ Run from the repository root::
     PYTHONPATH=. python benchmarks/memory.py --device cuda --model cnn      # GPU, PflCNN on CIFAR-shaped data
     PYTHONPATH=. python benchmarks/memory.py --quick                        # smoke run
     PYTHONPATH=. python benchmarks/memory.py --algorithms fedstaleweight-all --clients 100,1000
+    PYTHONPATH=. python benchmarks/memory.py --algorithms fedavg --clients 1000 --per-round 50 --executor batched --max-batched-clients 10
 """
 
 from __future__ import annotations
@@ -110,6 +111,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         local_steps=args.steps,
         max_epochs=args.rounds,
         client_executor=args.executor,
+        max_batched_clients=args.max_batched_clients,
         accelerator="gpu" if device.type == "cuda" else "cpu",
         devices=1,
         **QUIET_TRAINER,
@@ -148,6 +150,7 @@ def run_config(args: argparse.Namespace, algorithm: str, num_clients: int) -> di
         "--device", args.device, "--model", args.model, "--samples", str(args.samples),
         "--per-round", str(args.per_round), "--steps", str(args.steps), "--rounds", str(args.rounds),
         "--executor", args.executor, "--threads", str(args.threads),
+        *(["--max-batched-clients", str(args.max_batched_clients)] if args.max_batched_clients else []),
     ]  # fmt: skip
     env = dict(os.environ)
     if args.malloc_mmap_threshold is not None:  # fixed: glibc then serves large blocks by mmap, unmapped on free
@@ -213,7 +216,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--per-round", type=int, default=10, help="clients per round (FedSoft: 2 clusters of half)")
     parser.add_argument("--steps", type=int, default=5, help="local SGD steps of batch 10 per client")
     parser.add_argument("--rounds", type=int, help="rounds (aggregations) per run (default 6; quick 2)")
-    parser.add_argument("--executor", choices=("lightning", "lean"), default="lightning")
+    parser.add_argument("--executor", choices=("lightning", "lean", "batched"), default="lightning")
+    parser.add_argument(
+        "--max-batched-clients", type=int, help="with --executor batched: at most this many clients trained at once"
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads(N); 0 keeps torch's default")
     parser.add_argument(
         "--malloc-mmap-threshold", type=int, help="set glibc's MALLOC_MMAP_THRESHOLD_ (bytes) in the child processes"
@@ -262,7 +268,7 @@ def main(argv: list[str] | None = None) -> None:
         (
             f"- workload: {args.samples:,} synthetic samples of shape {MODELS[args.model]} (CPU tensors), IID; "
             f"{model}; {args.per_round} clients per round, {args.steps} local steps of batch 10, {args.rounds} "
-            f"rounds, `client_executor={args.executor!r}`; one fresh process per row"
+            f"rounds, `client_executor={args.executor!r}`, `max_batched_clients={args.max_batched_clients}`; one fresh process per row"
             + (f"; MALLOC_MMAP_THRESHOLD_={args.malloc_mmap_threshold}" if args.malloc_mmap_threshold is not None else "")
         ),
     ]

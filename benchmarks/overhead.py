@@ -28,6 +28,7 @@ Run from the repository root::
     PYTHONPATH=. python benchmarks/overhead.py --quick      # ~20 s smoke run
     PYTHONPATH=. python benchmarks/overhead.py --out results.md --clock wall --models digits
     PYTHONPATH=. python benchmarks/overhead.py --profile    # cProfile of path (b), top functions
+    PYTHONPATH=. python benchmarks/overhead.py --ragged 10,50  # ragged Dirichlet(0.5) clients, every executor
 
 ``--threads N`` calls ``torch.set_num_threads(N)`` (default 1; ``0`` keeps torch's default).
 One thread is the default because on small 2-vCPU VMs torch's default of one intra-op
@@ -69,7 +70,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from fl_lightning import FederatedTrainer
-from fl_lightning.data import FederatedDataModule, InMemoryDataset
+from fl_lightning.data import Dirichlet, FederatedDataModule, InMemoryDataset, Partitioner
 from fl_lightning.models import MLP
 from fl_lightning.utils.seeding import derive_seed
 
@@ -113,9 +114,12 @@ class Workload:
     dataset: InMemoryDataset
     client_idx: list[Tensor]  # each client's dataset indices (int64)
     init: dict[str, Tensor]  # initial weights, shared by every method
+    partitioner: Partitioner | None = None  # None: IID
 
     def datamodule(self) -> FederatedDataModule:
-        dm = FederatedDataModule(self.dataset, num_clients=self.num_clients, batch_size=BATCH_SIZE, seed=SEED)
+        dm = FederatedDataModule(
+            self.dataset, partitioner=self.partitioner, num_clients=self.num_clients, batch_size=BATCH_SIZE, seed=SEED
+        )
         dm.setup("fit")
         return dm
 
@@ -124,7 +128,9 @@ class Workload:
         return select_clients(SEED, round_idx, self.num_clients, self.clients_per_round)
 
 
-def make_workload(spec: ModelSpec, num_clients: int, samples_per_client: int, clients_per_round: int) -> Workload:
+def make_workload(
+    spec: ModelSpec, num_clients: int, samples_per_client: int, clients_per_round: int, partitioner: Partitioner | None = None
+) -> Workload:
     g = torch.Generator().manual_seed(1234)
     n = num_clients * samples_per_client
     dataset = InMemoryDataset(
@@ -134,7 +140,7 @@ def make_workload(spec: ModelSpec, num_clients: int, samples_per_client: int, cl
     )
     torch.manual_seed(0)
     init = MLP(in_features=spec.in_features, hidden=spec.hidden, num_classes=spec.num_classes).state_dict()
-    work = Workload(spec, num_clients, clients_per_round, dataset, [], {k: v.clone() for k, v in init.items()})
+    work = Workload(spec, num_clients, clients_per_round, dataset, [], {k: v.clone() for k, v in init.items()}, partitioner)
     dm = work.datamodule()
     work.client_idx = [torch.tensor(dm.client_indices(c), dtype=torch.int64) for c in range(num_clients)]
     return work
@@ -145,7 +151,7 @@ def make_workload(spec: ModelSpec, num_clients: int, samples_per_client: int, cl
 # --------------------------------------------------------------------------------------------
 
 
-def run_plain(work: Workload, steps: int, total_rounds: int) -> tuple[np.ndarray, dict[str, Tensor]]:
+def run_plain(work: Workload, steps: int | None, total_rounds: int) -> tuple[np.ndarray, dict[str, Tensor]]:
     """Returns the (wall, CPU) seconds of every round and the final global weights."""
     spec = work.spec
     layers: list[nn.Module] = [nn.Flatten()]
@@ -168,11 +174,13 @@ def run_plain(work: Workload, steps: int, total_rounds: int) -> tuple[np.ndarray
 
 
 def federated_trainer(
-    work: Workload, steps: int, total_rounds: int, callbacks: list[pl.Callback], executor: str = "lightning"
+    work: Workload, steps: int | None, total_rounds: int, callbacks: list[pl.Callback], executor: str = "lightning", **kwargs: Any
 ) -> FederatedTrainer:
+    """``steps=None``: one local epoch per client."""
     return FederatedTrainer(
         client_executor=executor,
         local_steps=steps,
+        local_epochs=1 if steps is None else None,
         clients_per_round=work.clients_per_round,
         seed=SEED,
         max_epochs=total_rounds,
@@ -180,18 +188,19 @@ def federated_trainer(
         devices=1,
         callbacks=callbacks,
         **QUIET_TRAINER,
+        **kwargs,
     )
 
 
 def run_federated(
-    work: Workload, steps: int, total_rounds: int, module_cls: type[MLP], executor: str = "lightning"
+    work: Workload, steps: int | None, total_rounds: int, module_cls: type[MLP], executor: str = "lightning", **kwargs: Any
 ) -> tuple[np.ndarray, dict[str, Tensor], float]:
     """Returns the (wall, CPU) seconds of every round, the final weights and the fit's start-up wall time (s)."""
     module = make_module(module_cls, work.spec, work.init)
     dm = work.datamodule()
     timer = RoundTimer()
     t0 = now()
-    trainer = federated_trainer(work, steps, total_rounds, [timer], executor)
+    trainer = federated_trainer(work, steps, total_rounds, [timer], executor, **kwargs)
     trainer.fit(module, datamodule=dm)
     marks = timer.marks
     assert len(marks) == total_rounds + 1, f"expected {total_rounds} rounds, saw {len(marks) - 1}"
@@ -339,6 +348,38 @@ def bench_model(spec: ModelSpec, cfg: Config, log: Callable[[str], None]) -> dic
     }
 
 
+#: The ragged workload: digits-sized (1,800 samples of 64 features, 10 classes) over 50 clients by
+#: Dirichlet(0.5) label skew, one local epoch of batch 10 per client, so clients differ in samples and steps.
+RAGGED_CLIENTS, RAGGED_SAMPLES_PER_CLIENT, RAGGED_ALPHA = 50, 36, 0.5
+#: ``(label, client_executor, extra FederatedTrainer arguments)`` of the ragged rows, after the plain loop.
+RAGGED_EXECUTORS = (
+    ("default (`client_executor=\"auto\"`)", "auto", {}),
+    ("`client_executor=\"lean\"`", "lean", {}),
+    ("`client_executor=\"batched\"`", "batched", {}),
+    ("`client_executor=\"batched\"`, `max_batched_clients=10`", "batched", {"max_batched_clients": 10}),
+)
+
+
+def bench_ragged(cfg: Config, clients_per_round: int, log: Callable[[str], None]) -> dict[str, Any]:
+    """Per-round times of the plain loop and every executor on the ragged workload, interleaved per repeat."""
+    work = make_workload(
+        MODELS["digits"], RAGGED_CLIENTS, RAGGED_SAMPLES_PER_CLIENT, clients_per_round, Dirichlet(alpha=RAGGED_ALPHA)
+    )
+    total = cfg.warmup + cfg.rounds
+    series = {label: Series() for label in ("plain", *(label for label, _, _ in RAGGED_EXECUTORS))}
+    diffs: dict[str, list[float]] = {label: [] for label, _, _ in RAGGED_EXECUTORS}
+    for rep in range(cfg.repeats):
+        log(f"  [ragged, {clients_per_round} clients/round] repeat {rep + 1}/{cfg.repeats}")
+        times, w_plain = run_plain(work, None, total)
+        series["plain"].add(times, cfg.warmup, clients_per_round)
+        for label, executor, kwargs in RAGGED_EXECUTORS:
+            times, weights, _ = run_federated(work, None, total, MLP, executor=executor, **kwargs)
+            series[label].add(times, cfg.warmup, clients_per_round)
+            diffs[label].append(max_abs_diff(w_plain, weights))
+    sizes = [len(idx) for idx in work.client_idx]
+    return {"clients_per_round": clients_per_round, "series": series, "diffs": diffs, "sizes": (min(sizes), max(sizes))}
+
+
 # --------------------------------------------------------------------------------------------
 # Report
 # --------------------------------------------------------------------------------------------
@@ -444,6 +485,41 @@ def render(
     return "\n".join(out)
 
 
+def render_ragged(results: list[dict[str, Any]], cfg: Config, argv: list[str], threads: int, clock: str, load: str, elapsed: float) -> str:
+    other = CLOCKS[1 - CLOCKS.index(clock)]
+    lo, hi = results[0]["sizes"]
+    out = [
+        "## Ragged clients: plain loop vs each client executor, side by side in one run",
+        "",
+        f"- command: `{' '.join(argv)}`",
+        f"- date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",
+        *machine_lines(threads),
+        f"- load average (1 min) before / after: {load}",
+        f"- workload: {MODELS['digits'].name}; {RAGGED_CLIENTS * RAGGED_SAMPLES_PER_CLIENT} samples over {RAGGED_CLIENTS} "
+        f"clients by Dirichlet({RAGGED_ALPHA}) ({lo}-{hi} samples per client), one local epoch of batch {BATCH_SIZE} "
+        f"(lr {LR}, no momentum), FedAvg",
+        f"- {cfg.warmup} warm-up + {cfg.rounds} measured rounds per run x {cfg.repeats} repeats, the rows of a repeat run "
+        f"one after another; ms / client = median over measured rounds of round time / clients per round, **{clock}** clock",
+        f"- total benchmark wall time: {elapsed:.0f} s",
+        "",
+        f"| clients / round | way of running the clients | ms / client | p25-p75 | vs plain loop | {other} ms / client | "
+        f"vs plain ({other}) | max abs diff of final weights vs plain |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for res in results:
+        series, base = res["series"], res["series"]["plain"]
+        for label, ser in series.items():
+            q1, q3 = ser.quartiles(clock)
+            m, mo = ser.median(clock), ser.median(other)
+            diff = "-" if label == "plain" else f"{max(res['diffs'][label]):.2g}"
+            name = "plain PyTorch loop" if label == "plain" else label
+            out.append(
+                f"| {res['clients_per_round']} | {name} | {fmt(m)} | {fmt(q1)}-{fmt(q3)} | {m / base.median(clock):.2f}x | "
+                f"{fmt(mo)} | {mo / base.median(other):.2f}x | {diff} |"
+            )
+    return "\n".join(out + [""])
+
+
 def profile_federated(spec: ModelSpec, cfg: Config, top: int = 30) -> str:
     """cProfile of path (b) for ``cfg.warmup + cfg.rounds`` rounds; the top functions by own and cumulative time."""
     work = make_workload(spec, cfg.num_clients, cfg.samples_per_client, cfg.clients_per_round)
@@ -479,6 +555,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, help="measured rounds per run (default 20; quick 5)")
     parser.add_argument("--repeats", type=int, help="repeats of every run (default 3; quick 1)")
     parser.add_argument("--profile", action="store_true", help="print a cProfile of path (b) instead of benchmarking")
+    parser.add_argument(
+        "--ragged", default="", metavar="CLIENTS_PER_ROUND",
+        help="instead: the ragged Dirichlet(0.5) digits workload at these comma-separated clients per round (e.g. 10,50)",
+    )
     args = parser.parse_args(argv)
 
     if args.threads > 0:
@@ -511,11 +591,16 @@ def main(argv: list[str] | None = None) -> None:
 
     started = time.perf_counter()
     load_before = os.getloadavg()[0]
+    cmd = ["python", "benchmarks/overhead.py", *(argv if argv is not None else sys.argv[1:])]
+    if args.ragged:
+        ragged = [bench_ragged(cfg, int(c), lambda msg: print(msg, file=sys.stderr, flush=True)) for c in args.ragged.split(",")]
+        load = f"{load_before:.2f} / {os.getloadavg()[0]:.2f} (nproc {os.cpu_count()})"
+        emit(render_ragged(ragged, cfg, cmd, args.threads, args.clock, load, time.perf_counter() - started), args.out)
+        return
     results = []
     for spec in specs:
         print(f"benchmarking {spec.name} ...", file=sys.stderr, flush=True)
         results.append(bench_model(spec, cfg, lambda msg: print(msg, file=sys.stderr, flush=True)))
-    cmd = ["python", "benchmarks/overhead.py", *(argv if argv is not None else sys.argv[1:])]
     load = f"{load_before:.2f} / {os.getloadavg()[0]:.2f} (nproc {os.cpu_count()})"
     report = render(results, cfg, cmd, args.threads, args.clock, load, time.perf_counter() - started)
     emit(report, args.out)

@@ -1,12 +1,18 @@
 """fl_lightning: federated learning research as a first-class citizen of PyTorch Lightning."""
 
+from fl_lightning._quiet import silence_leafspec_warning
+
+silence_leafspec_warning()
+
 from fl_lightning.algorithms import (
     AllClients,
     Algorithm,
+    AsyncAlgorithm,
     ClientContext,
     ClientUpdate,
     CompressedFedAvg,
     FedALIGN,
+    FedAsync,
     FedAvg,
     FedAvgSM,
     FedEM,
@@ -40,6 +46,7 @@ __all__ = [
     "AdaptiveClipping",
     "AllClients",
     "Algorithm",
+    "AsyncAlgorithm",
     "Bulyan",
     "ClientContext",
     "ClientUpdate",
@@ -47,6 +54,7 @@ __all__ = [
     "CoordinateMedian",
     "DPFedAvg",
     "FedALIGN",
+    "FedAsync",
     "FedAvg",
     "FedAvgSM",
     "FedEM",

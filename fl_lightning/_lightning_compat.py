@@ -21,7 +21,6 @@ from lightning.pytorch.loops.progress import _Progress
 from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
 from lightning.pytorch.overrides.distributed import _sync_module_states
 from lightning.pytorch.trainer import call
-from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch.utilities.combined_loader import CombinedLoader
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from lightning.pytorch.utilities.signature_utils import is_param_in_hook_signature
@@ -40,7 +39,8 @@ __all__ = [
     "overridden_batch_hooks",
     "reload_validation_data",
     "run_client_epoch",
-    "run_lean_client",
+    "start_batch",
+    "training_step_scope",
     "run_server_validation",
     "run_test_during_fit",
     "evaluation_metric_names",
@@ -148,44 +148,21 @@ class _OneStream:
         return len(self._batches)
 
 
-def run_lean_client(fit_loop: _FitLoop, batches: Iterable[Any], on_output: Callable[[Any], None]) -> int:
-    """Runs one client's batches through ``training_step`` directly: the opt-in lean executor.
-
-    Per batch: precision conversion, ``batch_to_device``, ``zero_grad``, ``training_step``
-    (in the precision plugin's context), ``backward``, ``optimizer.step``: the same arithmetic
-    as Lightning's automatic optimization, without its per-step hooks. ``self.log(on_epoch=True)``
-    still aggregates into the round. Each step's ``training_step`` output goes to ``on_output``.
-    Returns the number of optimizer steps taken.
-    """
-    trainer = fit_loop.trainer
+@contextmanager
+def training_step_scope(trainer: pl.Trainer) -> Iterator[None]:
+    """Runs ``training_step`` calls outside Lightning's epoch loop as that loop would: ``self.log``
+    knows it is in ``training_step``; :func:`start_batch` readies the logger for each batch."""
     module = trainer.lightning_module
-    if not module.automatic_optimization or len(trainer.optimizers) != 1:
-        raise ValueError("The lean client executor needs automatic optimization with exactly one optimizer.")
-    if getattr(trainer.precision_plugin, "scaler", None) is not None:
-        raise ValueError(f"The lean client executor does not scale gradients: precision={trainer.precision!r} is not supported.")
-    optimizer, precision = trainer.optimizers[0], trainer.precision_plugin
-    to_device = _batch_mover(trainer)
-    takes_batch_idx = step_takes_batch_idx(module)
     previous, module._current_fx_name = module._current_fx_name, "training_step"
-    steps = 0
     try:
-        for batch_idx, batch in enumerate(batches):
-            batch = to_device(precision.convert_input(batch))
-            trainer._logger_connector.on_batch_start(batch)
-            optimizer.zero_grad(set_to_none=True)
-            with precision.train_step_context():
-                output = module.training_step(batch, batch_idx) if takes_batch_idx else module.training_step(batch)
-            loss = output["loss"] if isinstance(output, Mapping) else output
-            if loss is None:  # Lightning skips the step too
-                continue
-            loss.backward()
-            optimizer.step()
-            on_output(output)
-            steps += 1
+        yield
     finally:
         module._current_fx_name = previous
-        count_steps(trainer, steps)
-    return steps
+
+
+def start_batch(trainer: pl.Trainer, batch: Any) -> None:
+    """What Lightning's logger connector does when a training batch starts (the batch size ``self.log`` infers)."""
+    trainer._logger_connector.on_batch_start(batch)
 
 
 def count_steps(trainer: pl.Trainer, steps: int) -> None:
@@ -219,16 +196,6 @@ def overridden_batch_hooks(trainer: pl.Trainer, hooks: Iterable[str] = BATCH_TRA
     """``Owner.hook`` for each of ``hooks`` that the module or the datamodule overrides."""
     owners = [trainer.lightning_module] + [trainer.datamodule] * isinstance(trainer.datamodule, pl.LightningDataModule)
     return [f"{type(owner).__name__}.{hook}" for owner in owners for hook in hooks if is_overridden(hook, owner)]
-
-
-def _batch_mover(trainer: pl.Trainer) -> Callable[[Any], Any]:
-    """``strategy.batch_to_device``, or, when neither module nor datamodule overrides its hooks,
-    the ``move_data_to_device`` it would end in, without two hook dispatches per batch."""
-    strategy = trainer.strategy
-    if overridden_batch_hooks(trainer, BATCH_TRANSFER_HOOKS[1:]):
-        return strategy.batch_to_device
-    device = strategy.root_device
-    return lambda batch: move_data_to_device(batch, device)
 
 
 def sync_module_states(module: torch.nn.Module) -> None:

@@ -6,6 +6,7 @@
   ``last.ckpt`` to it.
 * :func:`find_last_checkpoint` resolves ``ckpt_path="last"`` across the earlier runs of the same
   experiment (each run of a logger gets a new version folder, where Lightning alone would look).
+* :func:`run_directory` is the run's own folder of its first logger, which holds ``checkpoints/``.
 * :class:`GlobalModelCheckpoint` makes every checkpoint's ``state_dict`` the global model, also
   when it is saved mid-round (the module then holds a client's weights, which go into the
   loop's state), so ``load_from_checkpoint`` returns the global model.
@@ -19,6 +20,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from typing_extensions import override
 
 #: The file name of each round's checkpoint (``round_3.ckpt``: the model after 0-based round 3).
@@ -28,6 +30,23 @@ ROUND_FILENAME = "round_{epoch}"
 def round_checkpoint() -> ModelCheckpoint:
     """The latest round's checkpoint, written every round, with ``last.ckpt`` linked to it."""
     return ModelCheckpoint(filename=ROUND_FILENAME, auto_insert_metric_name=False, save_last="link", every_n_epochs=1)
+
+
+def run_directory(trainer: pl.Trainer) -> str | None:
+    """This run's folder of the trainer's first logger, where ``ModelCheckpoint`` puts ``checkpoints/``:
+    a CSV or TensorBoard logger's ``log_dir``, else ``<save_dir>/<name>/<version>`` (for W&B,
+    ``<save_dir>/<project>/<run id>``); ``None`` without a logger.
+
+    Unlike ``Trainer.log_dir`` (the shared ``save_dir`` of a W&B logger) it is one run's own, and it
+    is read on this rank alone, without ``Trainer.log_dir``'s broadcast.
+    """
+    if not trainer.loggers:
+        return None
+    logger = trainer.loggers[0]
+    if isinstance(logger, (CSVLogger, TensorBoardLogger)):
+        return logger.log_dir
+    version = logger.version if isinstance(logger.version, str) else f"version_{logger.version}"
+    return os.path.join(logger.save_dir or trainer.default_root_dir, str(logger.name), version)
 
 
 def find_last_checkpoint(trainer: pl.Trainer) -> str | None:

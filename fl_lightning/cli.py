@@ -2,30 +2,61 @@
 
     fl-lightning fit --config configs/quickstart.yaml
     fl-lightning fit --config configs/quickstart.yaml --trainer.max_epochs 5 --print_config
+
+A bad value in the configuration ends the command with one ``error: ...`` line and exit status 2
+(:mod:`fl_lightning.cli_errors`; ``FL_LIGHTNING_DEBUG=1`` shows the traceback).
 """
 
 from __future__ import annotations
 
+import os
 import time
+from datetime import datetime
 from typing import Any
 
 import yaml
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
-from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from rich.console import Console
 from rich.table import Table
+from typing_extensions import override
 
+from fl_lightning._quiet import silence_lightning_tips
+from fl_lightning.checkpointing import run_directory
+from fl_lightning.cli_errors import DEBUG_ENV, RunStarted, configuration_errors
+from fl_lightning.cli_help import PlainHelpParser
 from fl_lightning.trainer import FederatedTrainer
 from fl_lightning.utils.metric_names import logged_test_metrics, logged_validation_metrics, monitored_metrics, require_logged
+from fl_lightning.utils.run_names import stamp_wandb_names
 
 
 class LoggerSaveConfigCallback(SaveConfigCallback):
-    """Saves the resolved config in the log directory and sends it to every logger under
-    ``config`` (e.g. the W&B run config), apart from the model's own hyper-parameters."""
+    """Saves the resolved config as ``config.yaml`` in the run's own log directory and sends it to every
+    logger under ``config`` (e.g. the W&B run config), apart from the model's own hyper-parameters.
 
+    The run's own directory is :func:`~fl_lightning.checkpointing.run_directory` (beside
+    ``checkpoints/``; for W&B not the ``save_dir`` that all runs share, where each run's config would
+    overwrite the previous one). Without a logger nothing is saved: no file lands in the current directory.
+    """
+
+    @override
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if self.already_saved:
+            return
+        if trainer.is_global_zero:
+            directory = run_directory(trainer)
+            if directory is not None:
+                os.makedirs(directory, exist_ok=True)
+                path = os.path.join(directory, self.config_filename)
+                self.parser.save(self.config, path, skip_unset=False, overwrite=self.overwrite, multifile=self.multifile)
+            self.save_config(trainer, pl_module, stage)
+            self.already_saved = True
+        # Every rank agrees, as Lightning's own setup does, so later setups skip on all of them.
+        self.already_saved = trainer.strategy.broadcast(self.already_saved)
+
+    @override
     def save_config(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        config = yaml.safe_load(self.parser.dump(self.config, skip_none=False))
+        config = yaml.safe_load(self.parser.dump(self.config, skip_unset=False))
         for logger in trainer.loggers:
             logger.log_hyperparams({"config": config})
 
@@ -41,7 +72,8 @@ def fit_summary(trainer: Trainer, wall_time_s: float) -> Table:
     table.add_row("uploaded", _human_bytes(loop.total_upload_bytes))
     table.add_row("downloaded", _human_bytes(loop.total_download_bytes))
     table.add_row("wall time", f"{wall_time_s:.1f} s")
-    table.add_row("logs", str(_log_dir(trainer)) if trainer.loggers else "(no logger)")
+    # run_directory, not Trainer.log_dir: that broadcasts, and only rank 0 prints the summary.
+    table.add_row("logs", run_directory(trainer) or "(no logger)")
     return table
 
 
@@ -83,21 +115,15 @@ def _human_bytes(n: int) -> str:
     raise AssertionError("unreachable")
 
 
-def _log_dir(trainer: Trainer) -> str | None:
-    """The first logger's directory, as ``Trainer.log_dir`` gives it, read on this rank only.
-
-    ``Trainer.log_dir`` broadcasts from rank 0: called by rank 0 alone after ``fit`` (the summary),
-    it fails or hangs because the other ranks have already moved on.
-    """
-    logger = trainer.loggers[0]
-    return logger.log_dir if isinstance(logger, (TensorBoardLogger, CSVLogger)) else logger.save_dir
-
-
 class FederatedCLI(LightningCLI):
     """LightningCLI with :class:`~fl_lightning.FederatedTrainer`, any LightningModule and any
     LightningDataModule, each selectable by ``class_path``: a :class:`~fl_lightning.data.FederatedDataModule`
     (:class:`~fl_lightning.data.Federated` wraps a user's datamodule), or a plain datamodule that the
-    trainer federates with ``trainer.num_clients`` and ``trainer.partitioner`` (``docs/lightning_integration.md``)."""
+    trainer federates with ``trainer.num_clients`` and ``trainer.partitioner`` (``docs/lightning_integration.md``).
+
+    Its help is plain text (:class:`~fl_lightning.cli_help.PlainHelpParser`); a W&B logger's fixed
+    ``name`` gets the run's start time appended (:mod:`fl_lightning.utils.run_names`).
+    """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("trainer_class", FederatedTrainer)
@@ -106,8 +132,15 @@ class FederatedCLI(LightningCLI):
         kwargs.setdefault("subclass_mode_data", True)
         kwargs.setdefault("save_config_callback", LoggerSaveConfigCallback)
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
+        kwargs.setdefault("parser_class", PlainHelpParser)
+        kwargs.setdefault("parser_kwargs", {}).setdefault("description", _DESCRIPTION)
         self._fit_started = 0.0
         super().__init__(*args, **kwargs)
+
+    @override
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand is not None else self.config  # run=False: no subcommand
+        stamp_wandb_names(config.get("trainer.logger"), datetime.now())
 
     def before_fit(self) -> None:
         self._fit_started = time.perf_counter()
@@ -117,9 +150,18 @@ class FederatedCLI(LightningCLI):
             Console().print(fit_summary(self.trainer, time.perf_counter() - self._fit_started))
 
 
+_DESCRIPTION = (
+    "Federated learning with PyTorch Lightning: one Trainer, one fit. A bad configuration value ends "
+    f"with one 'error:' line (exit status 2); set {DEBUG_ENV}=1 for the full traceback."
+)
+
+
 def main(args: list[str] | None = None) -> None:
-    """Console-script entry point."""
-    FederatedCLI(args=args)
+    """Console-script entry point: configuration errors as one line (:mod:`fl_lightning.cli_errors`)."""
+    silence_lightning_tips()
+    started = RunStarted()
+    with configuration_errors(started):
+        FederatedCLI(args=args, trainer_defaults={"callbacks": [started]})
 
 
 if __name__ == "__main__":

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import lightning.pytorch as pl
 import numpy as np
 import torch
+from torch import Tensor
 
+from fl_lightning.model_state import State, live_tensors, load_into
+from fl_lightning.services import ServerServices
 from fl_lightning.utils.seeding import make_generator
 
 
@@ -60,6 +63,8 @@ class Federation:
         local_epochs: local epochs requested per client per round (or ``None``).
         local_steps: local optimizer steps requested per client per round (or ``None``).
         num_rounds: the run's number of rounds (``max_epochs``; ``None`` if unbounded).
+        services: what the loop does for the algorithm (optimizer state, LR schedules, evaluation
+            data, round metrics...; :mod:`fl_lightning.services`).
     """
 
     data: FederatedDataSource
@@ -70,10 +75,13 @@ class Federation:
     local_epochs: int | None = None
     local_steps: int | None = None
     num_rounds: int | None = None
+    services: ServerServices = field(default_factory=ServerServices)
     num_samples: np.ndarray = field(init=False)
+    _live: State = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.num_samples = np.array([self.data.client_num_samples(c) for c in range(self.num_clients)])
+        self._live = live_tensors(self.module)
 
     @property
     def num_clients(self) -> int:
@@ -86,3 +94,13 @@ class Federation:
     def probe_batches(self, cid: int, batch_size: int = 512) -> Iterable[Any]:
         """One pass over client ``cid``'s training data in large batches, for loss probes."""
         return self.data.client_batches(cid, num_epochs=1, generator=self.generator("probe", cid), batch_size=batch_size)
+
+    def local_weights(self) -> State:
+        """The module's parameters and buffers by ``state_dict`` name, sharing storage: during
+        ``configure_client``/``client_update``, the training client's weights."""
+        return self._live
+
+    def load_local_weights(self, state: Mapping[str, Tensor]) -> None:
+        """Loads ``state`` into the module in place (a client's personalised model, a cluster centre),
+        after the loop has loaded the global weights and before the client trains."""
+        load_into(self._live, state)

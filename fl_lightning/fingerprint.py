@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
-from fl_lightning.algorithms.base import Algorithm
+from fl_lightning.algorithms.shared.base import Algorithm
 from fl_lightning.federation import Federation
 from fl_lightning.update_bounds import UpdateBound
 from fl_lightning.utils.init_args import flat_hparams

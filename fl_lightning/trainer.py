@@ -12,10 +12,8 @@ from lightning.pytorch.strategies import DDPStrategy, Strategy
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from typing_extensions import override
 
-from fl_lightning import _lightning_compat as compat
-from fl_lightning.algorithms.base import Algorithm
+from fl_lightning.algorithms.shared.base import Algorithm
 from fl_lightning.algorithms.fedavg import FedAvg
-from fl_lightning.callbacks.client_loss import ClientLossRecorder
 from fl_lightning.callbacks.progress import FederatedProgressBar
 from fl_lightning.checkpoint_io import CheckedCheckpointIO
 from fl_lightning.checkpointing import GlobalModelCheckpoint, find_last_checkpoint, round_checkpoint
@@ -59,7 +57,9 @@ class FederatedTrainer(pl.Trainer):
         partitioner: how a plain ``LightningDataModule`` given to ``fit`` is split (default
             :class:`~fl_lightning.data.IID`); an error with federated data.
         reset_optimizer: clear optimizer state (momentum, Adam moments) before every client.
-        client_executor: ``"auto"`` (default) picks ``"lean"`` whenever it gives the weights of
+        client_executor: which client executor trains each round's clients
+            (:class:`~fl_lightning.loops.client_executor.ClientExecutor`; all see the same batches).
+            ``"auto"`` (default) picks ``"lean"`` whenever it gives the weights of
             ``"lightning"`` bit for bit, else ``"lightning"``, and says which and why once
             (:mod:`fl_lightning.loops.executor_choice`; the run's first client always trains
             through Lightning's loop, which shows whether the module logs per step).
@@ -71,15 +71,18 @@ class FederatedTrainer(pl.Trainer):
             gradient clipping and accumulation, step-interval LR schedulers and per-step
             (``on_step``) logging; it needs one optimizer, automatic optimization and a precision
             without gradient scaling. ``self.log(on_epoch=True)`` still works, and
-            ``trainer.global_step`` counts its steps. ``"batched"`` trains clients with equal
-            batch shapes together with ``torch.func.vmap``
-            (:mod:`fl_lightning.loops.batched_clients`): plain ``torch.optim.SGD`` from the global
-            weights only (algorithms that do not override ``configure_client``,
-            ``reset_optimizer=True``), a ``training_step`` that ``vmap`` can run (no
-            ``self.log``); it skips what ``"lean"`` skips.
+            ``trainer.global_step`` counts its steps. ``"batched"`` trains a round's clients
+            together with ``torch.func.vmap`` (:mod:`fl_lightning.loops.batched_executor`), clients
+            with different sample and step counts included: plain ``torch.optim.SGD`` from the
+            global weights only (algorithms that do not override ``configure_client``,
+            ``reset_optimizer=True``), a ``training_step`` that ``vmap`` can run (no ``self.log``)
+            and, when clients' batches differ in size (they are then padded and the padding
+            masked out), whose loss is the mean of a per-sample loss over the batch (no summed
+            loss, no BatchNorm in training mode; checked once, refused with a ``ValueError``);
+            it skips what ``"lean"`` skips.
         max_batched_clients: with ``client_executor="batched"``, at most this many clients train at
             once (each costs about three model copies of memory: weights, gradients, momentum);
-            default: a whole group of same-shaped clients.
+            default: all of a round's clients.
         update_bound: a bound on the clients' update norms applied before every aggregation (synchronous
             rounds, asynchronous buffers, sharded rounds): :class:`~fl_lightning.NormClip` or
             :class:`~fl_lightning.MedianNormFilter` (:mod:`fl_lightning.update_bounds`); default none.
@@ -95,8 +98,9 @@ class FederatedTrainer(pl.Trainer):
         callbacks: Lightning callbacks; the trainer adds its progress bar (unless one is given
             or ``enable_progress_bar=False``), a ``ModelCheckpoint`` that keeps the latest round's
             ``round_<r>.ckpt`` and ``last.ckpt`` (unless one is given or ``enable_checkpointing=False``;
-            :mod:`fl_lightning.checkpointing`), the client-loss recorder, and
-            :class:`~fl_lightning.checkpointing.GlobalModelCheckpoint`.
+            :mod:`fl_lightning.checkpointing`) and
+            :class:`~fl_lightning.checkpointing.GlobalModelCheckpoint`; its fit loop adds its
+            client-loss recorder (:class:`~fl_lightning.callbacks.ClientLossRecorder`).
         **kwargs: forwarded to :class:`lightning.pytorch.Trainer`.
 
     Example::
@@ -184,7 +188,7 @@ class FederatedTrainer(pl.Trainer):
             callbacks.append(FederatedProgressBar())
         if kwargs.get("enable_checkpointing", True) is not False and not any(isinstance(c, ModelCheckpoint) for c in callbacks):
             callbacks.append(round_checkpoint())
-        callbacks += [ClientLossRecorder(), GlobalModelCheckpoint()]
+        callbacks.append(GlobalModelCheckpoint())
         super().__init__(callbacks=callbacks, use_distributed_sampler=False, **kwargs)
         # A truncated or foreign checkpoint then fails with one error naming the file.
         self.strategy.checkpoint_io = CheckedCheckpointIO(self.strategy.checkpoint_io)
@@ -205,9 +209,8 @@ class FederatedTrainer(pl.Trainer):
             max_batched_clients=max_batched_clients,
             update_bound=update_bound,
             allow_resume_changes=allow_resume_changes,
-        )
-        self.fit_loop.epoch_loop = compat.ClientEpochLoop(
-            self, min_steps=previous.epoch_loop.min_steps, max_steps=previous.epoch_loop.max_steps
+            min_steps=previous.epoch_loop.min_steps,
+            max_steps=previous.epoch_loop.max_steps,
         )
 
     @property

@@ -15,6 +15,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.loops.fetchers import _DataFetcher
 from lightning.pytorch.loops.fit_loop import _FitLoop
 from lightning.pytorch.loops.loop import _Loop
@@ -27,18 +28,11 @@ from fl_lightning import FederatedTrainer
 from fl_lightning import _lightning_compat as compat
 from fl_lightning.data import FederatedDataModule, InMemoryDataset, client_batches
 from fl_lightning.models import LogisticRegression
+from tests.quiet import QUIET
 from tests.recording_logger import RecordingLogger
 
 REVIEW = "review fl_lightning/_lightning_compat.py against this Lightning release"
 
-QUIET: dict[str, Any] = {
-    "accelerator": "cpu",
-    "logger": False,
-    "enable_checkpointing": False,
-    "enable_progress_bar": False,
-    "enable_model_summary": False,
-    "num_sanity_val_steps": 0,
-}
 
 
 def _params(fn: Any) -> list[str]:
@@ -170,6 +164,20 @@ def test_logger_connector_log_metrics_and_callback_metrics() -> None:
     compat.log_metrics(trainer, {"round/x": 2.5}, step=7)
     assert logger.records == [(7, {"round/x": 2.5})], REVIEW
     assert trainer.callback_metrics["round/x"].item() == 2.5, REVIEW
+
+
+def test_training_steps_outside_the_epoch_loop_log_as_lightning_expects() -> None:
+    """What the lean executor relies on: ``self.log`` reads ``_current_fx_name``, and the logger
+    connector's ``on_batch_start`` readies the batch (its size) for ``self.log``."""
+    connector_cls = type(pl.Trainer(**QUIET)._logger_connector)
+    assert _params(connector_cls.on_batch_start)[:2] == ["self", "batch"], REVIEW
+    module = BoringModel()
+    trainer = pl.Trainer(**QUIET)
+    trainer.strategy.connect(module)
+    module._current_fx_name = "before"
+    with compat.training_step_scope(trainer):
+        assert module._current_fx_name == "training_step", REVIEW
+    assert module._current_fx_name == "before", REVIEW
 
 
 def test_call_hook_dispatch() -> None:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import ast
 import math
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
+import fl_lightning
 from fl_lightning.model_state import all_finite, compute_delta, live_tensors, load_into, snapshot, tensor_bytes
 
 
@@ -141,3 +144,14 @@ def test_float64_module_keeps_a_float64_master_copy() -> None:
     assert delta["weight"].dtype == torch.float64
     load_into(live, snapshot(live))
     assert module.weight[0, 0].item() == 0.1  # no round trip through float32
+
+
+def test_state_is_defined_once_in_the_package():
+    package = Path(fl_lightning.__file__).parent
+    definitions = [
+        str(path.relative_to(package))
+        for path in package.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "State" for t in node.targets)
+    ]
+    assert definitions == ["model_state.py"]

@@ -13,15 +13,9 @@ from fl_lightning import FedAvg, FederatedTrainer
 from fl_lightning.data import FederatedDataModule, InMemoryDataset
 from fl_lightning.models import LogisticRegression
 
-QUIET: dict[str, Any] = {
-    "accelerator": "cpu",
-    "logger": False,
-    "enable_checkpointing": False,
-    "enable_progress_bar": False,
-    "enable_model_summary": False,
-    "num_sanity_val_steps": 0,
-    "max_epochs": 2,
-}
+from .quiet import QUIET as QUIET_SETTINGS
+
+QUIET: dict[str, Any] = {**QUIET_SETTINGS, "max_epochs": 2}
 NUM_CLIENTS = 4
 
 

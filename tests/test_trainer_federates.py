@@ -9,9 +9,9 @@ import pytest
 from fl_lightning import FederatedTrainer
 from fl_lightning.data import Dirichlet, Federated
 from tests.data.user_project import UserDataModule, UserModule
+from tests.quiet import QUIET as QUIET_SETTINGS
 
-QUIET = dict(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
-             enable_model_summary=False, num_sanity_val_steps=0, max_epochs=1)
+QUIET = {**QUIET_SETTINGS, "max_epochs": 1}
 
 
 def test_a_plain_datamodule_is_federated_iid_over_ten_clients_by_default(caplog: pytest.LogCaptureFixture) -> None:

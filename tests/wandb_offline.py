@@ -48,6 +48,7 @@ def _key(item: Any) -> str:
 @dataclass
 class OfflineRun:
     project: str = ""
+    name: str = ""
     group: str = ""
     job_type: str = ""
     tags: list[str] = field(default_factory=list)
@@ -73,6 +74,7 @@ def read_offline_run(path: Path) -> OfflineRun:
         kind = record.WhichOneof("record_type")
         if kind == "run":
             run.project, run.group, run.job_type = record.run.project, record.run.run_group, record.run.job_type
+            run.name = record.run.display_name
             run.tags = list(record.run.tags)
             run.config.update({_key(i): json.loads(i.value_json) for i in record.run.config.update})
         elif kind == "config":

@@ -1,10 +1,12 @@
 """Federated algorithms: the server-side logic of each method."""
 
-from fl_lightning.algorithms.aggregation import apply_delta, weighted_average, weighted_sum
-from fl_lightning.algorithms.base import Algorithm, ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.aggregation import apply_delta, weighted_average, weighted_sum
+from fl_lightning.algorithms.shared.asynchronous import AsyncAlgorithm
+from fl_lightning.algorithms.shared.base import Algorithm, ClientContext, ClientUpdate
 from fl_lightning.algorithms.compressed import CompressedFedAvg
-from fl_lightning.algorithms.epsilon_schedules import ConstantEpsilon, EpsilonSchedule, LinearEpsilon, StepEpsilon
+from fl_lightning.algorithms.shared.epsilon_schedules import ConstantEpsilon, EpsilonSchedule, LinearEpsilon, StepEpsilon
 from fl_lightning.algorithms.fedalign import AllClients, FedALIGN, PriorityOnly, alignment_decision
+from fl_lightning.algorithms.fedasync import FedAsync, staleness_weight
 from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.algorithms.fedavg_sm import FedAvgSM
 from fl_lightning.algorithms.fedmrn import FedMRN, FedMRNS
@@ -17,9 +19,9 @@ from fl_lightning.algorithms.fedsoft import FedSoft
 from fl_lightning.algorithms.ifca import IFCA
 from fl_lightning.algorithms.local_only import LocalOnly
 from fl_lightning.algorithms.flexible import FlexibleParticipation, scheme_coefficients
-from fl_lightning.algorithms.staleness import StalenessTracker
-from fl_lightning.algorithms.summable import SummableAggregation, SupportsWeightedSum
-from fl_lightning.algorithms.server_optimizers import (
+from fl_lightning.algorithms.shared.staleness import StalenessTracker
+from fl_lightning.algorithms.shared.summable import SummableAggregation, SupportsWeightedSum
+from fl_lightning.algorithms.shared.server_optimizers import (
     ServerAdagrad,
     ServerAdam,
     ServerOptimizer,
@@ -30,12 +32,14 @@ from fl_lightning.algorithms.server_optimizers import (
 __all__ = [
     "AllClients",
     "Algorithm",
+    "AsyncAlgorithm",
     "ClientContext",
     "ClientUpdate",
     "CompressedFedAvg",
     "ConstantEpsilon",
     "EpsilonSchedule",
     "FedALIGN",
+    "FedAsync",
     "FedAvg",
     "FedAvgSM",
     "FedBuff",
@@ -63,6 +67,7 @@ __all__ = [
     "alignment_decision",
     "apply_delta",
     "scheme_coefficients",
+    "staleness_weight",
     "weighted_average",
     "weighted_sum",
 ]

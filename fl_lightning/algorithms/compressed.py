@@ -7,9 +7,9 @@ from typing import Literal
 
 import lightning.pytorch as pl
 
-from fl_lightning.algorithms.base import ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.base import ClientContext, ClientUpdate
 from fl_lightning.algorithms.fedavg import FedAvg
-from fl_lightning.algorithms.server_optimizers import ServerOptimizer
+from fl_lightning.algorithms.shared.server_optimizers import ServerOptimizer
 from fl_lightning.compression.base import Codec, UpdateCodec
 from fl_lightning.compression.wire import Layout, as_wire, device_generator, from_wire
 from fl_lightning.federation import Federation

@@ -12,14 +12,13 @@ from typing import Any, ClassVar
 import lightning.pytorch as pl
 import numpy as np
 import torch
+from typing_extensions import override
 
-from fl_lightning.algorithms.base import Algorithm, ClientContext, ClientUpdate
-from fl_lightning.algorithms.epsilon_schedules import ConstantEpsilon, EpsilonSchedule
-from fl_lightning.algorithms.fedavg import FedAvg
+from fl_lightning.algorithms.shared.base import Algorithm
+from fl_lightning.algorithms.shared.epsilon_schedules import ConstantEpsilon, EpsilonSchedule
 from fl_lightning.algorithms.local_only import check_client_ids, holdout_metrics
-from fl_lightning.algorithms.summable import SupportsWeightedSum
+from fl_lightning.algorithms.shared.wrapper import AlgorithmWrapper
 from fl_lightning.federation import Federation
-from fl_lightning.model_state import State
 from fl_lightning.probe import probe, sample_metrics
 
 
@@ -46,13 +45,16 @@ def alignment_decision(client_loss: float, global_loss: float, epsilon: float, *
     return Decision(opted_in=opted_in, accepted=opted_in and (not two_sided or below(global_loss - epsilon, client_loss)))
 
 
-class FedALIGN(Algorithm):
+class FedALIGN(AlgorithmWrapper):
     r"""Prioritized FL: the objective is :math:`F = \sum_{k \in P} p_k F_k` with
     :math:`p_k = D_k / D_P` (eq. 5); each round the priority clients train, and a non-priority
     client trains only if its loss on the broadcast model is within :math:`\epsilon_t` of
     :math:`F(w_t)` (:func:`alignment_decision`). The included set is aggregated by the wrapped
     algorithm, sample-count weighted (App. A.1, eq. 14–15): FedAvg by default, or
-    ``FedProx(mu=1)`` as in App. C.2.
+    ``FedProx(mu=1)`` as in App. C.2. Every client-side and aggregation hook, and the weighted-sum
+    protocol, is the wrapped algorithm's (:class:`~fl_lightning.algorithms.shared.wrapper.AlgorithmWrapper`):
+    the selection is computed identically on every rank, so FedALIGN shards over processes
+    whenever the wrapped aggregation does (``docs/distributed.md``).
 
     :math:`F(w_t)` is measured as the paper's objective defines it: every sampled priority client
     probes the broadcast model on its training data (no gradient step) and the server weights
@@ -74,7 +76,7 @@ class FedALIGN(Algorithm):
     Args:
         priority: priority client ids, or a count (the first ``n`` ids), or ``None`` to read
             ``priority_clients`` from the data module or its training set.
-        epsilon: :math:`\epsilon` or a schedule (:mod:`~fl_lightning.algorithms.epsilon_schedules`).
+        epsilon: :math:`\epsilon` or a schedule (:mod:`~fl_lightning.algorithms.shared.epsilon_schedules`).
         algorithm: the aggregation algorithm wrapped (default :class:`FedAvg`).
         warmup_fraction: fraction of rounds in ``[0, 1)`` with priority clients only.
         strict: ``<`` instead of ``<=``.
@@ -113,17 +115,16 @@ class FedALIGN(Algorithm):
             raise ValueError(f"The priority set is empty: `priority={priority}`; give ids or a count >= 1.")
         self.priority_spec = priority
         self.epsilon = epsilon if isinstance(epsilon, EpsilonSchedule) else ConstantEpsilon(epsilon)
-        self.inner = algorithm if algorithm is not None else FedAvg()
+        super().__init__(algorithm)
         self.warmup_fraction, self.strict, self.two_sided = warmup_fraction, strict, two_sided
         self.metric, self.evaluate_priority = metric, evaluate_priority
         self.evaluate_clients_spec = None if evaluate_clients is None else list(evaluate_clients)
         #: Accepted non-priority clients of each round.
         self.accepted_history: list[list[int]] = []
-        self._round_metrics: dict[str, float] = {}
 
+    @override
     def setup(self, federation: Federation) -> None:
         super().setup(federation)
-        self.inner.setup(federation)
         self.priority = self._resolve_priority(federation)
         size = federation.num_samples
         self.p = size / size[self.priority].sum()  # p_k = D_k / D_P for every client (eq. 5)
@@ -173,8 +174,9 @@ class FedALIGN(Algorithm):
             raise ValueError("metric='accuracy' needs a module whose sample_metrics reports 'correct'.")
         return 1.0 - result.accuracy
 
+    @override
     def select_clients(self, round_idx: int) -> list[int]:
-        sampled = super().select_clients(round_idx)
+        sampled = Algorithm.select_clients(self, round_idx)  # a uniform sample, whatever the wrapped selection
         priority = [c for c in sampled if c in set(self.priority)]
         candidates = [c for c in sampled if c not in set(self.priority)]
         global_loss = float("nan")
@@ -189,45 +191,15 @@ class FedALIGN(Algorithm):
                 accepted = [c for c in candidates if self.admits(round_idx, float("nan"), global_loss)]
         del self.accepted_history[round_idx:]
         self.accepted_history.append(accepted)
-        self._round_metrics = {
+        self.federation.services.report_round_metrics({
             "priority_loss": global_loss,
             "epsilon": self.epsilon(round_idx),
             "accepted_nonpriority": float(len(accepted)),
             "theta": float(1.0 / (1.0 + self.p[accepted].sum())),
-        }
+        })
         return sorted(priority + accepted)
 
-    def configure_client(self, client: ClientContext, module: pl.LightningModule, global_state: State) -> None:
-        self.inner.configure_client(client, module, global_state)
-
-    def client_update(self, client: ClientContext, module: pl.LightningModule, delta: State) -> ClientUpdate:
-        return self.inner.client_update(client, module, delta)
-
-    @property
-    def uploads_deltas(self) -> bool:
-        return self.inner.uploads_deltas
-
-    def decode_update(self, update: ClientUpdate) -> ClientUpdate:
-        return self.inner.decode_update(update)
-
-    def aggregate(self, round_idx: int, global_state: State, updates: list[ClientUpdate]) -> dict[str, float]:
-        return {**self.inner.aggregate(round_idx, global_state, updates), **self._round_metrics}
-
-    # Client sharding over processes (docs/distributed.md): the selection is computed identically
-    # on every rank, so FedALIGN shards whenever the wrapped aggregation does.
-
-    @property
-    def summable(self) -> bool:
-        return isinstance(self.inner, SupportsWeightedSum) and self.inner.summable
-
-    def weighted_delta_sum(self, updates: list[ClientUpdate]) -> tuple[State, float]:
-        assert isinstance(self.inner, SupportsWeightedSum)
-        return self.inner.weighted_delta_sum(updates)
-
-    def apply_weighted_sum(self, round_idx: int, global_state: State, total: State, weight: float) -> dict[str, float]:
-        assert isinstance(self.inner, SupportsWeightedSum)
-        return {**self.inner.apply_weighted_sum(round_idx, global_state, total, weight), **self._round_metrics}
-
+    @override
     def evaluate(self, round_idx: int, module: pl.LightningModule) -> dict[str, float]:
         data = self.federation.data
         local = {} if self.evaluate_clients is None else holdout_metrics(module, data, dict.fromkeys(self.evaluate_clients))
@@ -246,11 +218,13 @@ class FedALIGN(Algorithm):
                 result[name] = float(np.dot(proportions, per_class))
         return {**result, **local}
 
+    @override
     def state_dict(self) -> dict[str, Any]:
-        return {"inner": self.inner.state_dict(), "accepted_history": [list(a) for a in self.accepted_history]}
+        return {**super().state_dict(), "accepted_history": [list(a) for a in self.accepted_history]}
 
+    @override
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.inner.load_state_dict(state["inner"])
+        super().load_state_dict(state)
         self.accepted_history = [list(a) for a in state["accepted_history"]]
 
 

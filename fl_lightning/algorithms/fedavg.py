@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from fl_lightning.algorithms.base import ClientUpdate
-from fl_lightning.algorithms.server_optimizers import ServerOptimizer, ServerSGD
-from fl_lightning.algorithms.summable import SummableAggregation
+from fl_lightning.algorithms.shared.base import ClientUpdate
+from fl_lightning.algorithms.shared.server_optimizers import ServerOptimizer, ServerSGD
+from fl_lightning.algorithms.shared.summable import SummableAggregation
 from fl_lightning.model_state import State
 
 

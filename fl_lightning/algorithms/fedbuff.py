@@ -5,20 +5,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, ClassVar, Literal
+from typing import Literal
 
 import numpy as np
+from typing_extensions import override
 
-from fl_lightning.algorithms.aggregation import apply_delta, weighted_sum
-from fl_lightning.algorithms.base import Algorithm, ClientUpdate
-from fl_lightning.evaluation.protocols import SupportsClientGroups
-from fl_lightning.federation import Federation
+from fl_lightning.algorithms.shared.aggregation import apply_delta, weighted_sum
+from fl_lightning.algorithms.shared.asynchronous import AsyncAlgorithm, PullPolicy, TrainAt
+from fl_lightning.algorithms.shared.base import ClientUpdate
 from fl_lightning.model_state import State
-from fl_lightning.participation.speed import DelayModel, UniformDelay
+from fl_lightning.participation.speed import DelayModel
 
 Discount = Literal["constant", "inverse", "inverse_sqrt"]
-PullPolicy = Literal["immediate", "wait_new_version"]
-TrainAt = Literal["dispatch", "arrival"]
 
 _DISCOUNTS = {
     "constant": lambda s: 1.0,
@@ -27,7 +25,7 @@ _DISCOUNTS = {
 }
 
 
-class FedBuff(Algorithm):
+class FedBuff(AsyncAlgorithm):
     r"""Buffered asynchronous FL: every ``buffer_size`` arrivals the server applies
     :math:`w \leftarrow w + \eta_g \sum_{j \in B} \alpha_j \Delta_j` and the model version increments.
 
@@ -66,9 +64,6 @@ class FedBuff(Algorithm):
             current at arrival; parameter staleness 0).
     """
 
-    asynchronous: ClassVar[bool] = True
-    summary_metrics: ClassVar[dict[str, str]] = {"round/virtual_time": "final", "round/mean_staleness": "mean"}
-
     def __init__(
         self,
         *,
@@ -81,48 +76,18 @@ class FedBuff(Algorithm):
         pull_policy: PullPolicy = "immediate",
         train_at: TrainAt = "dispatch",
     ) -> None:
-        if buffer_size < 1:
-            raise ValueError(f"`buffer_size` must be >= 1, got {buffer_size}.")
-        if concurrency is not None and concurrency < 1:
-            raise ValueError(f"`concurrency` must be >= 1, got {concurrency}.")
+        super().__init__(
+            buffer_size=buffer_size, concurrency=concurrency, delays=delays, pull_policy=pull_policy, train_at=train_at
+        )
         if server_lr <= 0:
             raise ValueError(f"`server_lr` must be > 0, got {server_lr}.")
         if staleness_discount not in _DISCOUNTS:
             raise ValueError(f"`staleness_discount` must be one of {sorted(_DISCOUNTS)}, got {staleness_discount!r}.")
         if max_staleness is not None and max_staleness < 0:
             raise ValueError(f"`max_staleness` must be >= 0, got {max_staleness}.")
-        if pull_policy not in ("immediate", "wait_new_version"):
-            raise ValueError(f"`pull_policy` must be 'immediate' or 'wait_new_version', got {pull_policy!r}.")
-        if train_at not in ("dispatch", "arrival"):
-            raise ValueError(f"`train_at` must be 'dispatch' or 'arrival', got {train_at!r}.")
-        self.buffer_size, self.concurrency_arg = buffer_size, concurrency
-        self.delays = delays if delays is not None else UniformDelay(1.0, 2.0)
-        self.server_lr, self.staleness_discount = server_lr, staleness_discount
-        self.max_staleness, self.pull_policy = max_staleness, pull_policy
-        self.train_at: TrainAt = train_at
-        #: Sum of each client's aggregation weights so far (its influence).
-        self.influence = np.zeros(0)
+        self.server_lr, self.staleness_discount, self.max_staleness = server_lr, staleness_discount, max_staleness
 
-    def setup(self, federation: Federation) -> None:
-        super().setup(federation)
-        n = federation.num_clients
-        self.concurrency = self.concurrency_arg if self.concurrency_arg is not None else n
-        if self.concurrency > n:
-            raise ValueError(f"`concurrency={self.concurrency}` exceeds the {n} clients.")
-        if self.buffer_size > self.concurrency:
-            raise ValueError(f"`buffer_size={self.buffer_size}` exceeds `concurrency={self.concurrency}`.")
-        self.delays.setup(num_clients=n, seed=federation.seed)
-        if len(self.influence) != n:
-            self.influence = np.zeros(n)
-
-    def client_groups(self) -> dict[str, list[int]]:
-        """The speed groups of ``delays`` (:class:`~fl_lightning.participation.DelayGroups`), for
-        federated evaluation; none for other delay models."""
-        return dict(self.delays.client_groups()) if isinstance(self.delays, SupportsClientGroups) else {}
-
-    def select_clients(self, round_idx: int) -> list[int]:
-        raise TypeError(f"{type(self).__name__} is asynchronous: clients are dispatched by the AsyncFitLoop.")
-
+    @override
     def buffer_weights(self, updates: Sequence[ClientUpdate]) -> list[float]:
         """:math:`\\alpha_j` for the buffer's updates, in float64."""
         b = len(updates)
@@ -133,8 +98,7 @@ class FedBuff(Algorithm):
 
     def aggregate(self, round_idx: int, global_state: State, updates: list[ClientUpdate]) -> dict[str, float]:
         weights = self.buffer_weights(updates)
-        for u, alpha in zip(updates, weights):
-            self.influence[u.client_id] += alpha
+        self.record_influence(updates, weights)
         if any(weights):
             apply_delta(global_state, weighted_sum([u.payload for u in updates], weights), scale=self.server_lr)
         staleness = [u.staleness for u in updates]
@@ -143,9 +107,3 @@ class FedBuff(Algorithm):
             "max_staleness": float(max(staleness)),
             "max_weight": float(max(weights)),
         }
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"influence": self.influence.tolist()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.influence = np.asarray(state["influence"], dtype=np.float64)

@@ -11,13 +11,13 @@ import torch
 from torch import Tensor
 from typing_extensions import override
 
-from fl_lightning.algorithms.aggregation import apply_delta, weighted_average
-from fl_lightning.algorithms.base import ClientContext, ClientUpdate
-from fl_lightning.algorithms.clustered import ClusteredAlgorithm
+from fl_lightning.algorithms.shared.aggregation import apply_delta, weighted_average
+from fl_lightning.algorithms.shared.base import ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.clustered_algorithm import ClusteredAlgorithm
 from fl_lightning.federation import Federation
-from fl_lightning.mixins._holders import require_mixin
+from fl_lightning.mixins.required import require_mixin
 from fl_lightning.mixins.mixture_weighted import MixtureWeightedMixin, responsibilities
-from fl_lightning.model_state import State, compute_delta, load_into
+from fl_lightning.model_state import State, compute_delta
 from fl_lightning.probe import WeightSets
 
 
@@ -99,7 +99,7 @@ class FedEM(ClusteredAlgorithm):
             q = responsibilities(self.centre_losses(cid).double(), log_pi)
             self._pending_pi[cid] = q.mean(dim=0).cpu()
             self._deltas = []
-        load_into(self._live, self.centres_on_device()[m])
+        self.federation.load_local_weights(self.centres_on_device()[m])
         if self._probe_weights is None:
             self._probe_weights = WeightSets(module, self.centres_on_device())
         module.set_mixture_component(self._probe_weights, log_pi, m)  # type: ignore[attr-defined]
@@ -107,15 +107,14 @@ class FedEM(ClusteredAlgorithm):
     @override
     def client_update(self, client: ClientContext, module: pl.LightningModule, delta: State) -> ClientUpdate:
         """Trains components ``1..M-1`` after the loop trained component 0; uploads the ``M`` deltas."""
-        self._deltas.append(compute_delta(self._live, self.centres_on_device()[self._component]))
+        self._deltas.append(compute_delta(self.federation.local_weights(), self.centres_on_device()[self._component]))
         if self._component > 0:  # an inner run, driven from component 0's call below
             return super().client_update(client, module, {})
-        loop = module.trainer.fit_loop
         steps, metrics = client.completed_steps, [client.metrics]
         try:
             for m in range(1, self.num_clusters):
                 self._component = m
-                inner = loop.train_client(client.round_idx, client.client_id, seed=client.seed)  # type: ignore[attr-defined]
+                inner = self.federation.services.train_client(client.round_idx, client.client_id, seed=client.seed)
                 steps += inner.num_steps
                 metrics.append(inner.metrics)
         finally:

@@ -8,13 +8,13 @@ from typing import Any, Literal
 import lightning.pytorch as pl
 import torch
 
-from fl_lightning.algorithms.base import ClientContext
+from fl_lightning.algorithms.shared.base import ClientContext
 from fl_lightning.algorithms.compressed import CompressedFedAvg
-from fl_lightning.algorithms.server_optimizers import ServerOptimizer
+from fl_lightning.algorithms.shared.server_optimizers import ServerOptimizer
 from fl_lightning.compression.masked_noise import MaskedNoiseCodec, MaskType, NoiseType
 from fl_lightning.compression.wire import device_generator
 from fl_lightning.federation import Federation
-from fl_lightning.mixins._holders import require_mixin
+from fl_lightning.mixins.required import require_mixin
 from fl_lightning.mixins.masked_noise import MaskedNoiseMixin
 from fl_lightning.model_state import State
 from fl_lightning.utils.seeding import derive_seed
@@ -92,18 +92,18 @@ class FedMRN(CompressedFedAvg):
         """The client's seed :math:`s_k^t` for the round."""
         return masked_noise_seed(client)
 
-    def local_steps(self, client: ClientContext, module: pl.LightningModule) -> int:
+    def local_steps(self, client: ClientContext) -> int:
         """:math:`S`: the optimizer steps the loop will run for ``client`` (at least 1)."""
         if client.num_steps is not None:
             return max(client.num_steps, 1)
         batches = self.federation.data.client_batches(client.client_id, num_epochs=client.num_epochs, generator=torch.Generator())
-        return max(math.ceil(len(batches) / module.trainer.accumulate_grad_batches), 1)  # type: ignore[arg-type]
+        return max(math.ceil(len(batches) / self.federation.services.accumulate_grad_batches), 1)  # type: ignore[arg-type]
 
     def configure_client(self, client: ClientContext, module: pl.LightningModule, global_state: State) -> None:
         device = module.device
         module.begin_masked_noise_round(  # type: ignore[attr-defined]
             self.codec.noise(self.noise_seed(client), self.layout, device=device),
-            total_steps=self.local_steps(client, module),
+            total_steps=self.local_steps(client),
             mask=self.codec.mask,
             stochastic=self.stochastic,
             progressive=self.progressive,

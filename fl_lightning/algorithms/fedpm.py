@@ -9,10 +9,10 @@ from typing import Literal
 import lightning.pytorch as pl
 import torch
 
-from fl_lightning.algorithms.aggregation import weighted_average
-from fl_lightning.algorithms.base import ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.aggregation import weighted_average
+from fl_lightning.algorithms.shared.base import ClientContext, ClientUpdate
 from fl_lightning.algorithms.compressed import CompressedFedAvg
-from fl_lightning.algorithms.server_optimizers import ServerOptimizer
+from fl_lightning.algorithms.shared.server_optimizers import ServerOptimizer
 from fl_lightning.compression.probability_mask import (
     DEFAULT_EPS,
     ProbabilityMaskCodec,
@@ -20,7 +20,7 @@ from fl_lightning.compression.probability_mask import (
 )
 from fl_lightning.compression.wire import device_generator
 from fl_lightning.federation import Federation
-from fl_lightning.mixins._holders import require_mixin
+from fl_lightning.mixins.required import require_mixin
 from fl_lightning.mixins.probability_mask import (
     WEIGHT_INITS,
     ProbabilityMaskMixin,

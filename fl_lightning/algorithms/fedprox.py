@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import lightning.pytorch as pl
 
-from fl_lightning.algorithms.base import ClientContext
+from fl_lightning.algorithms.shared.base import ClientContext
 from fl_lightning.algorithms.fedavg import FedAvg
-from fl_lightning.algorithms.server_optimizers import ServerOptimizer
+from fl_lightning.algorithms.shared.server_optimizers import ServerOptimizer
 from fl_lightning.federation import Federation
 from fl_lightning.mixins.proximal import ProximalMixin
+from fl_lightning.mixins.required import require_mixin
 from fl_lightning.model_state import State
 
 
@@ -36,11 +37,7 @@ class FedProx(FedAvg):
         self.mu = mu
 
     def setup(self, federation: Federation) -> None:
-        if not isinstance(federation.module, ProximalMixin):
-            raise TypeError(
-                f"FedProx needs a LightningModule that inherits `fl_lightning.ProximalMixin`; "
-                f"got {type(federation.module).__name__}. Declare `class MyModel(ProximalMixin, {type(federation.module).__name__})`."
-            )
+        require_mixin(federation.module, ProximalMixin, self)
         super().setup(federation)
 
     def configure_client(self, client: ClientContext, module: pl.LightningModule, global_state: State) -> None:

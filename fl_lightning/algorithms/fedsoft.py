@@ -10,15 +10,10 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor
 
-from fl_lightning.algorithms.base import ClientContext, ClientUpdate
-from fl_lightning.algorithms.client_state import (
-    ClientStates,
-    cpu_copy,
-    load_optimizer_state,
-    optimizer_state_to_cpu,
-)
-from fl_lightning.algorithms.clustered import ClusteredAlgorithm
-from fl_lightning.algorithms.clustering import (
+from fl_lightning.algorithms.shared.base import ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.client_state import ClientStates, cpu_copy
+from fl_lightning.algorithms.shared.clustered_algorithm import ClusteredAlgorithm
+from fl_lightning.algorithms.shared.cluster_math import (
     aggregation_weights,
     average_states,
     importance_weights,
@@ -26,7 +21,8 @@ from fl_lightning.algorithms.clustering import (
 )
 from fl_lightning.federation import Federation
 from fl_lightning.mixins.proximal import ProximalMixin
-from fl_lightning.model_state import State, load_into, tensor_bytes
+from fl_lightning.mixins.required import require_mixin
+from fl_lightning.model_state import State, tensor_bytes
 
 
 class FedSoft(ClusteredAlgorithm):
@@ -40,7 +36,7 @@ class FedSoft(ClusteredAlgorithm):
        its samples with every centre (one ``vmap``-ed pass over the :math:`S` centres,
        :func:`~fl_lightning.probe.sample_metrics_many`), assigns each sample to the centre with
        the lowest loss and sends :math:`u_{ks} = \max(n_{ks}/n_k, \sigma)`, not renormalised
-       (:func:`~fl_lightning.algorithms.clustering.importance_weights`).
+       (:func:`~fl_lightning.algorithms.shared.cluster_math.importance_weights`).
     2. **Selection**: :math:`v_{sk} = u_{ks} n_k / \sum_{j=1}^N u_{js} n_j` (eq. 6 normalised over
        *all* clients, as the proof and the authors' code; the printed sum over
        :math:`Sel_s^t` is a typo); per cluster, :math:`K` clients drawn :math:`\propto v_{sk}`,
@@ -125,21 +121,16 @@ class FedSoft(ClusteredAlgorithm):
         #: :math:`Sel_s` of every round (``S`` lists per round).
         self.selection_history: list[list[list[int]]] = []
         self._pending_optimizer: dict[int, list[dict[int, dict[str, Any]]]] = {}
-        self._round_metrics: dict[str, float] = {}
 
     def setup(self, federation: Federation) -> None:
-        if not isinstance(federation.module, ProximalMixin):
-            raise TypeError(
-                f"FedSoft needs a LightningModule that inherits `fl_lightning.ProximalMixin`; got "
-                f"{type(federation.module).__name__}. Declare `class MyModel(ProximalMixin, {type(federation.module).__name__})`."
-            )
+        require_mixin(federation.module, ProximalMixin, self)
         if self.clients_per_cluster > federation.num_clients:
             raise ValueError(
                 f"FedSoft selects K={self.clients_per_cluster} clients per cluster but there are only "
                 f"{federation.num_clients} clients: set `clients_per_cluster` <= {federation.num_clients}."
             )
         super().setup(federation)
-        self.initial = cpu_copy(self._live)  # every client's model before its first round
+        self.initial = cpu_copy(self.federation.local_weights())  # every client's model before its first round
         self.u = torch.full((federation.num_clients, self.num_clusters), 1.0 / self.num_clusters, dtype=torch.float64)
         self._pending_optimizer = {}
 
@@ -162,22 +153,20 @@ class FedSoft(ClusteredAlgorithm):
         self.selection_history.append(selected)
         clients = sorted({c for sel in selected for c in sel})
         broadcast = self.federation.num_clients * self.num_clusters * tensor_bytes(self.centres[0]) if estimated else 0
-        self._round_metrics = {
+        self.federation.services.report_round_metrics({
             "distinct_clients": float(len(clients)),
             "estimated": float(estimated),
             "importance_download_bytes": float(broadcast),
             **{f"u_mean_c{s}": float(self.u[:, s].mean()) for s in range(self.num_clusters)},
-        }
+        })
         return clients
 
     def configure_client(self, client: ClientContext, module: pl.LightningModule, global_state: State) -> None:
         cid = client.client_id
-        load_into(self._live, self.clients.models.get(cid, self.initial))
+        self.federation.load_local_weights(self.clients.models.get(cid, self.initial))
         module.set_proximal_centers(self.centres_on_device(), self.u[cid], self.lam)  # type: ignore[attr-defined]
         if self.persist_optimizer_state:
-            saved = self.clients.optimizers.get(cid)
-            for i, optimizer in enumerate(module.trainer.optimizers):
-                load_optimizer_state(optimizer, saved[i] if saved else None)
+            self.federation.services.load_optimizer_states(self.clients.optimizers.get(cid))
 
     @property
     def uploads_deltas(self) -> bool:
@@ -186,9 +175,9 @@ class FedSoft(ClusteredAlgorithm):
 
     def client_update(self, client: ClientContext, module: pl.LightningModule, delta: State) -> ClientUpdate:
         """The client uploads its whole new model :math:`w_k^{t+1}` (kept on the CPU)."""
-        model = cpu_copy(self._live)
+        model = cpu_copy(self.federation.local_weights())
         if self.persist_optimizer_state:
-            self._pending_optimizer[client.client_id] = [optimizer_state_to_cpu(o) for o in module.trainer.optimizers]
+            self._pending_optimizer[client.client_id] = self.federation.services.optimizer_states()
         return super().client_update(client, module, model)  # uploads the local model, not a delta
 
     def aggregate(self, round_idx: int, global_state: State, updates: list[ClientUpdate]) -> dict[str, float]:
@@ -203,7 +192,7 @@ class FedSoft(ClusteredAlgorithm):
             members = [models[c] for c in sel if c in models]
             centres.append(average_states(members) if members else self.centres[s])
         self.set_centres(centres, global_state)
-        return {**self._round_metrics, "client_state_mib": self.clients.nbytes() / 2**20}
+        return {"client_state_mib": self.clients.nbytes() / 2**20}
 
     # --- evaluation and state ------------------------------------------------------------
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from fl_lightning.algorithms.base import ClientUpdate
+from fl_lightning.algorithms.shared.base import ClientUpdate
 from fl_lightning.algorithms.fedbuff import FedBuff
-from fl_lightning.algorithms.staleness import StalenessTracker
+from fl_lightning.algorithms.shared.staleness import StalenessTracker
 
 Variant = Literal["eq8", "alg1", "aflbench"]
 
@@ -19,7 +19,7 @@ class FedStaleWeight(FedBuff):
     update by :math:`\alpha_i \propto 1/(n p_i) = (b E[\tau_i] + 1)/n` (eq. 8) gives every client
     the same influence; the weights are normalised within each buffer (§4.2.1) and
     :math:`E[\tau_i]` is a per-client moving average of observed staleness
-    (:class:`~fl_lightning.algorithms.staleness.StalenessTracker`), recorded for the whole buffer
+    (:class:`~fl_lightning.algorithms.shared.staleness.StalenessTracker`), recorded for the whole buffer
     before it is read, as in the authors' code.
 
     The paper states three raw weights; ``variant`` picks one: ``"eq8"`` (default, the derived

@@ -11,15 +11,13 @@ import lightning.pytorch as pl
 import numpy as np
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
-from fl_lightning import _lightning_compat as compat
-from fl_lightning.algorithms.aggregation import apply_delta, weighted_sum
-from fl_lightning.algorithms.base import Algorithm, ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.aggregation import apply_delta, weighted_sum
+from fl_lightning.algorithms.shared.base import Algorithm, ClientContext, ClientUpdate
 from fl_lightning.federation import Federation
 from fl_lightning.model_state import State
 from fl_lightning.participation.base import ParticipationModel
 from fl_lightning.participation.events import Arrival, Departure, ObjectiveSchedule
 from fl_lightning.participation.steps import FullParticipation
-from fl_lightning.schedulers import restart_staircases
 
 Scheme = Literal["A", "B", "C"]
 
@@ -153,19 +151,18 @@ class FlexibleParticipation(Algorithm):
         return 1.0 + self.reboot_boost / (round_idx - arrived + 1) ** 2
 
     def select_clients(self, round_idx: int) -> list[int]:
-        module = self.federation.module
         if round_idx > 0 and self.schedule.shift_round(round_idx) == round_idx:
-            restart_staircases(module.trainer, round_idx)
-        self._follow_objective(module, self.schedule.members(round_idx))
+            self.federation.services.restart_lr_schedules(round_idx)
+        self._follow_objective(self.schedule.members(round_idx))
         return self.schedule.present(round_idx)
 
-    def _follow_objective(self, module: pl.LightningModule, members: list[int]) -> None:
+    def _follow_objective(self, members: list[int]) -> None:
         if not (self.arrivals or self.departures) or members == self._evaluated:
             return
         data = self.federation.data
         if getattr(data, "holdout_fraction", 0) > 0 and hasattr(data, "set_evaluation_clients"):
             data.set_evaluation_clients(members)
-            compat.reload_validation_data(module.trainer)
+            self.federation.services.reload_evaluation_data()
         elif self._evaluated is None:
             rank_zero_warn(
                 "The objective changes over rounds but the data has no per-client held-out split "

@@ -9,11 +9,11 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor
 
-from fl_lightning.algorithms.aggregation import apply_delta, weighted_average
-from fl_lightning.algorithms.base import ClientContext, ClientUpdate
-from fl_lightning.algorithms.clustered import ClusteredAlgorithm
+from fl_lightning.algorithms.shared.aggregation import apply_delta, weighted_average
+from fl_lightning.algorithms.shared.base import ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.clustered_algorithm import ClusteredAlgorithm
 from fl_lightning.federation import Federation
-from fl_lightning.model_state import State, compute_delta, load_into
+from fl_lightning.model_state import State, compute_delta
 
 
 class IFCA(ClusteredAlgorithm):
@@ -83,13 +83,13 @@ class IFCA(ClusteredAlgorithm):
         return clients
 
     def configure_client(self, client: ClientContext, module: pl.LightningModule, global_state: State) -> None:
-        load_into(self._live, self.centres_on_device()[self.assignment[client.client_id]])
+        self.federation.load_local_weights(self.centres_on_device()[self.assignment[client.client_id]])
         if hasattr(module, "set_proximal_center"):
             module.set_proximal_center(global_state, 0.0)  # no proximal term, whatever ran before
 
     def client_update(self, client: ClientContext, module: pl.LightningModule, delta: State) -> ClientUpdate:
         centre = self.centres_on_device()[self.assignment[client.client_id]]
-        return super().client_update(client, module, compute_delta(self._live, centre))  # from its own centre
+        return super().client_update(client, module, compute_delta(self.federation.local_weights(), centre))  # from its own centre
 
     def aggregate(self, round_idx: int, global_state: State, updates: list[ClientUpdate]) -> dict[str, float]:
         centres = [{k: v.clone() for k, v in c.items()} for c in self.centres_on_device()]

@@ -14,8 +14,8 @@ import lightning.pytorch as pl
 import torch
 from typing_extensions import override
 
-from fl_lightning.algorithms.base import Algorithm, ClientContext, ClientUpdate
-from fl_lightning.algorithms.client_state import cpu_copy
+from fl_lightning.algorithms.shared.base import Algorithm, ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.client_state import cpu_copy
 from fl_lightning.federation import Federation
 from fl_lightning.model_state import State, live_tensors, load_into, snapshot
 from fl_lightning.probe import sample_metrics
@@ -90,7 +90,6 @@ class LocalOnly(Algorithm):
         super().setup(federation)
         every = range(federation.num_clients)
         self.clients = check_client_ids("clients", self.clients_spec if self.clients_spec is not None else every, federation.num_clients)
-        self._live = live_tensors(federation.module)
 
     @override
     def select_clients(self, round_idx: int) -> list[int]:
@@ -104,12 +103,12 @@ class LocalOnly(Algorithm):
     def configure_client(self, client: ClientContext, module: pl.LightningModule, global_state: State) -> None:
         own = self.models.get(client.client_id)
         if own is not None:
-            load_into(self._live, own)
+            self.federation.load_local_weights(own)
 
     @override
     def client_update(self, client: ClientContext, module: pl.LightningModule, delta: State) -> ClientUpdate:
         """Hands the client's new local model to :meth:`aggregate`, which keeps it (nothing on the wire)."""
-        update = super().client_update(client, module, cpu_copy(self._live))
+        update = super().client_update(client, module, cpu_copy(self.federation.local_weights()))
         update.upload_bytes = 0
         return update
 

@@ -9,7 +9,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from fl_lightning.callbacks.federated_callback import FederatedCallback
-from fl_lightning.algorithms.base import TRAINING_METRICS
+from fl_lightning.algorithms.shared.base import TRAINING_METRICS
 from fl_lightning.mixins.regularized import split_losses
 
 
@@ -35,7 +35,7 @@ class ClientLossRecorder(FederatedCallback):
     """Accumulates the task loss (and any regulariser a mixin added, kept apart:
     :mod:`fl_lightning.mixins.regularized`) that ``training_step`` returns over a client's steps.
 
-    Installed by :class:`~fl_lightning.FederatedTrainer`; the loop reads :meth:`pop_means`.
+    Installed by the federated fit loop (``loop.loss_recorder``); its client executors read :meth:`pop_means`.
     """
 
     def __init__(self) -> None:

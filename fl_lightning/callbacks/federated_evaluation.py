@@ -12,7 +12,7 @@ from lightning.pytorch.utilities.seed import isolate_rng
 from typing_extensions import override
 
 from fl_lightning import _lightning_compat as compat
-from fl_lightning.algorithms.base import Algorithm
+from fl_lightning.algorithms.shared.base import Algorithm
 from fl_lightning.callbacks.federated_callback import FederatedCallback
 from fl_lightning.evaluation.clients import evaluate_clients
 from fl_lightning.evaluation.results import ClientEvaluation

@@ -1,17 +1,20 @@
-"""A Rich progress bar over rounds and the clients within the round."""
+"""A Rich progress bar over rounds and the clients within the round; one plain line per round off a terminal."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks.progress import ProgressBar
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Column
 from typing_extensions import override
 
-from fl_lightning.algorithms.base import ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.base import ClientContext, ClientUpdate
 from fl_lightning.callbacks.federated_callback import FederatedCallback
 from fl_lightning.distributed.sharding import shard
 
@@ -22,6 +25,12 @@ TRAIN_LOSS = "round/train_loss"
 class FederatedProgressBar(ProgressBar, FederatedCallback):
     """Two Rich bars: rounds done, and clients done in the current round, with the latest metrics.
 
+    Off a terminal (a SLURM or CI log file), where a live bar would show only its last frame, it
+    prints one plain line per round instead: rounds done, the metrics, time elapsed and the
+    estimated time left (the mean round time of this run so far, times the rounds left)::
+
+        rounds 12/40  val_loss=1.031  val_acc=0.7083  round/train_loss=0.9214  elapsed 0:00:05  eta 0:00:11
+
     Installed by :class:`~fl_lightning.FederatedTrainer` unless ``enable_progress_bar=False`` or
     another progress bar is given.
 
@@ -29,14 +38,21 @@ class FederatedProgressBar(ProgressBar, FederatedCallback):
         metrics: the metrics to show, from ``trainer.callback_metrics`` and the round's metrics;
             by default every metric logged with ``prog_bar=True`` (Lightning's
             :meth:`get_metrics`) and the round's mean training loss.
+        console: where to draw (default: standard output); bars on an interactive terminal or in
+            Jupyter, plain lines otherwise.
     """
 
-    def __init__(self, metrics: Sequence[str] | None = None) -> None:
+    def __init__(self, metrics: Sequence[str] | None = None, console: Console | None = None) -> None:
         super().__init__()
         self.metrics = None if metrics is None else tuple(metrics)
+        self.console = console
         self._enabled = True
         self._progress: Progress | None = None
         self._rounds = self._clients = None
+        self._lines: Console | None = None  # the console of the plain lines, while they are printed
+        self._total: int | None = None
+        self._done = self._first = 0
+        self._started = 0.0
 
     @override
     def disable(self) -> None:
@@ -48,22 +64,32 @@ class FederatedProgressBar(ProgressBar, FederatedCallback):
 
     @override
     def print(self, *args: Any, **kwargs: Any) -> None:
-        (self._progress.console if self._progress else Console()).print(*args, **kwargs)
+        (self._progress.console if self._progress else self.console or Console()).print(*args, **kwargs)
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not (self._enabled and trainer.is_global_zero):
             return
+        console = self.console or Console()
+        self._total = trainer.max_epochs if trainer.max_epochs and trainer.max_epochs > 0 else None
+        self._done = self._first = trainer.current_epoch
+        self._started = time.monotonic()
+        if not (console.is_interactive or console.is_jupyter):
+            self._lines = console
+            return
+        # The counts and times never wrap or shrink; the metrics fold onto more lines instead, so
+        # 80 columns still show "12/40" and "0:01:05" whole.
+        fixed = Column(no_wrap=True)
         self._progress = Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TextColumn("{task.fields[info]}"),
+            TextColumn("[bold]{task.description}", table_column=Column(no_wrap=True, min_width=9)),
+            BarColumn(bar_width=20, table_column=fixed),
+            MofNCompleteColumn(table_column=fixed),
+            TimeElapsedColumn(table_column=fixed),
+            TextColumn("{task.fields[info]}", table_column=Column(overflow="fold")),
+            console=console,
         )
         self._progress.start()
-        total = trainer.max_epochs if trainer.max_epochs and trainer.max_epochs > 0 else None
-        self._rounds = self._progress.add_task("rounds", total=total, completed=trainer.current_epoch, info="")
+        self._rounds = self._progress.add_task("rounds", total=self._total, completed=self._done, info="")
         self._clients = self._progress.add_task("clients", total=None, info="")
 
     @override
@@ -80,15 +106,31 @@ class FederatedProgressBar(ProgressBar, FederatedCallback):
 
     @override
     def on_round_aggregated(self, trainer: pl.Trainer, pl_module: pl.LightningModule, round_idx: int, metrics: dict[str, float]) -> None:
-        if self._progress is None:
-            return
+        if self._progress is None and self._lines is None:
+            return  # disabled, or not rank 0
         if self.metrics is None:
             values = {**self.get_metrics(trainer, pl_module), **{k: v for k, v in metrics.items() if k == TRAIN_LOSS}}
         else:
             available = {**trainer.callback_metrics, **metrics}
             values = {k: available[k] for k in self.metrics if k in available}
         info = "  ".join(f"{k}={_format(v)}" for k, v in values.items())
-        self._progress.update(self._rounds, advance=1, info=info)
+        self._done += 1
+        if self._progress is not None:
+            self._progress.update(self._rounds, advance=1, info=info)
+        else:
+            self._print_line(self._lines, info)
+
+    def _print_line(self, console: Console, info: str) -> None:
+        """``rounds <done>/<total>  <metrics>  elapsed <h:mm:ss>  eta <h:mm:ss>``, never wrapped."""
+        elapsed = time.monotonic() - self._started
+        total = "?" if self._total is None else str(self._total)
+        parts = [f"rounds {self._done}/{total}", info, f"elapsed {_clock(elapsed)}"]
+        if self._total is not None:
+            parts.append(f"eta {_clock(elapsed / (self._done - self._first) * (self._total - self._done))}")
+        line = "  ".join(part for part in parts if part)
+        # soft_wrap: a log file gets the whole line, however narrow the console thinks it is.
+        console.print(line, soft_wrap=True, markup=False, highlight=False)
+        console.file.flush()
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -99,9 +141,15 @@ class FederatedProgressBar(ProgressBar, FederatedCallback):
         self._stop()
 
     def _stop(self) -> None:
+        self._lines = None
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
+
+
+def _clock(seconds: float) -> str:
+    """``h:mm:ss``, as Rich's elapsed-time column shows it."""
+    return str(timedelta(seconds=int(seconds)))
 
 
 def _format(value: Any) -> str:

@@ -20,9 +20,8 @@ from fl_lightning.compression.wire import (
     decode_dense,
     encode_dense,
 )
+from fl_lightning.model_state import State
 from fl_lightning.utils.init_args import RecordsInitArgs
-
-State = dict[str, Tensor]
 
 
 class Codec(RecordsInitArgs, ABC):

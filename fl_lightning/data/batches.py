@@ -17,7 +17,60 @@ from fl_lightning.data.loader_settings import check_dataloader_kwargs
 
 
 class ClientBatches:
-    """A client's local mini-batches for one round; see :func:`client_batches`."""
+    """The mini-batches a client trains on: ``num_epochs`` epochs or the first ``num_batches`` batches.
+
+    The client's samples ``dataset[indices[i]]`` form an endless stream of epochs. Each epoch
+    draws a fresh permutation ``torch.randperm(len(indices), generator=generator)`` and cuts it,
+    in order, into batches of ``batch_size``, keeping the last partial batch. With
+    ``num_epochs=E`` the stream is ``E`` epochs; with ``num_batches=S`` it is the first ``S``
+    batches, crossing epoch boundaries as needed and drawing exactly
+    ``ceil(S / batches_per_epoch)`` permutations. Batch ``j`` of an epoch with permutation ``p``
+    holds the samples ``indices[p[j*batch_size : (j+1)*batch_size]]``. With ``shuffle=False``
+    every epoch is ``indices`` in the given order (``p`` is ``arange``; nothing is drawn), and with
+    ``drop_last=True`` each epoch's last partial batch is dropped (a client with fewer than
+    ``batch_size`` samples then has no batches at all).
+
+    The permutations are drawn while iterating, from ``generator``'s current state: iterating
+    twice gives two different streams, and the generator's state afterwards depends only on the
+    number of permutations drawn.
+
+    A dataset with a ``train_transform`` (``(images, generator) -> images``, e.g.
+    ``CIFAR10(augment=True)``) has it applied to every batch's inputs, drawing from a generator
+    seeded by ``generator.initial_seed()`` (the client's data seed), so augmentation is as
+    deterministic as the data order and does not shift it. It applies to every stream cut
+    from the dataset, loss probes included.
+
+    Datasets with a ``tensors`` attribute (such as :class:`~fl_lightning.data.InMemoryDataset`)
+    are batched by indexing each tensor once per batch. Other datasets go through a
+    :class:`~torch.utils.data.DataLoader` with ``num_workers`` workers yielding the same
+    batches; that DataLoader draws its worker seed from the global torch RNG, as usual. So do
+    all datasets when ``dataloader_kwargs`` is given, which is forwarded to that DataLoader.
+
+    Args:
+        dataset: Map-style dataset whose samples are ``(x, y)`` tuples.
+        indices: The client's dataset indices.
+        batch_size: Samples per batch.
+        generator: Source of the permutations.
+        num_epochs: Number of passes over the client's samples.
+        num_batches: Number of batches.
+        num_workers: DataLoader workers, for datasets without ``tensors``.
+        shuffle: Draw a permutation every epoch (``True``) or keep the order of ``indices``.
+        drop_last: Drop each epoch's last batch if it is partial.
+        dataloader_kwargs: How samples are loaded and collated (``collate_fn``, ``pin_memory``,
+            ``persistent_workers``, ``worker_init_fn``, ...; see
+            :data:`~fl_lightning.data.loader_settings.LOADING_DEFAULTS`).
+
+    Iterating yields the batches, ``(x, y)`` tuples or what ``collate_fn`` returns; ``len`` counts them.
+
+    Example:
+        >>> import torch
+        >>> from torch.utils.data import TensorDataset
+        >>> data = TensorDataset(torch.arange(10.0), torch.arange(10))
+        >>> batches = client_batches(data, [2, 3, 5], batch_size=2, num_batches=3,
+        ...                          generator=torch.Generator().manual_seed(0))
+        >>> len(batches), [len(y) for _, y in batches]
+        (3, [2, 1, 2])
+    """
 
     def __init__(
         self,
@@ -132,83 +185,5 @@ class _IndexBatches:
         return len(self._batches)
 
 
-def client_batches(
-    dataset: Dataset[Any],
-    indices: np.ndarray | Sequence[int],
-    *,
-    batch_size: int,
-    generator: torch.Generator,
-    num_epochs: int | None = None,
-    num_batches: int | None = None,
-    num_workers: int = 0,
-    shuffle: bool = True,
-    drop_last: bool = False,
-    dataloader_kwargs: dict[str, Any] | None = None,
-) -> ClientBatches:
-    """The mini-batches a client trains on: ``num_epochs`` epochs or the first ``num_batches`` batches.
-
-    The client's samples ``dataset[indices[i]]`` form an endless stream of epochs. Each epoch
-    draws a fresh permutation ``torch.randperm(len(indices), generator=generator)`` and cuts it,
-    in order, into batches of ``batch_size``, keeping the last partial batch. With
-    ``num_epochs=E`` the stream is ``E`` epochs; with ``num_batches=S`` it is the first ``S``
-    batches, crossing epoch boundaries as needed and drawing exactly
-    ``ceil(S / batches_per_epoch)`` permutations. Batch ``j`` of an epoch with permutation ``p``
-    holds the samples ``indices[p[j*batch_size : (j+1)*batch_size]]``. With ``shuffle=False``
-    every epoch is ``indices`` in the given order (``p`` is ``arange``; nothing is drawn), and with
-    ``drop_last=True`` each epoch's last partial batch is dropped (a client with fewer than
-    ``batch_size`` samples then has no batches at all).
-
-    The permutations are drawn while iterating, from ``generator``'s current state: iterating
-    twice gives two different streams, and the generator's state afterwards depends only on the
-    number of permutations drawn.
-
-    A dataset with a ``train_transform`` (``(images, generator) -> images``, e.g.
-    ``CIFAR10(augment=True)``) has it applied to every batch's inputs, drawing from a generator
-    seeded by ``generator.initial_seed()`` (the client's data seed), so augmentation is as
-    deterministic as the data order and does not shift it. It applies to every stream cut
-    from the dataset, loss probes included.
-
-    Datasets with a ``tensors`` attribute (such as :class:`~fl_lightning.data.InMemoryDataset`)
-    are batched by indexing each tensor once per batch. Other datasets go through a
-    :class:`~torch.utils.data.DataLoader` with ``num_workers`` workers yielding the same
-    batches; that DataLoader draws its worker seed from the global torch RNG, as usual. So do
-    all datasets when ``dataloader_kwargs`` is given, which is forwarded to that DataLoader.
-
-    Args:
-        dataset: Map-style dataset whose samples are ``(x, y)`` tuples.
-        indices: The client's dataset indices.
-        batch_size: Samples per batch.
-        generator: Source of the permutations.
-        num_epochs: Number of passes over the client's samples.
-        num_batches: Number of batches.
-        num_workers: DataLoader workers, for datasets without ``tensors``.
-        shuffle: Draw a permutation every epoch (``True``) or keep the order of ``indices``.
-        drop_last: Drop each epoch's last batch if it is partial.
-        dataloader_kwargs: How samples are loaded and collated (``collate_fn``, ``pin_memory``,
-            ``persistent_workers``, ``worker_init_fn``, ...; see
-            :data:`~fl_lightning.data.loader_settings.LOADING_DEFAULTS`).
-
-    Returns:
-        An iterable of batches with a ``len``: ``(x, y)`` tuples, or what ``collate_fn`` returns.
-
-    Example:
-        >>> import torch
-        >>> from torch.utils.data import TensorDataset
-        >>> data = TensorDataset(torch.arange(10.0), torch.arange(10))
-        >>> batches = client_batches(data, [2, 3, 5], batch_size=2, num_batches=3,
-        ...                          generator=torch.Generator().manual_seed(0))
-        >>> len(batches), [len(y) for _, y in batches]
-        (3, [2, 1, 2])
-    """
-    return ClientBatches(
-        dataset,
-        indices,
-        batch_size=batch_size,
-        generator=generator,
-        num_epochs=num_epochs,
-        num_batches=num_batches,
-        num_workers=num_workers,
-        shuffle=shuffle,
-        drop_last=drop_last,
-        dataloader_kwargs=dataloader_kwargs,
-    )
+# The functional spelling of the public API: calling the class, with its signature and docs.
+client_batches = ClientBatches

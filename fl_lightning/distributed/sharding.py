@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import torch
 from lightning.pytorch.strategies import Strategy
 
-from fl_lightning.algorithms.aggregation import accumulator_dtype
-from fl_lightning.algorithms.base import TRAINING_METRICS, ClientUpdate
+from fl_lightning.algorithms.shared.aggregation import accumulator_dtype
+from fl_lightning.algorithms.shared.base import TRAINING_METRICS, ClientUpdate
 from fl_lightning.model_state import State
 
 #: Per-client scalars that travel in the round's all-reduce (one row per selected client).

@@ -11,8 +11,8 @@ from typing import Any
 import torch
 from typing_extensions import override
 
-from fl_lightning.algorithms.base import ClientUpdate
-from fl_lightning.algorithms.fedbuff import FedBuff
+from fl_lightning.algorithms.shared.asynchronous import AsyncAlgorithm
+from fl_lightning.algorithms.shared.base import ClientUpdate
 from fl_lightning.loops.federated_fit_loop import FederatedFitLoop
 from fl_lightning.model_state import load_into, moved
 from fl_lightning.utils.seeding import derive_seed
@@ -39,10 +39,11 @@ class AsyncFitLoop(FederatedFitLoop):
 
     A dispatched client trains at once through the same Lightning client path as the
     synchronous loop (:meth:`train_client`) and its update waits in the event queue until
-    it arrives at ``dispatch time + duration``; ties arrive in dispatch order. The ``j``-th
+    it arrives at ``dispatch time + duration``; ties arrive in dispatch order. It reads only the
+    :class:`~fl_lightning.algorithms.shared.asynchronous.AsyncAlgorithm` contract. The ``j``-th
     dispatch of a client at one model version draws its data order from
     ``(seed, "client", version, client[, j])``, so with every client in flight and equal
-    speeds the first pass equals a synchronous round. With ``FedBuff(train_at="arrival")`` the
+    speeds the first pass equals a synchronous round. With ``train_at="arrival"`` the
     client trains when it arrives instead, from the model current then, with the data order of
     its dispatch (so the events and data are the same in both modes). The whole simulation state (clock,
     queue, in-flight updates, buffer) is checkpointed; a checkpoint taken inside an epoch
@@ -50,8 +51,8 @@ class AsyncFitLoop(FederatedFitLoop):
     """
 
     @property
-    def async_algorithm(self) -> FedBuff:
-        assert isinstance(self.algorithm, FedBuff)
+    def async_algorithm(self) -> AsyncAlgorithm:
+        assert isinstance(self.algorithm, AsyncAlgorithm)
         return self.algorithm
 
     def _reset_simulation(self, n: int) -> None:
@@ -74,8 +75,11 @@ class AsyncFitLoop(FederatedFitLoop):
 
     @override
     def _setup_federation(self) -> None:
-        if not isinstance(self.algorithm, FedBuff):
-            raise TypeError(f"AsyncFitLoop runs buffered asynchronous algorithms (FedBuff, FedStaleWeight), got {type(self.algorithm).__name__}.")
+        if not isinstance(self.algorithm, AsyncAlgorithm):
+            raise TypeError(
+                f"AsyncFitLoop runs buffered asynchronous algorithms (subclasses of AsyncAlgorithm: FedBuff, FedStaleWeight, "
+                f"FedAsync), got {type(self.algorithm).__name__}."
+            )
         self._reset_simulation(getattr(self.trainer.datamodule, "num_clients", 0))
         super()._setup_federation()  # restores a checkpoint's simulation state, if any
 

@@ -1,6 +1,7 @@
-"""``client_executor="auto"``: the lean executor whenever it gives the Lightning executor's weights.
+"""Which :class:`~fl_lightning.loops.client_executor.ClientExecutor` runs the clients (:func:`make_executor`);
+``client_executor="auto"``: the lean executor whenever it gives the Lightning executor's weights.
 
-The lean executor (:func:`~fl_lightning._lightning_compat.run_lean_client`) calls
+The lean executor (:class:`~fl_lightning.loops.lean_executor.LeanExecutor`) calls
 ``training_step``, ``backward`` and ``optimizer.step`` directly. It gives the same weights bit
 for bit as Lightning's epoch loop unless something it skips would act during the client's steps:
 a per-batch hook of the module, the datamodule or a callback, manual or multiple optimizers,
@@ -13,13 +14,22 @@ trains the run's first client with Lightning's epoch loop and decides then
 
 from __future__ import annotations
 
+from collections.abc import Sized
+
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
+from typing_extensions import override
+
 from fl_lightning import _lightning_compat as compat
 from fl_lightning.callbacks.client_loss import ClientLossRecorder
+from fl_lightning.loops.batched_executor import BatchedExecutor
+from fl_lightning.loops.client_executor import ClientExecutor, ClientRuntime, SequentialExecutor
+from fl_lightning.loops.lean_executor import LeanExecutor
+from fl_lightning.loops.lightning_executor import LightningExecutor
+
 
 #: Hooks Lightning calls around every training step, on the module and on callbacks.
 STEP_HOOKS = (
@@ -60,7 +70,6 @@ def lean_blockers(trainer: pl.Trainer) -> list[str]:
     return reasons
 
 
-
 def auto_choice_before_fit(trainer: pl.Trainer) -> str | None:
     """``"lightning"`` (and says why, once) if the trainer rules the lean executor out, else
     ``None``: the decision waits for the first client (:func:`auto_choice_after_first_client`)."""
@@ -82,3 +91,43 @@ def auto_choice_after_first_client(trainer: pl.Trainer) -> str:
         "without its per-step machinery); pass client_executor='lightning' to keep every per-step hook."
     )
     return "lean"
+
+
+class AutoExecutor(SequentialExecutor):
+    """``"auto"`` once the trainer allows the lean executor: the run's first client trains through
+    Lightning's epoch loop, which shows whether the module logs per step; the rest through the
+    executor :func:`auto_choice_after_first_client` picks (decided before the first client's
+    ``client_update``, which may itself train clients, as FedEM's does)."""
+
+    name = "auto"
+
+    def __init__(self, runtime: ClientRuntime) -> None:
+        super().__init__(runtime)
+        self.choice: SequentialExecutor | None = None
+
+    @property
+    @override
+    def chosen(self) -> str | None:
+        return None if self.choice is None else self.choice.name
+
+    @override
+    def run_steps(self, batches: Sized) -> int:
+        if self.choice is not None:
+            return self.choice.run_steps(batches)
+        steps = LightningExecutor(self.runtime).run_steps(batches)
+        chosen = auto_choice_after_first_client(self.runtime.trainer)
+        self.choice = LeanExecutor(self.runtime) if chosen == "lean" else LightningExecutor(self.runtime)
+        return steps
+
+
+def make_executor(client_executor: str, runtime: ClientRuntime, *, max_batched_clients: int | None = None) -> ClientExecutor:
+    """The executor ``client_executor`` names; for ``"auto"``, Lightning's when the trainer rules
+    the lean executor out (:func:`auto_choice_before_fit`), else :class:`AutoExecutor`."""
+    if client_executor == "auto":
+        return AutoExecutor(runtime) if auto_choice_before_fit(runtime.trainer) is None else LightningExecutor(runtime)
+    if client_executor == "batched":
+        return BatchedExecutor(runtime, max_clients=max_batched_clients)
+    sequential = {"lightning": LightningExecutor, "lean": LeanExecutor}
+    if client_executor not in sequential:
+        raise ValueError(f"`client_executor` must be 'auto', 'lightning', 'lean' or 'batched', got {client_executor!r}.")
+    return sequential[client_executor](runtime)

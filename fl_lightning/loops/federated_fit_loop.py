@@ -13,8 +13,8 @@ from typing_extensions import override
 
 import lightning.pytorch as pl
 from fl_lightning import _lightning_compat as compat
-from fl_lightning.algorithms.base import TRAINING_METRICS, Algorithm, ClientContext, ClientUpdate
-from fl_lightning.algorithms.summable import SupportsWeightedSum, can_shard
+from fl_lightning.algorithms.shared.base import TRAINING_METRICS, Algorithm, ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.summable import SupportsWeightedSum, can_shard
 from fl_lightning.callbacks.client_loss import ClientLossRecorder
 from fl_lightning.callbacks.federated_callback import call_federated_hook
 from fl_lightning.checkpoint_io import CheckpointError, validate_federated_state
@@ -22,11 +22,12 @@ from fl_lightning.distributed.sharding import ClientSharding
 from fl_lightning.distributed.strategy import FederatedDDPStrategy
 from fl_lightning.federation import Federation, require_federated_data
 from fl_lightning.fingerprint import check_resume, federation_fingerprint
-from fl_lightning.loops.batched_clients import train_clients_batched
-from fl_lightning.loops.executor_choice import auto_choice_after_first_client, auto_choice_before_fit
+from fl_lightning.loops.client_executor import ClientExecutor, ClientRuntime
+from fl_lightning.loops.executor_choice import make_executor
 from fl_lightning.loops.guards import aggregate_or_roll_back, apply_bound, bound_updates, decode_and_screen
 from fl_lightning.loops.round_log import log_round
-from fl_lightning.model_state import State, compute_delta, live_tensors, load_into, snapshot
+from fl_lightning.loops.services import LoopServices
+from fl_lightning.model_state import State, live_tensors, load_into, snapshot
 from fl_lightning.update_bounds import UpdateBound, update_norm
 from fl_lightning.utils.init_args import RecordsInitArgs, flat_hparams
 from fl_lightning.utils.seeding import derive_seed
@@ -87,13 +88,18 @@ class FederatedFitLoop(compat.FitLoopBase):
         local_steps: local optimizer steps per client.
         seed: root seed of client selection and of every client's data order.
         reset_optimizer: clear the optimizer state (momentum, Adam moments) before each client.
-        client_executor: ``"auto"`` (lean whenever it gives Lightning's weights:
+        client_executor: which :class:`~fl_lightning.loops.client_executor.ClientExecutor` trains the
+            clients: ``"auto"`` (lean whenever it gives Lightning's weights:
             :mod:`~fl_lightning.loops.executor_choice`), ``"lightning"`` (Lightning's epoch loop),
-            ``"lean"`` (:func:`~fl_lightning._lightning_compat.run_lean_client`) or ``"batched"``
-            (:func:`~fl_lightning.loops.batched_clients.train_clients_batched`).
+            ``"lean"`` (:mod:`~fl_lightning.loops.lean_executor`) or ``"batched"``
+            (:mod:`~fl_lightning.loops.batched_executor`).
         max_batched_clients: the batched executor's cap on clients trained at once (``None``: no cap).
         update_bound: clips or filters the clients' update norms before aggregation (``None``: no bound).
         allow_resume_changes: resume from a checkpoint whose federation fingerprint differs (with a warning).
+        min_steps, max_steps: Lightning's step limits, for the loop's own client epoch loop.
+
+    The loop installs its epoch loop (:class:`~fl_lightning._lightning_compat.ClientEpochLoop`)
+    and its :attr:`loss_recorder` callback on ``trainer``.
     """
 
     def __init__(
@@ -112,8 +118,14 @@ class FederatedFitLoop(compat.FitLoopBase):
         max_batched_clients: int | None = None,
         update_bound: UpdateBound | None = None,
         allow_resume_changes: bool = False,
+        min_steps: int | None = None,
+        max_steps: int = -1,
     ) -> None:
         super().__init__(trainer, min_epochs=min_epochs, max_epochs=max_epochs)
+        self.epoch_loop = compat.ClientEpochLoop(trainer, min_steps=min_steps, max_steps=max_steps)
+        #: Each client's mean training losses: the Lightning executor's steps reach it as a callback.
+        self.loss_recorder = ClientLossRecorder()
+        trainer.callbacks.append(self.loss_recorder)  # type: ignore[attr-defined]
         self.algorithm = algorithm
         self.clients_per_round = clients_per_round
         self.local_epochs = local_epochs
@@ -121,9 +133,7 @@ class FederatedFitLoop(compat.FitLoopBase):
         self.seed = seed
         self.reset_optimizer = reset_optimizer
         self.client_executor = client_executor
-        #: The executor clients run with: ``client_executor``, or for ``"auto"`` the one chosen
-        #: (``None`` until the first client has trained).
-        self.executor: str | None = None if client_executor == "auto" else client_executor
+        self._executor: ClientExecutor | None = None
         self.max_batched_clients = max_batched_clients
         self.update_bound = update_bound
         self.allow_resume_changes = allow_resume_changes
@@ -142,6 +152,14 @@ class FederatedFitLoop(compat.FitLoopBase):
     @property
     def federation(self) -> Federation:
         return self.algorithm.federation
+
+    @property
+    def executor(self) -> str | None:
+        """The executor clients run with: ``client_executor``, or for ``"auto"`` the one chosen
+        (``None`` until the first client has trained)."""
+        if self._executor is None:
+            return None if self.client_executor == "auto" else self.client_executor
+        return self._executor.chosen
 
     @property
     def in_round(self) -> bool:
@@ -172,9 +190,11 @@ class FederatedFitLoop(compat.FitLoopBase):
         self._sharding = self._client_sharding() if trainer.world_size > 1 else None
         data = require_federated_data(trainer.datamodule)
         self._check_update_bound()
-        auto = self.client_executor == "auto"
-        self.executor = auto_choice_before_fit(trainer) if auto else self.client_executor
         self._live = live_tensors(module)
+        runtime = ClientRuntime(
+            trainer, self.algorithm, self._live, self.client_batches, self.loss_recorder, self.reset_optimizer
+        )
+        self._executor = make_executor(self.client_executor, runtime, max_batched_clients=self.max_batched_clients)
         federation = Federation(
             data=data,
             module=module,
@@ -184,6 +204,7 @@ class FederatedFitLoop(compat.FitLoopBase):
             local_epochs=self.local_epochs,
             local_steps=self.local_steps,
             num_rounds=self.max_epochs if self.max_epochs is not None and self.max_epochs >= 0 else None,
+            services=LoopServices(self),
         )
         # Checked before the algorithm's set-up, whose own errors a changed federation could trigger.
         self._fingerprint = federation_fingerprint(
@@ -351,6 +372,7 @@ class FederatedFitLoop(compat.FitLoopBase):
             "rejected_clients": float(rejected),
             "rolled_back": float(rolled_back),
             **metrics,
+            **self.federation.services.pop_round_metrics(),
         }
 
     def end_round(
@@ -391,11 +413,11 @@ class FederatedFitLoop(compat.FitLoopBase):
         return clients
 
     def train_clients(self, round_idx: int, clients: list[int]) -> list[ClientUpdate]:
-        """Trains the round's clients from the current global weights, one after another, in order
-        (with ``client_executor="batched"``, several at once); returns their updates in order."""
-        if self.executor == "batched":
-            return train_clients_batched(self, round_idx, clients, max_clients=self.max_batched_clients)
-        return [self.train_client(round_idx, cid) for cid in clients]
+        """Trains the round's clients from the current global weights with the run's executor
+        (one after another, in order, or with ``client_executor="batched"`` several at once);
+        returns their updates in order."""
+        assert self._executor is not None, "clients train once the fit has set up the federation"
+        return self._executor.train([self.client_context(round_idx, cid) for cid in clients], self.global_state)
 
     def train_client(self, round_idx: int, cid: int, *, seed: int | None = None) -> ClientUpdate:
         """Trains client ``cid`` from the current global weights and returns its update.
@@ -403,31 +425,8 @@ class FederatedFitLoop(compat.FitLoopBase):
         The global state is unchanged; the module is left holding the client's weights. The
         client's data order comes from ``seed`` (default: derived from the round and client).
         """
-        trainer, module = self.trainer, self.trainer.lightning_module
-        client = self.client_context(round_idx, cid, seed=seed)
-        load_into(self._live, self.global_state)
-        # Reset before configure_client, so that an algorithm may install per-client optimizer state.
-        if self.reset_optimizer:
-            for optimizer in trainer.optimizers:
-                optimizer.state.clear()
-        self.algorithm.configure_client(client, module, self.global_state)
-        call_federated_hook(trainer, "on_client_start", client)
-
-        batches = self.client_batches(client)
-        recorder = self._loss_recorder()
-        if not len(batches):
-            client.completed_steps = 0
-        elif self.executor == "lean":
-            client.completed_steps = compat.run_lean_client(self, batches, recorder.record)
-        else:
-            client.completed_steps = compat.run_client_epoch(self, batches)
-            if self.executor is None:  # "auto", still undecided
-                self.executor = auto_choice_after_first_client(trainer)
-        client.metrics.update(recorder.pop_means())
-
-        update = self.algorithm.client_update(client, module, compute_delta(self._live, self.global_state))
-        call_federated_hook(trainer, "on_client_end", client, update)
-        return update
+        assert self._executor is not None, "clients train once the fit has set up the federation"
+        return self._executor.train([self.client_context(round_idx, cid, seed=seed)], self.global_state)[0]
 
     def client_context(self, round_idx: int, cid: int, *, seed: int | None = None) -> ClientContext:
         """The context of client ``cid`` in round ``round_idx``; its data seed defaults to one derived from both."""
@@ -451,12 +450,6 @@ class FederatedFitLoop(compat.FitLoopBase):
             generator=torch.Generator().manual_seed(client.seed),
         )
         return batches if isinstance(batches, Sized) else list(batches)
-
-    def _loss_recorder(self) -> ClientLossRecorder:
-        for callback in self.trainer.callbacks:  # type: ignore[attr-defined]
-            if isinstance(callback, ClientLossRecorder):
-                return callback
-        raise RuntimeError("FederatedFitLoop needs the ClientLossRecorder callback that FederatedTrainer installs.")
 
     @override
     def on_save_checkpoint(self) -> dict:

@@ -105,16 +105,6 @@ def install_holders(
     return {n: owners[n] for n in names}
 
 
-def require_mixin(module: nn.Module, mixin: type, algorithm: object) -> None:
-    """Raises ``TypeError`` telling how to declare ``module`` if it does not inherit ``mixin``."""
-    if not isinstance(module, mixin):
-        name, module_name = mixin.__name__, type(module).__name__
-        raise TypeError(
-            f"{type(algorithm).__name__} needs a LightningModule that inherits `fl_lightning.{name}`; "
-            f"got {module_name}. Declare `class MyModel({name}, {module_name})`."
-        )
-
-
 def check_optimized(module: pl.LightningModule, tensors: Mapping[str, Tensor], what: str) -> None:
     """Raises ``ValueError`` naming the ``tensors`` (e.g. latent updates, scores) that no optimizer of
     the module's trainer optimises; does nothing before the optimizers exist."""

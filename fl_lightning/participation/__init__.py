@@ -7,6 +7,7 @@ al., "Towards Flexible Device Participation in Federated Learning" (AISTATS 2021
 from fl_lightning.participation.base import ParticipationModel
 from fl_lightning.participation.events import Arrival, Departure, ObjectiveSchedule, should_exclude
 from fl_lightning.participation.inactivity import Inactivity
+from fl_lightning.participation.recovery import crossing_rounds, recovery_rounds
 from fl_lightning.participation.speed import (
     ConstantDelay,
     DelayGroups,
@@ -37,6 +38,8 @@ __all__ = [
     "TraceDelay",
     "TraceParticipation",
     "UniformDelay",
+    "crossing_rounds",
     "percentage_to_steps",
+    "recovery_rounds",
     "should_exclude",
 ]

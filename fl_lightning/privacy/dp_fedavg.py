@@ -9,11 +9,11 @@ import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
 
-from fl_lightning.algorithms.aggregation import weighted_sum
-from fl_lightning.algorithms.base import Algorithm, ClientUpdate
+from fl_lightning.algorithms.shared.aggregation import weighted_sum
+from fl_lightning.algorithms.shared.base import Algorithm, ClientUpdate
 from fl_lightning.algorithms.fedavg import FedAvg
-from fl_lightning.algorithms.summable import SupportsWeightedSum
-from fl_lightning.algorithms.wrapper import AlgorithmWrapper
+from fl_lightning.algorithms.shared.summable import SupportsWeightedSum
+from fl_lightning.algorithms.shared.wrapper import AlgorithmWrapper
 from fl_lightning.federation import Federation
 from fl_lightning.model_state import State
 from fl_lightning.privacy.accountant import RoundAccountant, Sampling, check_delta

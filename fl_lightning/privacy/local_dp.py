@@ -8,9 +8,8 @@ import lightning.pytorch as pl
 import torch
 from typing_extensions import override
 
-from fl_lightning.algorithms.base import Algorithm, ClientContext, ClientUpdate
-from fl_lightning.algorithms.fedalign import FedALIGN
-from fl_lightning.algorithms.wrapper import AlgorithmWrapper
+from fl_lightning.algorithms.shared.base import Algorithm, ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.wrapper import AlgorithmWrapper
 from fl_lightning.model_state import State
 from fl_lightning.privacy.accountant import check_delta, gaussian_epsilon
 from fl_lightning.update_bounds import positive_finite, update_norm
@@ -23,8 +22,7 @@ def uploads_plain_delta(algorithm: Algorithm) -> bool:
     method = type(algorithm).client_update
     if method is Algorithm.client_update:
         return True
-    forwards = method in (AlgorithmWrapper.client_update, FedALIGN.client_update)
-    return forwards and uploads_plain_delta(algorithm.inner)  # type: ignore[attr-defined]
+    return method is AlgorithmWrapper.client_update and uploads_plain_delta(algorithm.inner)  # type: ignore[attr-defined]
 
 
 class LocalDP(AlgorithmWrapper):

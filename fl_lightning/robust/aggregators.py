@@ -8,10 +8,10 @@ import torch
 from torch import Tensor
 from typing_extensions import override
 
-from fl_lightning.algorithms.aggregation import accumulator_dtype
-from fl_lightning.algorithms.base import Algorithm, ClientUpdate
-from fl_lightning.algorithms.summable import SupportsWeightedSum
-from fl_lightning.algorithms.wrapper import AlgorithmWrapper
+from fl_lightning.algorithms.shared.aggregation import accumulator_dtype
+from fl_lightning.algorithms.shared.base import Algorithm, ClientUpdate
+from fl_lightning.algorithms.shared.summable import SupportsWeightedSum
+from fl_lightning.algorithms.shared.wrapper import AlgorithmWrapper
 from fl_lightning.federation import Federation
 from fl_lightning.model_state import State
 from fl_lightning.robust import rules

@@ -10,8 +10,8 @@ import lightning.pytorch as pl
 import torch
 from typing_extensions import override
 
-from fl_lightning.algorithms.base import Algorithm, ClientContext, ClientUpdate
-from fl_lightning.algorithms.wrapper import AlgorithmWrapper
+from fl_lightning.algorithms.shared.base import Algorithm, ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.wrapper import AlgorithmWrapper
 from fl_lightning.federation import Federation
 from fl_lightning.model_state import State
 from fl_lightning.robust.attacks import Attack

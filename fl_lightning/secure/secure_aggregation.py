@@ -10,10 +10,10 @@ import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
 
-from fl_lightning.algorithms.aggregation import accumulator_dtype
-from fl_lightning.algorithms.base import Algorithm, ClientContext, ClientUpdate
-from fl_lightning.algorithms.summable import SummableAggregation
-from fl_lightning.algorithms.wrapper import AlgorithmWrapper
+from fl_lightning.algorithms.shared.aggregation import accumulator_dtype
+from fl_lightning.algorithms.shared.base import Algorithm, ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.summable import SummableAggregation
+from fl_lightning.algorithms.shared.wrapper import AlgorithmWrapper
 from fl_lightning.model_state import State
 from fl_lightning.secure.masking import decode, encode, masked
 

@@ -17,13 +17,13 @@ Example::
 
 from __future__ import annotations
 
-import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
+from rich.measure import Measurement
 from rich.table import Table
 
 from fl_lightning.study.config_check import config_error
@@ -69,8 +69,8 @@ def run_study(spec: StudySpec, *, report_only: bool = False, console: Console | 
     A run that fails is recorded with its error and reported; it never stops the others. A run
     that another process (another study) is running is refused, and listed in ``refused``.
     """
-    # Off a terminal (a log file, CI) the table would be squeezed into 80 columns.
-    console = console or Console(width=None if sys.stdout.isatty() else 200)
+    # Rich's width: the terminal's, else COLUMNS, else 80; summary_table fits the table to it.
+    console = console or Console()
     if spec.plots:
         from fl_lightning.study.plots import require_matplotlib
 
@@ -112,7 +112,7 @@ def run_study(spec: StudySpec, *, report_only: bool = False, console: Console | 
             log_summary_run(spec, study_dir, names, [[row[k] for k in names] for row in rows], result.plots)
         except Exception as error:  # noqa: BLE001 - the tables and plots are on disk; W&B is a copy
             console.print(f"[yellow]Could not log the summary run to W&B: {escape(repr(error))}[/yellow]")
-    console.print(_rich_table(spec, *display(cols, rows)))
+    console.print(summary_table(spec, *display(cols, rows), console=console))
     for run, record in zip(runs, result.records, strict=True):
         if record.status != DONE:
             error = result.refused.get(run.name) or record.error or "not run yet"
@@ -191,10 +191,22 @@ def _execute(spec: StudySpec, launcher: Launcher, todo: list[Run], result: Study
         raise
 
 
-def _rich_table(spec: StudySpec, header: list[str], cells: list[list[str]]) -> Table:
-    table = Table(title=f"Study {spec.name}: mean ± std over seeds {', '.join(map(str, spec.seeds))}")
+def summary_table(spec: StudySpec, header: list[str], cells: list[list[str]], *, console: Console) -> Table:
+    """One row per arm when that fits the console's width; else one column per arm (a study has
+    fewer arms than summary columns), so 80 columns show every value whole."""
+    title = f"Study {spec.name}: mean ± std over seeds {', '.join(map(str, spec.seeds))}"
+    wide = Table(title=title)
     for index, name in enumerate(header):
-        table.add_column(name, justify="left" if index < 2 else "right")
+        wide.add_column(name, justify="left" if index < 2 else "right")
     for line in cells:
-        table.add_row(*line)
-    return table
+        wide.add_row(*line)
+    # The width the table would take unconstrained, every cell on one line.
+    if Measurement.get(console, console.options.update_width(10**6), wide).maximum <= console.width:
+        return wide
+    tall = Table(title=title)
+    tall.add_column(header[0])
+    for line in cells:
+        tall.add_column(line[0], justify="right")
+    for index, name in enumerate(header[1:], start=1):
+        tall.add_row(name, *(line[index] for line in cells))
+    return tall

@@ -9,8 +9,10 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from fl_lightning import FedAvg, FederatedTrainer
-from fl_lightning.algorithms.epsilon_schedules import ConstantEpsilon, LinearEpsilon, StepEpsilon
+from fl_lightning.algorithms.shared.epsilon_schedules import ConstantEpsilon, LinearEpsilon, StepEpsilon
 from fl_lightning.algorithms.fedalign import AllClients, FedALIGN, PriorityOnly, alignment_decision
+from fl_lightning.algorithms.local_only import LocalOnly
+from fl_lightning.algorithms.shared.wrapper import AlgorithmWrapper
 from fl_lightning.models import MLP
 
 from ..integration.conftest import QUIET, digits_data
@@ -130,6 +132,14 @@ def test_resume_and_determinism_keep_the_accepted_sets(tmp_path):
 
 CENTRES = torch.tensor([[0.5, 0.0], [-0.5, 0.0], [0.0, 0.0], [5.0, 5.0]], dtype=torch.float64)
 W_STAR = torch.zeros(2, dtype=torch.float64)  # optimum of the two priority devices
+
+
+def test_download_is_the_wrapped_algorithms():
+    """FedALIGN is an AlgorithmWrapper: what a client downloads is the wrapped algorithm's count."""
+    state = {"w": torch.zeros(3)}
+    assert isinstance(FedALIGN(priority=[0]), AlgorithmWrapper)
+    assert FedALIGN(priority=[0]).download_bytes(state) == 12  # FedAvg: the float32 global model
+    assert FedALIGN(priority=[0], algorithm=LocalOnly()).download_bytes(state) == 0  # LocalOnly sends nothing
 
 
 def quadratic_run(algorithm) -> tuple[torch.Tensor, object]:

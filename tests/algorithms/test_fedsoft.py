@@ -9,7 +9,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from fl_lightning import FedAvg, FederatedCallback, FederatedTrainer, FedSoft
-from fl_lightning.algorithms.clustering import average_states
+from fl_lightning.algorithms.shared.cluster_math import average_states
 from fl_lightning.data import FederatedDataModule, Natural, SyntheticRegressionMixture
 from fl_lightning.models import LinearRegression
 

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from fl_lightning.algorithms.base import ClientUpdate
+from fl_lightning.algorithms.shared.base import ClientUpdate
 from fl_lightning.algorithms.fedbuff import FedBuff
 from fl_lightning.algorithms.fedstaleweight import FedStaleWeight
-from fl_lightning.algorithms.staleness import StalenessTracker
+from fl_lightning.algorithms.shared.staleness import StalenessTracker
 from fl_lightning.participation.speed import DelayGroups, UniformDelay
 
 from .quadratic import Quadratic, quadratic_data, quadratic_trainer

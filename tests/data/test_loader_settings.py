@@ -9,8 +9,8 @@ from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sequential
 from fl_lightning import FederatedTrainer
 from fl_lightning.data import FederatedDataModule, client_batches
 from tests.data.user_project import UserDataModule, UserModule, dict_collate
+from tests.quiet import QUIET
 
-TRAINER = dict(logger=False, enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False)
 
 
 class WithLoader(LightningDataModule):
@@ -48,7 +48,7 @@ def test_a_user_datamodule_with_dict_collate_and_drop_last_trains_federated(tmp_
     # 40 samples over 4 clients: 10 each, in batches of 4 with the partial batch of 2 dropped.
     dm = FederatedDataModule.from_datamodule(UserDataModule(), num_clients=4)
     model = UserModule()
-    trainer = FederatedTrainer(max_epochs=1, default_root_dir=tmp_path, num_sanity_val_steps=0, **TRAINER)
+    trainer = FederatedTrainer(max_epochs=1, default_root_dir=tmp_path, **QUIET)
     trainer.fit(model, datamodule=dm)
     assert model.trained == [4, 4] * 4
     assert model.hooked == [True] * 8  # the datamodule's on_after_batch_transfer ran, with its trainer

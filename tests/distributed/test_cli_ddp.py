@@ -94,7 +94,8 @@ class DirectoryLogger(Logger):
 
 @pytest.mark.parametrize(
     ("make_logger", "expected"),
-    [(lambda root: CSVLogger(root, name="run"), "run/version_0"), (DirectoryLogger, "")],
+    # Another logger's run has its own folder too, where its checkpoints go: <save_dir>/<name>/<version>.
+    [(lambda root: CSVLogger(root, name="run"), "run/version_0"), (DirectoryLogger, "directory/version_0")],
     ids=["csv", "other"],
 )
 def test_the_summary_reads_the_log_dir_without_a_collective(tmp_path, monkeypatch, make_logger, expected):

@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
 
 import pytest
 
-from fl_lightning import FederatedTrainer
 from fl_lightning.data import Digits, Dirichlet, FederatedDataModule
 
-QUIET: dict[str, Any] = {
-    "accelerator": "cpu",
-    "logger": False,
-    "enable_checkpointing": False,
-    "enable_progress_bar": False,
-    "enable_model_summary": False,
-    "num_sanity_val_steps": 0,
-}
+from ..quiet import QUIET, quiet_trainer
+
+__all__ = ["QUIET", "digits_data", "quiet_trainer"]
 
 
 def digits_data(*, num_clients: int = 8, as_image: bool = False, batch_size: int = 16, seed: int = 0) -> FederatedDataModule:
@@ -29,10 +22,6 @@ def digits_data(*, num_clients: int = 8, as_image: bool = False, batch_size: int
         batch_size=batch_size,
         seed=seed,
     )
-
-
-def quiet_trainer(**kwargs: Any) -> FederatedTrainer:
-    return FederatedTrainer(**{**QUIET, **kwargs})
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
 import numpy as np
 import pytest
@@ -13,14 +12,9 @@ import torch
 
 from fl_lightning import ClientUpdate
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+from ..quiet import QUIET
 
-QUIET: dict[str, Any] = {
-    "logger": False,
-    "enable_checkpointing": False,
-    "enable_progress_bar": False,
-    "num_sanity_val_steps": 0,
-}
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def load_example(name: str) -> ModuleType:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ import yaml
 wandb = pytest.importorskip("wandb")
 from lightning.pytorch.loggers import WandbLogger  # noqa: E402
 
+from fl_lightning import cli as cli_module  # noqa: E402
 from fl_lightning.cli import main  # noqa: E402
 from fl_lightning.models import MLP  # noqa: E402
 
@@ -127,3 +129,31 @@ def test_cli_sends_the_resolved_config_to_wandb(offline_wandb, capsys):
     assert config["fl/algorithm"] == "FedAvg" and config["fl/num_clients"] == 20
     assert run.rounds("round/clients") == [0, 1]
     assert run.rounds("val_acc") == [0, 1]
+
+
+def test_cli_runs_of_one_config_get_their_own_names_and_config_files(offline_wandb, monkeypatch):
+    overlay = offline_wandb.parent / "wandb_logger.yaml"
+    init_args = {"save_dir": str(offline_wandb.parent), "offline": True, "project": "fl-test", "name": "quickstart"}
+    logger = {"class_path": "lightning.pytorch.loggers.WandbLogger", "init_args": init_args}
+    overlay.write_text(yaml.safe_dump({"trainer": {"logger": logger}}))
+    args = ["fit", "--config", QUICKSTART, "--config", str(overlay), "--trainer.max_epochs", "1"]
+    args += ["--trainer.enable_progress_bar", "false"]
+    starts = iter([datetime(2026, 11, 26, 0, 45, 12), datetime(2026, 11, 26, 0, 46, 3)])
+
+    class Clock(datetime):
+        @classmethod
+        def now(cls, tz: object = None) -> datetime:
+            return next(starts)
+
+    monkeypatch.setattr(cli_module, "datetime", Clock)
+    for _ in range(2):
+        main(args)
+        finish_offline_run()
+
+    runs = offline_runs(offline_wandb)
+    assert sorted(run.name for run in runs) == ["quickstart-20261126-004512", "quickstart-20261126-004603"]
+    # Each run's config beside its checkpoints, <save_dir>/<project>/<run id>/, none shared in save_dir.
+    configs = sorted((offline_wandb.parent / "fl-test").glob("*/config.yaml"))
+    names = [yaml.safe_load(path.read_text())["trainer"]["logger"]["init_args"]["name"] for path in configs]
+    assert sorted(names) == sorted(run.name for run in runs)
+    assert not (offline_wandb.parent / "config.yaml").exists()

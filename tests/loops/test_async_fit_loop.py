@@ -12,6 +12,7 @@ from fl_lightning.algorithms.fedstaleweight import FedStaleWeight
 from fl_lightning.participation.speed import ConstantDelay, UniformDelay
 
 from ..algorithms.quadratic import CENTRES, Quadratic, quadratic_data, quadratic_trainer
+from ..algorithms.shared.test_asynchronous import BufferMean
 
 A, B, C = 0, 1, 2
 
@@ -70,10 +71,11 @@ def test_paired_traces_and_virtual_time_metric():
     assert trainer.callback_metrics["round/version"] == 6.0
 
 
-def test_fedbuff_with_everyone_in_the_buffer_is_synchronous_fedavg():
+@pytest.mark.parametrize("algorithm_class", [FedBuff, BufferMean])  # BufferMean: the AsyncAlgorithm contract alone
+def test_fedbuff_with_everyone_in_the_buffer_is_synchronous_fedavg(algorithm_class):
     sync, buffered = Quadratic(lr=0.1), Quadratic(lr=0.1)
     quadratic_trainer(max_epochs=3, algorithm=FedAvg(weighting="uniform"), local_steps=2).fit(sync, datamodule=quadratic_data())
-    algorithm = FedBuff(buffer_size=4, delays=ConstantDelay(1.0), pull_policy="wait_new_version")
+    algorithm = algorithm_class(buffer_size=4, delays=ConstantDelay(1.0), pull_policy="wait_new_version")
     trainer = quadratic_trainer(max_epochs=3, algorithm=algorithm, local_steps=2)
     trainer.fit(buffered, datamodule=quadratic_data())
     assert trainer.fit_loop.history == [[0, 1, 2, 3]] * 3

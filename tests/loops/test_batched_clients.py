@@ -10,11 +10,11 @@ import torch
 from torch import Tensor
 
 from fl_lightning import FedAvg, FedBuff, FedProx
-from fl_lightning.algorithms.base import ClientContext, ClientUpdate
-from fl_lightning.algorithms.server_optimizers import ServerSGD
+from fl_lightning.algorithms.shared.base import ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.server_optimizers import ServerSGD
 from fl_lightning.callbacks.federated_callback import FederatedCallback
 from fl_lightning.data import Dirichlet, FederatedDataModule, InMemoryDataset
-from fl_lightning.loops.batched_clients import flatten_stream, group_clients, signature
+from fl_lightning.loops.batched_executor import flatten_stream, group_clients, pad_batches
 from fl_lightning.models import CNN, MLP
 
 from ..integration.conftest import quiet_trainer
@@ -22,14 +22,16 @@ from ..integration.conftest import quiet_trainer
 TOL = 1e-5
 
 
-def synthetic_data(*, image: bool = False, num_clients: int = 6, batch_size: int = 8) -> FederatedDataModule:
+def synthetic_data(*, image: bool = False, num_clients: int = 6, batch_size: int = 8, drop_last: bool = False) -> FederatedDataModule:
     """Label-skewed clients of unequal sizes: different step counts and last-batch sizes."""
     g = torch.Generator().manual_seed(0)
     shape = (1, 8, 8) if image else (12,)
     dataset = InMemoryDataset(
         inputs=torch.randn(180, *shape, generator=g), labels=torch.randint(0, 4, (180,), generator=g), num_classes=4
     )
-    return FederatedDataModule(dataset, partitioner=Dirichlet(alpha=0.5), num_clients=num_clients, batch_size=batch_size, seed=0)
+    return FederatedDataModule(
+        dataset, partitioner=Dirichlet(alpha=0.5), num_clients=num_clients, batch_size=batch_size, drop_last=drop_last, seed=0
+    )
 
 
 class ClientLog(FederatedCallback):
@@ -59,14 +61,15 @@ class OrderRecordingFedAvg(FedAvg):
         return super().aggregate(round_idx, global_state, updates)
 
 
-def fit(executor: str, model_fn: Callable[[], Any], *, image: bool = False, **kwargs: Any) -> tuple[Any, ClientLog, Any]:
+def fit(
+    executor: str, model_fn: Callable[[], Any], *, image: bool = False, data: dict[str, Any] | None = None, **kwargs: Any
+) -> tuple[Any, ClientLog, Any]:
     torch.manual_seed(0)
     model, log = model_fn(), ClientLog()
     algorithm = kwargs.pop("algorithm", OrderRecordingFedAvg)()  # a factory: algorithms hold state
-    trainer = quiet_trainer(
-        max_epochs=2, clients_per_round=4, client_executor=executor, callbacks=[log], algorithm=algorithm, **kwargs
-    )
-    trainer.fit(model, datamodule=synthetic_data(image=image))
+    kwargs = {"max_epochs": 2, "clients_per_round": 4, **kwargs}
+    trainer = quiet_trainer(client_executor=executor, callbacks=[log], algorithm=algorithm, **kwargs)
+    trainer.fit(model, datamodule=synthetic_data(image=image, **(data or {})))
     return model, log, trainer.algorithm
 
 
@@ -82,7 +85,13 @@ SCENARIOS = {
         False,
         {"local_steps": 5, "algorithm": lambda: OrderRecordingFedAvg(server_optimizer=ServerSGD(lr=1.0, momentum=0.5))},
     ),
-    "cnn-batchnorm": (lambda: CNN(in_channels=1, image_size=8, num_classes=4, batch_norm=True, lr=0.05), True, {}),
+    "cnn": (lambda: CNN(in_channels=1, image_size=8, num_classes=4, lr=0.05), True, {}),
+    # BatchNorm needs batches of one shape (padding would change its statistics): full batches, equal steps.
+    "cnn-batchnorm-equal-batches": (
+        lambda: CNN(in_channels=1, image_size=8, num_classes=4, batch_norm=True, lr=0.05),
+        True,
+        {"local_steps": 3, "data": {"batch_size": 4, "drop_last": True}},
+    ),
 }
 
 
@@ -105,8 +114,28 @@ def test_batched_equals_sequential(scenario: str, reference: str) -> None:
         assert max_diff(got.payload, want.payload) <= TOL, key
         assert got.metrics["train_loss"] == pytest.approx(want.metrics["train_loss"], abs=TOL), key
     assert max_diff(model.state_dict(), ref_model.state_dict()) <= TOL
-    if scenario == "unequal-epochs":  # the case this scenario exists for: several vmap groups per round
+    if scenario in ("unequal-epochs", "cnn"):  # ragged clients: unequal step counts in one vmap group
         assert len({u.num_steps for u in log.updates.values()}) > 1
+
+
+def relative_diff(a: dict[str, Tensor], b: dict[str, Tensor]) -> float:
+    """The largest ``|a - b| / |b|`` (Frobenius norms) over the tensors."""
+    return max(float((a[k].double() - b[k].double()).norm() / b[k].double().norm()) for k in b)
+
+
+@pytest.mark.parametrize("reference", ["lightning", "lean"])
+def test_ragged_clients_equal_sequential_after_five_rounds(reference: str) -> None:
+    """Dirichlet clients of 4..60 samples, two local epochs (a partial batch mid-stream and at the end),
+    momentum and weight decay: padded samples and finished clients must leave no trace."""
+    def model_fn() -> MLP:
+        return MLP(in_features=12, hidden=(16,), num_classes=4, lr=0.05, momentum=0.9, weight_decay=1e-2)
+
+    kwargs: dict[str, Any] = {"max_epochs": 5, "clients_per_round": 6, "local_epochs": 2}
+    ref_model, ref_log, _ = fit(reference, model_fn, **kwargs)
+    model, log, _ = fit("batched", model_fn, **kwargs)
+    steps = {key: u.num_steps for key, u in log.updates.items()}
+    assert steps == {key: u.num_steps for key, u in ref_log.updates.items()} and len(set(steps.values())) > 2
+    assert relative_diff(model.state_dict(), ref_model.state_dict()) <= 1e-6
 
 
 def test_max_batched_clients_caps_a_group_without_changing_the_result() -> None:
@@ -145,21 +174,25 @@ def test_tied_weights_stay_tied() -> None:
     assert max_diff(model.state_dict(), ref_model.state_dict()) <= TOL
 
 
-def test_groups_by_batch_shapes_in_order() -> None:
-    def stream(*sizes: int) -> list[tuple[Tensor, Tensor]]:
-        return [(torch.zeros(n, 3), torch.zeros(n, dtype=torch.long)) for n in sizes]
-
-    def groups(streams: list[Any], **kwargs: Any) -> list[list[int]]:
-        return group_clients([signature(flatten_stream(s)) for s in streams], **kwargs)
-
-    streams = [stream(4, 4, 2), stream(4, 4), stream(4, 4, 2), stream(4, 4, 1), stream(4, 4, 2), stream(4, 4)]
-    assert groups(streams) == [[0, 2, 4], [1, 5], [3]]
-    assert groups(streams, max_clients=2) == [[0, 2], [4], [1, 5], [3]]
-    dtype_differs = [stream(4), [(torch.zeros(4, 3, dtype=torch.float64), torch.zeros(4, dtype=torch.long))]]
-    structure_differs = [stream(4), [[torch.zeros(4, 3), torch.zeros(4, dtype=torch.long)]]]
-    assert groups(dtype_differs) == groups(structure_differs) == [[0], [1]]
+def test_groups_by_steps_and_pads_with_a_mask() -> None:
+    assert group_clients([3, 5, 0, 5, 2]) == [[1, 3, 0, 4, 2]]  # most steps first, ties in order
+    assert group_clients([3, 5, 0, 5, 2], max_clients=2) == [[1, 3], [0, 4], [2]]
+    first, second = torch.arange(6.0).reshape(3, 2), torch.arange(10.0, 12.0).reshape(1, 2)
+    stacked, mask = pad_batches([[first, torch.tensor([0, 1, 2])], [second, torch.tensor([5])]])
+    assert torch.equal(stacked[0][1], torch.tensor([[10.0, 11.0]] * 3))  # copies of the first sample
+    assert torch.equal(stacked[1], torch.tensor([[0, 1, 2], [5, 5, 5]]))
+    assert torch.equal(mask, torch.tensor([[True, True, True], [True, False, False]]))
+    with pytest.raises(ValueError, match=r"one row per sample; got a batch of tensors with shapes \[\(3, 2\), \(2,\)\]"):
+        pad_batches([[first, torch.tensor([0, 1])], [second, torch.tensor([5])]])
     with pytest.raises(TypeError, match="batches made of tensors only"):
         flatten_stream([(torch.zeros(4, 3), "labels")])
+
+
+class SumsLosses(MLP):
+    """A summed (not averaged) loss: padding would count the padded copies' gradients."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        return super().training_step(batch, batch_idx) * len(batch[1])
 
 
 class LogsPerStep(MLP):
@@ -191,8 +224,20 @@ def adam_mlp() -> MLP:
             RuntimeError,
             "could not run LogsPerStep.training_step",
         ),
+        (
+            lambda: CNN(in_channels=1, image_size=8, num_classes=4, batch_norm=True),
+            {"image": True},
+            ValueError,
+            r"CNN has BatchNorm layers in training mode \(net.1, net.5\)",
+        ),
+        (
+            lambda: SumsLosses(in_features=12, hidden=(8,), num_classes=4),
+            {},
+            ValueError,
+            r"SumsLosses.training_step gave .* on a batch of 8 samples, but .* as the mean of its losses on each sample alone",
+        ),
     ],
-    ids=["fedprox", "adam", "no-reset", "clipping", "self-log"],
+    ids=["fedprox", "adam", "no-reset", "clipping", "self-log", "batchnorm-ragged", "summed-loss"],
 )
 def test_unsupported_runs_fail_clearly(model_fn: Callable[[], Any], kwargs: dict[str, Any], error: type, match: str) -> None:
     with pytest.raises(error, match=match):

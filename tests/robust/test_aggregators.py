@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fl_lightning import FedAvg, FedBuff, ServerSGD
-from fl_lightning.algorithms.summable import can_shard
+from fl_lightning.algorithms.shared.summable import can_shard
 from fl_lightning.robust import Bulyan, CoordinateMedian, Krum, TrimmedMean, rules
 from tests.algorithms.test_fedavg import _global_state, _updates, federation  # noqa: F401 (fixture)
 

@@ -9,7 +9,7 @@ import torch
 
 from fl_lightning import FedAvg, FedSoft, ServerSGD
 from fl_lightning.algorithms import ClientContext, FedBuff
-from fl_lightning.algorithms.summable import can_shard
+from fl_lightning.algorithms.shared.summable import can_shard
 from fl_lightning.secure import SecureAggregation
 from fl_lightning.secure.masking import decode, encode, masked
 from tests.algorithms.test_fedavg import NUM_SAMPLES, _global_state, _updates, federation  # noqa: F401 (fixture)

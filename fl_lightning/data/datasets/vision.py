@@ -8,6 +8,8 @@ client's data each round, so the datasets are decoded once and kept as float32 t
 from __future__ import annotations
 
 import importlib
+import os
+import shutil
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -23,22 +25,69 @@ from fl_lightning.data.datasets.base import InMemoryDataset
 _EMNIST_CLASSES = {"byclass": 62, "bymerge": 47, "balanced": 47, "letters": 26, "digits": 10, "mnist": 10}
 
 
+#: Where torchvision looks for each dataset's files.
+_FILES = {
+    "MNIST": "{root}/MNIST/raw/ (the four *-ubyte.gz files)",
+    "FashionMNIST": "{root}/FashionMNIST/raw/ (the four *-ubyte.gz files)",
+    "EMNIST": "{root}/EMNIST/raw/ (gzip.zip)",
+    "CIFAR10": "{root}/cifar-10-python.tar.gz (or its extracted folder {root}/cifar-10-batches-py/)",
+    "CIFAR100": "{root}/cifar-100-python.tar.gz (or its extracted folder {root}/cifar-100-python/)",
+    "SVHN": "{root}/<split>_32x32.mat (train, test, extra)",
+}
+
+
 def load_torchvision(name: str, *, root: str, download: bool, **kwargs: Any) -> Any:
-    """Instantiates ``torchvision.datasets.<name>``, turning its missing-data error into a clear one.
+    """Instantiates ``torchvision.datasets.<name>``, turning its missing-data and download errors into
+    one clear message that names the dataset and where its files go.
+
+    A failed download (no network, a dead mirror) leaves nothing behind: the folders and files it
+    created under ``root`` are removed, so the next attempt does not find half a dataset.
 
     Raises:
-        FileNotFoundError: The data is not under ``root`` and ``download`` is false.
+        FileNotFoundError: The data is not under ``root`` and ``download`` is false, or its download failed.
     """
     # Looked up at call time so that importing fl_lightning.data does not import torchvision.
     datasets = importlib.import_module("torchvision.datasets")
+    where = _FILES.get(name, "{root}/").format(root=os.path.normpath(root))
+    existing = set(os.listdir(root)) if os.path.isdir(root) else None
     try:
         return getattr(datasets, name)(root=root, download=download, **kwargs)
     except RuntimeError as err:
         if download:
-            raise
+            _remove_new_entries(root, existing)
+            raise FileNotFoundError(_download_failed(name, root, where, err)) from err
         raise FileNotFoundError(
-            f"{name} was not found (or is corrupted) under root={root!r}; pass download=True to fetch it."
+            f"{name} was not found (or is corrupted) under root={root!r}; pass download=True to fetch it, or put "
+            f"its files at {where}."
         ) from err
+    except OSError as err:  # no network: URLError, socket errors, timeouts
+        if not download:
+            raise
+        _remove_new_entries(root, existing)
+        raise FileNotFoundError(_download_failed(name, root, where, err)) from err
+
+
+def _download_failed(name: str, root: str, where: str, err: BaseException) -> str:
+    # torchvision lists every mirror it tried; the last line is the last mirror's error.
+    reason = [line for line in str(err).splitlines() if line.strip()][-1:] or [type(err).__name__]
+    return (
+        f"{name} could not be downloaded to root={root!r} ({reason[0].strip()}). Without network access, download it "
+        f"on a machine with access (torchvision.datasets.{name}(root=..., download=True)), copy its files to {where} "
+        "and set download=False."
+    )
+
+
+def _remove_new_entries(root: str, existing: set[str] | None) -> None:
+    """Removes what appeared under ``root`` since ``existing`` was listed (all of ``root`` if it was not there)."""
+    if existing is None:
+        shutil.rmtree(root, ignore_errors=True)
+        return
+    for entry in set(os.listdir(root)) - existing:
+        path = os.path.join(root, entry)
+        if os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            os.remove(path)
 
 
 def materialise(

@@ -87,8 +87,9 @@ def test_missing_data_asks_for_download(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setattr(torchvision.datasets, "CIFAR10", missing)
     with pytest.raises(FileNotFoundError, match=r"CIFAR10 was not found .* under root='nowhere'; pass download=True"):
         CIFAR10(root="nowhere")
-    # With download=True the failure is torchvision's own, unchanged.
-    with pytest.raises(RuntimeError, match="Dataset not found"):
+    # With download=True it failed to download: the same error type, saying where the files go.
+    with pytest.raises(FileNotFoundError, match=r"CIFAR10 could not be downloaded to root='nowhere' \(Dataset not found\. .*"
+                       r"copy its files to nowhere/cifar-10-python.tar.gz"):
         CIFAR10(root="nowhere", download=True)
 
 
@@ -111,3 +112,21 @@ def test_channel_mismatch_is_reported() -> None:
 def test_bad_split_names(make, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         make()
+
+
+def test_a_failed_download_removes_only_what_it_created(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from urllib.error import URLError
+
+    def offline(*, root: str, download: bool, **kwargs: Any) -> None:
+        (tmp_path / "cifar-10-batches-py").mkdir()
+        (tmp_path / "cifar-10-python.tar.gz").write_bytes(b"partial")
+        raise URLError("[Errno 101] Network is unreachable")
+
+    monkeypatch.setattr(torchvision.datasets, "CIFAR10", offline)
+    (tmp_path / "MNIST").mkdir()  # another dataset, already there
+    with pytest.raises(
+        FileNotFoundError,
+        match=rf"CIFAR10 could not be downloaded to root='{tmp_path}' \(<urlopen error \[Errno 101\] Network is unreachable>\)",
+    ):
+        CIFAR10(root=str(tmp_path), download=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["MNIST"]

@@ -12,9 +12,9 @@ import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor
 
-from fl_lightning.algorithms.base import Algorithm
-from fl_lightning.algorithms.client_state import cpu_copy
-from fl_lightning.algorithms.clustering import match_clusters
+from fl_lightning.algorithms.shared.base import Algorithm
+from fl_lightning.algorithms.shared.client_state import cpu_copy
+from fl_lightning.algorithms.shared.cluster_math import match_clusters
 from fl_lightning.federation import Federation
 from fl_lightning.model_state import State, live_tensors, load_into, tensor_bytes
 from fl_lightning.probe import SupportsSampleMetrics, WeightSets, sample_metrics_many
@@ -175,10 +175,9 @@ class ClusteredAlgorithm(Algorithm):
                 f"{type(self).__name__} scores centres on clients' samples: {type(module).__name__} must implement "
                 "`sample_metrics(batch) -> {'loss': Tensor[B], ...}` (ClassificationModule and LinearRegression do)."
             )
-        self._live = live_tensors(module)
         if not self.centres:
             self.centres = init_centres(module, self.num_clusters, federation.seed)
-        missing = set(self._live) - set(self.centres[0])
+        missing = set(self.federation.local_weights()) - set(self.centres[0])
         if missing:
             raise ValueError(f"The initial centres lack the module's tensors {sorted(missing)}.")
         if any(all(torch.equal(a[k], b[k]) for k in a) for i, a in enumerate(self.centres) for b in self.centres[i + 1 :]):
@@ -191,8 +190,9 @@ class ClusteredAlgorithm(Algorithm):
     def centres_on_device(self) -> list[State]:
         """The centres on the module's device, cached until they change (``S`` models, whatever ``N``)."""
         if self._device_centres is None:
+            live = self.federation.local_weights()
             self._device_centres = [
-                {k: v.to(device=self._live[k].device, dtype=self._live[k].dtype) for k, v in c.items() if k in self._live}
+                {k: v.to(device=live[k].device, dtype=live[k].dtype) for k, v in c.items() if k in live}
                 for c in self.centres
             ]
         return self._device_centres

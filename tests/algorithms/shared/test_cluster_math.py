@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fl_lightning.algorithms.clustering import (
+from fl_lightning.algorithms.shared.cluster_math import (
     aggregation_weights,
     average_states,
     importance_weights,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from fl_lightning.algorithms.aggregation import apply_delta, weighted_average, weighted_sum
+from fl_lightning.algorithms.shared.aggregation import apply_delta, weighted_average, weighted_sum
 
 NUM_CLIENTS = 5
 

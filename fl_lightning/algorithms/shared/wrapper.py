@@ -7,9 +7,9 @@ from typing import Any
 import lightning.pytorch as pl
 from typing_extensions import override
 
-from fl_lightning.algorithms.base import Algorithm, ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.base import Algorithm, ClientContext, ClientUpdate
 from fl_lightning.algorithms.fedavg import FedAvg
-from fl_lightning.algorithms.summable import SupportsWeightedSum
+from fl_lightning.algorithms.shared.summable import SupportsWeightedSum
 from fl_lightning.federation import Federation
 from fl_lightning.model_state import State
 

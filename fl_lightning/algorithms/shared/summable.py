@@ -11,8 +11,8 @@ from __future__ import annotations
 from abc import abstractmethod
 from typing import Protocol, runtime_checkable
 
-from fl_lightning.algorithms.aggregation import weighted_sum
-from fl_lightning.algorithms.base import Algorithm, ClientUpdate
+from fl_lightning.algorithms.shared.aggregation import weighted_sum
+from fl_lightning.algorithms.shared.base import Algorithm, ClientUpdate
 from fl_lightning.model_state import State
 
 

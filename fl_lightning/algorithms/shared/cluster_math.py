@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor
 
-from fl_lightning.algorithms.aggregation import weighted_average
+from fl_lightning.algorithms.shared.aggregation import weighted_average
 from fl_lightning.model_state import State
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from fl_lightning.algorithms.server_optimizers import ServerAdagrad, ServerAdam, ServerOptimizer, ServerSGD, ServerYogi
+from fl_lightning.algorithms.shared.server_optimizers import ServerAdagrad, ServerAdam, ServerOptimizer, ServerSGD, ServerYogi
 
 PARAMS = frozenset({"w"})
 X0 = [0.5, -1.0, 2.0]

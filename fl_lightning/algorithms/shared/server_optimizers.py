@@ -14,10 +14,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fl_lightning.algorithms.aggregation import apply_delta
+from fl_lightning.algorithms.shared.aggregation import apply_delta
+from fl_lightning.model_state import State
 from fl_lightning.utils.init_args import RecordsInitArgs
-
-State = dict[str, Tensor]
 
 
 def _check_unit_interval(name: str, value: float) -> None:

@@ -1,0 +1,270 @@
+"""``client_executor="batched"``: several clients' local SGD at once with ``torch.func``, ragged clients included.
+
+The weights of ``K`` clients are stacked along a new leading dimension and their local steps run
+together: per step, one ``vmap`` over ``grad_and_value`` of the module's own ``training_step``
+(called through ``functional_call``), then a functional SGD update of the stacked weights
+(:mod:`~fl_lightning.loops.batched_sgd`). Each client's update equals the sequential
+executors' to float rounding: the same batches in the same order.
+
+*Ragged clients* (other numbers of steps, other batch sizes) train together:
+
+* a group's clients are sorted by their number of steps, most first, so the clients still
+  training at step ``t`` are a prefix ``[:n_t]`` of the stack; only that prefix is computed and
+  updated (weights, momentum buffers, weight decay: a finished client's tensors are not touched,
+  so they stay where its last step, as in sequential training, left them);
+* at a step whose batches differ in size, each client's batch is padded to the largest (with
+  copies of its first sample) and ``training_step`` runs per sample (an inner ``vmap``), the
+  loss being ``sum(mask * per-sample loss) / real samples``: the mean over the real samples, so
+  the padded copies get no gradient. This needs a ``training_step`` that returns the mean of a
+  per-sample loss over the batch (:func:`check_mean_step`, run once, refuses others).
+
+Extra memory: the stacked weights, gradients (and momentum buffers) and activations of one
+group of at most ``max_batched_clients`` clients, about ``3 K`` models.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.fabric.utilities.apply_func import move_data_to_device
+from torch import Tensor, nn
+from torch.utils._pytree import TreeSpec, tree_flatten
+from typing_extensions import override
+
+from fl_lightning import _lightning_compat as compat
+from fl_lightning.algorithms.shared.base import Algorithm, ClientContext, ClientUpdate
+from fl_lightning.loops.batched_sgd import (
+    SGD_OPTIONS,
+    BatchedStep,
+    StackedState,
+    batched_step,
+    call_training_step,
+    sgd_step,
+    unflatten,
+)
+from fl_lightning.loops.client_executor import ClientExecutor, ClientRuntime
+from fl_lightning.model_state import State, load_into
+
+__all__ = ["BatchedExecutor", "check_batched_support", "check_mean_step", "flatten_stream", "group_clients"]
+
+PREFIX = "client_executor='batched'"
+
+
+def check_batched_support(runtime: ClientRuntime) -> torch.optim.SGD:
+    """Raises a ``ValueError`` naming what the batched executor cannot reproduce; returns the SGD optimizer."""
+    trainer, module, algorithm = runtime.trainer, runtime.module, runtime.algorithm
+    if type(algorithm).configure_client is not Algorithm.configure_client:
+        raise ValueError(
+            f"{PREFIX} runs algorithms whose local work is plain SGD from the global weights "
+            f"(configure_client not overridden, e.g. FedAvg, FedAvg with a server optimizer, CompressedFedAvg); "
+            f"{type(algorithm).__name__} overrides configure_client. Use client_executor='lightning' or 'lean'."
+        )
+    if not runtime.reset_optimizer:
+        raise ValueError(f"{PREFIX} needs reset_optimizer=True (fresh optimizer state per client).")
+    if not module.automatic_optimization or len(trainer.optimizers) != 1:
+        raise ValueError(f"{PREFIX} needs automatic optimization with exactly one optimizer.")
+    optimizer = trainer.optimizers[0]
+    if type(optimizer) is not torch.optim.SGD:
+        raise ValueError(
+            f"{PREFIX} needs a torch.optim.SGD optimizer (options {', '.join(SGD_OPTIONS)}); got {type(optimizer).__name__}."
+        )
+    unsupported = {
+        "gradient_clip_val": trainer.gradient_clip_val or None,
+        "accumulate_grad_batches": trainer.accumulate_grad_batches if trainer.accumulate_grad_batches != 1 else None,
+        "an interval='step' LR scheduler": next(
+            (c.scheduler for c in trainer.lr_scheduler_configs if c.interval == "step"), None
+        ),
+        "gradient scaling": getattr(trainer.precision_plugin, "scaler", None),
+        # Batches are moved to the device stacked (leading client dimension); a user's hook would see that.
+        "overridden batch-transfer hooks": compat.overridden_batch_hooks(trainer) or None,
+    }
+    for what, value in unsupported.items():
+        if value is not None:
+            raise ValueError(f"{PREFIX} does not support {what} (got {value!r}); use client_executor='lightning'.")
+    return optimizer
+
+
+#: A client's batch stream, each batch flattened once into its tensors and their structure
+#: (``tuple``/``list`` for the common flat batches, else a pytree spec).
+FlatStream = list[tuple[list[Tensor], "type | TreeSpec"]]
+
+
+def flatten_stream(batches: Iterable[Any]) -> FlatStream:
+    """Each batch as ``(tensors, structure)``; raises a ``TypeError`` for a batch holding a non-tensor."""
+    flat: FlatStream = []
+    for batch in batches:
+        if type(batch) in (tuple, list) and all(isinstance(t, Tensor) for t in batch):
+            flat.append((list(batch), type(batch)))  # skips the pytree machinery: ~10% of a small step
+            continue
+        leaves, spec = tree_flatten(batch)
+        if not all(isinstance(leaf, Tensor) for leaf in leaves):
+            raise TypeError(f"{PREFIX} needs batches made of tensors only; got a batch of structure {spec}.")
+        flat.append((leaves, spec))
+    return flat
+
+
+def group_clients(num_steps: Sequence[int], max_clients: int | None = None) -> list[list[int]]:
+    """Positions of the clients, most steps first (ties in order), cut into groups of at most
+    ``max_clients``: in a group, the clients still training at any step are a prefix."""
+    order = sorted(range(len(num_steps)), key=lambda i: -num_steps[i])
+    size = max_clients or len(order) or 1
+    return [order[i : i + size] for i in range(0, len(order), size)]
+
+
+def num_samples(leaves: Sequence[Tensor]) -> int:
+    """The batch's number of samples: the common length of its tensors (one row per sample)."""
+    sizes = {leaf.shape[0] if leaf.dim() else None for leaf in leaves}
+    if len(sizes) != 1 or None in sizes:
+        raise ValueError(
+            f"{PREFIX} pads clients' batches of unequal sizes, which needs every tensor of a batch to hold one row "
+            f"per sample; got a batch of tensors with shapes {[tuple(leaf.shape) for leaf in leaves]}."
+        )
+    return int(sizes.pop())
+
+
+def pad_batches(batches: Sequence[list[Tensor]]) -> tuple[list[Tensor], Tensor]:
+    """The clients' batches stacked, each padded to the largest with copies of its first sample,
+    and the ``[clients, samples]`` mask of the real samples."""
+    sizes = [num_samples(leaves) for leaves in batches]
+    size = max(sizes)
+    stacked = [
+        torch.stack([torch.cat([t, t[:1].expand(size - n, *t.shape[1:])]) if n < size else t for t, n in zip(parts, sizes)])
+        for parts in zip(*batches)
+    ]
+    mask = torch.arange(size) < torch.tensor(sizes).unsqueeze(1)
+    return stacked, mask
+
+
+@torch.no_grad()
+def check_mean_step(module: pl.LightningModule, leaves: list[Tensor], structure: type | TreeSpec) -> None:
+    """Refuses a ``training_step`` whose loss is not the mean of a per-sample loss over the batch
+    (a sum, a batch-level term, BatchNorm in training mode): padding would change its gradients.
+
+    Compared on one batch in evaluation mode (so that dropout does not differ): the step's loss
+    on the batch, and the mean of its losses on each sample alone.
+    """
+    norms = [name for name, m in module.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training]
+    if norms:
+        raise ValueError(
+            f"{PREFIX} trains clients with unequal batches by padding them, which needs a training_step whose loss is "
+            f"a mean over the batch's samples; {type(module).__name__} has BatchNorm layers in training mode "
+            f"({', '.join(norms)}), whose statistics depend on the whole batch. Use client_executor='lean', or "
+            "batches of equal shapes (local_steps with drop_last)."
+        )
+    modes = {m: m.training for m in module.modules()}
+    module.eval()
+    try:
+        whole = call_training_step(module, unflatten(leaves, structure), 0)
+        samples = [unflatten([t[i : i + 1] for t in leaves], structure) for i in range(len(leaves[0]))]
+        per_sample = torch.stack([call_training_step(module, sample, 0) for sample in samples])
+    finally:
+        for m, training in modes.items():
+            m.training = training
+    if not torch.allclose(whole, per_sample.mean(), rtol=1e-4, atol=1e-6):
+        raise ValueError(
+            f"{PREFIX} trains clients with unequal batches by padding them, which needs a training_step whose loss is "
+            f"the mean of a per-sample loss over the batch; {type(module).__name__}.training_step gave {float(whole):.6g} "
+            f"on a batch of {len(per_sample)} samples, but {float(per_sample.mean()):.6g} as the mean of its losses on each "
+            "sample alone. Use client_executor='lean', or make the loss a mean over the samples (reduction='mean')."
+        )
+
+
+class BatchedExecutor(ClientExecutor):
+    """Trains a round's clients in groups of at most ``max_clients`` (``None``: one group).
+
+    Per group: ``on_client_start`` for each member (in the clients' order), their local steps at
+    once, then per member, with the module holding its local weights, ``algorithm.client_update``
+    and ``on_client_end``. Updates come back in the clients' order.
+    """
+
+    name = "batched"
+
+    def __init__(self, runtime: ClientRuntime, *, max_clients: int | None = None) -> None:
+        super().__init__(runtime)
+        self.max_clients = max_clients
+        self._steps: dict[tuple[type | TreeSpec, bool], BatchedStep] = {}
+        self._mean_checked = False
+
+    @override
+    def train(self, clients: Sequence[ClientContext], global_state: State) -> list[ClientUpdate]:
+        optimizer = check_batched_support(self.runtime)
+        streams = [flatten_stream(self.runtime.batches(client)) for client in clients]
+        updates: dict[int, ClientUpdate] = {}
+        for members in group_clients([len(stream) for stream in streams], self.max_clients):
+            for i in sorted(members):
+                self.start_client(clients[i], global_state)
+            state, loss_sums = self._train_group(optimizer, [streams[i] for i in members])
+            for j, i in sorted(enumerate(members), key=lambda member: member[1]):
+                client = clients[i]
+                client.completed_steps = len(streams[i])
+                compat.count_steps(self.runtime.trainer, client.completed_steps)  # the step axis the other executors give
+                if client.completed_steps:
+                    client.metrics["train_loss"] = loss_sums[j] / client.completed_steps
+                load_into(self.runtime.live, state.local_state(j))
+                updates[i] = self.finish_client(client, global_state)
+        return [updates[i] for i in range(len(clients))]
+
+    def _train_group(self, optimizer: torch.optim.SGD, streams: Sequence[FlatStream]) -> tuple[StackedState, list[float]]:
+        """Trains one group of clients, sorted by their number of steps (most first), from the module's
+        weights. Returns their stacked local state and each one's summed step loss."""
+        trainer = self.runtime.trainer
+        state = StackedState(self.runtime.live, optimizer, len(streams))
+        momenta: dict[str, Tensor] = {}
+        precision = trainer.precision_plugin
+        loss_sums = torch.zeros(len(streams), device=trainer.strategy.root_device)
+        for batch_idx in range(len(streams[0]) if streams else 0):
+            active = sum(len(stream) > batch_idx for stream in streams)  # a prefix: sorted by steps
+            batches = [stream[batch_idx] for stream in streams[:active]]
+            structure = batches[0][1]
+            inputs, mask = self._stack([leaves for leaves, _ in batches], structure)
+            trained = {name: t[:active] for name, t in state.trained.items()}
+            others = {name: t[:active] for name, t in state.others.items()}
+            step = self._step(state.tied, structure, padded=mask is not None)
+            with precision.train_step_context():
+                grads, losses = self._run(step, trained, others, inputs, batch_idx, *(() if mask is None else (mask,)))
+            for group, params in state.groups:
+                sgd_step(params, grads, momenta, group, active)
+            loss_sums[:active] += losses.detach().float()
+        return state, loss_sums.tolist()
+
+    def _stack(self, batches: list[list[Tensor]], structure: type | TreeSpec) -> tuple[list[Tensor], Tensor | None]:
+        """The clients' batches stacked on the device; padded, with the mask of the real samples,
+        when their shapes differ (``None``: no padding)."""
+        if len({tuple(t.shape for t in leaves) for leaves in batches}) == 1:
+            return self._on_device([torch.stack(parts) for parts in zip(*batches)]), None
+        self._check_mean_step(batches[0], structure)
+        stacked, mask = pad_batches(batches)
+        return self._on_device(stacked), mask.to(self.runtime.trainer.strategy.root_device)
+
+    def _on_device(self, tensors: list[Tensor]) -> list[Tensor]:
+        """``tensors`` after the precision plugin's input conversion, on the module's device."""
+        trainer = self.runtime.trainer
+        return move_data_to_device(trainer.precision_plugin.convert_input(tensors), trainer.strategy.root_device)
+
+    def _step(self, tied: bool, structure: type | TreeSpec, *, padded: bool) -> BatchedStep:
+        key = (structure, padded)
+        if key not in self._steps:
+            self._steps[key] = batched_step(self.runtime.module, tied, structure, padded)
+        return self._steps[key]
+
+    def _run(self, step: BatchedStep, *args: Any) -> tuple[dict[str, Tensor], Tensor]:
+        try:
+            return step(*args)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as err:
+            raise RuntimeError(
+                f"{PREFIX} could not run {type(self.runtime.module).__name__}.training_step under torch.func "
+                f"(functional_call + vmap): {type(err).__name__}: {err}. training_step must be a pure function of "
+                "the weights and the batch (no self.log, .item() or data-dependent Python branches); "
+                "use client_executor='lightning' or 'lean' for this module."
+            ) from err
+
+    def _check_mean_step(self, leaves: list[Tensor], structure: type | TreeSpec) -> None:
+        """:func:`check_mean_step` once per executor, on the first padded step's first batch."""
+        if not self._mean_checked:
+            check_mean_step(self.runtime.module, self._on_device(leaves), structure)
+            self._mean_checked = True

@@ -1,0 +1,143 @@
+"""The batched executor's arithmetic: stacked client weights, their vmapped gradients and ``torch.optim.SGD``'s update."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call, vmap
+from torch.utils._pytree import TreeSpec, tree_unflatten
+
+from fl_lightning import _lightning_compat as compat
+
+#: ``torch.optim.SGD`` options the functional update reproduces exactly.
+SGD_OPTIONS = ("lr", "momentum", "dampening", "nesterov", "weight_decay", "maximize")
+
+
+@torch.no_grad()
+def sgd_step(
+    params: Mapping[str, Tensor], grads: Mapping[str, Tensor], momenta: dict[str, Tensor], group: Mapping[str, Any], active: int
+) -> None:
+    """One ``torch.optim.SGD`` step of the first ``active`` stacked clients, in place, with torch's
+    arithmetic (``grad += weight_decay * param``; ``buf = momentum * buf + (1 - dampening) * grad``;
+    ``param -= lr * (grad + momentum * buf if nesterov else buf)``). The other clients' weights and
+    momentum buffers are not touched. ``grads`` hold the active clients' gradients only."""
+    lr, momentum, dampening = float(group["lr"]), group["momentum"], group["dampening"]
+    for name, stacked in params.items():
+        param = stacked[:active]
+        grad = grads[name] if not group["maximize"] else -grads[name]
+        if group["weight_decay"]:
+            grad = grad.add(param, alpha=group["weight_decay"])
+        if momentum:
+            buf = momenta.get(name)
+            if buf is None:  # the first step: every client with a step is active
+                buf = momenta[name] = grad.clone()
+            else:
+                buf = buf[:active]
+                buf.mul_(momentum).add_(grad, alpha=1 - dampening)
+            grad = grad.add(buf, alpha=momentum) if group["nesterov"] else buf
+        param.add_(grad, alpha=-lr)
+
+
+def unflatten(leaves: list[Tensor], structure: type | TreeSpec) -> Any:
+    """The batch of ``leaves`` in ``structure`` (a ``tuple``/``list`` type, or a pytree spec)."""
+    return structure(leaves) if isinstance(structure, type) else tree_unflatten(leaves, structure)
+
+
+def step_loss(output: Any) -> Tensor:
+    """The loss of a ``training_step`` output (a tensor, or a dict with ``"loss"``)."""
+    loss = output["loss"] if isinstance(output, Mapping) else output
+    if not isinstance(loss, Tensor):
+        raise TypeError(f"training_step must return a loss tensor (or a dict with 'loss'); got {type(loss).__name__}.")
+    return loss
+
+
+def call_training_step(module: pl.LightningModule, batch: Any, batch_idx: int) -> Tensor:
+    step = module.training_step
+    return step_loss(step(batch, batch_idx) if compat.step_takes_batch_idx(module) else step(batch))
+
+
+class _TrainingStep(nn.Module):
+    """Lets ``functional_call`` run ``module.training_step`` instead of ``forward``."""
+
+    def __init__(self, module: pl.LightningModule) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, batch: Any, batch_idx: int) -> Tensor:
+        return call_training_step(self.module, batch, batch_idx)
+
+
+#: ``(trained, others, leaves, batch_idx[, mask]) -> (grads, losses)`` over stacked clients.
+BatchedStep = Callable[..., tuple[dict[str, Tensor], Tensor]]
+
+
+def batched_step(module: pl.LightningModule, tied: bool, structure: type | TreeSpec, padded: bool) -> BatchedStep:
+    """Every client's gradient and loss at one step, over stacked weights and batches.
+
+    ``padded=False``: ``training_step`` on each client's whole batch. ``padded=True``: on each
+    sample alone (an inner ``vmap``), the client's loss being ``sum(mask * losses) / sum(mask)``,
+    the mean over its real samples, for a ``mask`` argument of the real samples.
+    ``tied``: the module has tied tensors (only the first name of each is passed).
+
+    The forward pass is vmapped; the backward pass is one ordinary autograd pass over the sum of
+    the clients' losses (each client's weights only reach its own loss, so its gradient is its
+    loss's), which is several times cheaper than ``vmap(grad(...))``'s per-op gradient tracking.
+    """
+    wrapper = _TrainingStep(module)
+
+    def loss(trained: dict[str, Tensor], others: dict[str, Tensor], leaves: list[Tensor], batch_idx: int) -> Tensor:
+        state = {f"module.{name}": tensor for name, tensor in (*trained.items(), *others.items())}
+        return functional_call(wrapper, state, (unflatten(leaves, structure), batch_idx), tie_weights=tied)
+
+    def masked_mean(
+        trained: dict[str, Tensor], others: dict[str, Tensor], leaves: list[Tensor], batch_idx: int, mask: Tensor
+    ) -> Tensor:
+        def one(sample: list[Tensor]) -> Tensor:
+            return loss(trained, others, [t.unsqueeze(0) for t in sample], batch_idx)
+
+        losses = vmap(one, randomness="different")(leaves)
+        return torch.where(mask, losses, 0).sum() / mask.sum()
+
+    # "different": each client draws its own random numbers (dropout masks), as if trained alone.
+    in_dims = (0, 0, 0, None, 0) if padded else (0, 0, 0, None)
+    forward = vmap(masked_mean if padded else loss, in_dims=in_dims, randomness="different")
+
+    def step(trained: dict[str, Tensor], others: dict[str, Tensor], *args: Any) -> tuple[dict[str, Tensor], Tensor]:
+        leaves = {name: t.detach().requires_grad_() for name, t in trained.items()}
+        with torch.enable_grad():
+            losses = forward(leaves, others, *args)
+        grads = torch.autograd.grad(losses.sum(), list(leaves.values()), allow_unused=True)
+        return {name: torch.zeros_like(t) if g is None else g for (name, t), g in zip(leaves.items(), grads)}, losses.detach()
+
+    return step
+
+
+class StackedState:
+    """``k`` copies of the module's tensors along a new leading dimension, split into the tensors the
+    optimizer trains (by parameter group) and the rest (buffers, frozen parameters); tied tensors once."""
+
+    def __init__(self, live: Mapping[str, Tensor], optimizer: torch.optim.SGD, k: int) -> None:
+        first_name = {id(t): name for name, t in reversed(live.items())}
+        #: Each ``state_dict`` name's stacked tensor (tied names share one).
+        self.by_name: dict[str, Tensor] = {}
+        for name, t in live.items():
+            first = first_name[id(t)]
+            if first not in self.by_name:
+                self.by_name[first] = t.detach().unsqueeze(0).repeat(k, *(1,) * t.dim())
+            self.by_name[name] = self.by_name[first]
+        #: ``(param_group, {name: stacked parameter})`` per parameter group of the optimizer.
+        self.groups = [
+            (group, {first_name[id(p)]: self.by_name[first_name[id(p)]] for p in group["params"] if p.requires_grad})
+            for group in optimizer.param_groups
+        ]
+        self.trained = {name: t for _, params in self.groups for name, t in params.items()}
+        self.others = {name: self.by_name[name] for name in dict.fromkeys(first_name.values()) if name not in self.trained}
+        self.tied = len(self.trained) + len(self.others) < len(self.by_name)
+
+    def local_state(self, j: int) -> dict[str, Tensor]:
+        """Client ``j``'s tensors by ``state_dict`` name."""
+        return {name: t[j] for name, t in self.by_name.items()}

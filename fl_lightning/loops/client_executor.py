@@ -1,0 +1,103 @@
+"""How a round's clients train: the :class:`ClientExecutor` interface and the per-client steps every executor shares.
+
+The loop hands an executor a :class:`ClientRuntime` once per fit (what it may use: the trainer,
+the algorithm, the module's tensors, each client's batch stream, the loss recorder) and, per
+round, the clients' contexts and the global state; the executor returns their updates, in order.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence, Sized
+from dataclasses import dataclass
+
+import lightning.pytorch as pl
+from typing_extensions import override
+
+from fl_lightning.algorithms.shared.base import Algorithm, ClientContext, ClientUpdate
+from fl_lightning.callbacks.client_loss import ClientLossRecorder
+from fl_lightning.callbacks.federated_callback import call_federated_hook
+from fl_lightning.model_state import State, compute_delta, load_into
+
+
+@dataclass(frozen=True)
+class ClientRuntime:
+    """What an executor gets from the loop: nothing of the loop's own state.
+
+    Attributes:
+        trainer: the trainer (its module, optimizers, strategy and precision).
+        algorithm: the federated algorithm.
+        live: the module's tensors by ``state_dict`` name (the loop's view of the weights).
+        batches: a client's local batch stream for its round, ordered by ``client.seed``.
+        recorder: the loss recorder whose means become ``client.metrics``.
+        reset_optimizer: clear the optimizer state before each client.
+    """
+
+    trainer: pl.Trainer
+    algorithm: Algorithm
+    live: State
+    batches: Callable[[ClientContext], Sized]
+    recorder: ClientLossRecorder
+    reset_optimizer: bool
+
+    @property
+    def module(self) -> pl.LightningModule:
+        return self.trainer.lightning_module
+
+
+class ClientExecutor(ABC):
+    """Trains a round's clients from the global state and returns their updates, in the clients' order."""
+
+    #: The ``client_executor`` value that selects this executor.
+    name: str
+
+    def __init__(self, runtime: ClientRuntime) -> None:
+        self.runtime = runtime
+
+    @property
+    def chosen(self) -> str | None:
+        """The executor clients run with: :attr:`name`, except while ``"auto"`` has not decided (``None``)."""
+        return self.name
+
+    @abstractmethod
+    def train(self, clients: Sequence[ClientContext], global_state: State) -> list[ClientUpdate]:
+        """Trains ``clients`` (each from ``global_state``, which stays unchanged); the module is
+        left holding the last client's weights."""
+
+    def start_client(self, client: ClientContext, global_state: State) -> None:
+        """The module holds the global weights, the optimizer is fresh, the algorithm has configured
+        the client and the callbacks know it started."""
+        runtime = self.runtime
+        load_into(runtime.live, global_state)
+        # Reset before configure_client, so that an algorithm may install per-client optimizer state.
+        if runtime.reset_optimizer:
+            for optimizer in runtime.trainer.optimizers:
+                optimizer.state.clear()
+        runtime.algorithm.configure_client(client, runtime.module, global_state)
+        call_federated_hook(runtime.trainer, "on_client_start", client)
+
+    def finish_client(self, client: ClientContext, global_state: State) -> ClientUpdate:
+        """The update of ``client``, whose local weights the module holds (``delta = local - global``)."""
+        runtime = self.runtime
+        update = runtime.algorithm.client_update(client, runtime.module, compute_delta(runtime.live, global_state))
+        call_federated_hook(runtime.trainer, "on_client_end", client, update)
+        return update
+
+
+class SequentialExecutor(ClientExecutor):
+    """One client after another, each through :meth:`run_steps`."""
+
+    @override
+    def train(self, clients: Sequence[ClientContext], global_state: State) -> list[ClientUpdate]:
+        return [self.train_client(client, global_state) for client in clients]
+
+    def train_client(self, client: ClientContext, global_state: State) -> ClientUpdate:
+        self.start_client(client, global_state)
+        batches = self.runtime.batches(client)  # after configure_client, which may change the local work
+        client.completed_steps = self.run_steps(batches) if len(batches) else 0
+        client.metrics.update(self.runtime.recorder.pop_means())
+        return self.finish_client(client, global_state)
+
+    @abstractmethod
+    def run_steps(self, batches: Sized) -> int:
+        """Runs the client's local steps over ``batches`` on the module; returns the optimizer steps taken."""

@@ -1,0 +1,71 @@
+"""``client_executor="lean"``: ``training_step``, ``backward`` and ``optimizer.step`` called directly.
+
+The same arithmetic as Lightning's automatic optimization, without its per-step hooks;
+:mod:`~fl_lightning.loops.executor_choice` says when both give the same weights bit for bit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sized
+from functools import cached_property
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.fabric.utilities.apply_func import move_data_to_device
+from typing_extensions import override
+
+from fl_lightning import _lightning_compat as compat
+from fl_lightning.loops.client_executor import SequentialExecutor
+
+
+class LeanExecutor(SequentialExecutor):
+    """Per batch: precision conversion, ``batch_to_device``, ``zero_grad``, ``training_step`` (in the
+    precision plugin's context), ``backward``, ``optimizer.step``. ``self.log(on_epoch=True)`` still
+    aggregates into the round; each step's output goes to the loss recorder."""
+
+    name = "lean"
+
+    @cached_property
+    def _to_device(self) -> Callable[[Any], Any]:
+        return batch_mover(self.runtime.trainer)  # once: the trainer's hooks do not change during the fit
+
+    @override
+    def run_steps(self, batches: Sized) -> int:
+        trainer = self.runtime.trainer
+        module = trainer.lightning_module
+        if not module.automatic_optimization or len(trainer.optimizers) != 1:
+            raise ValueError("The lean client executor needs automatic optimization with exactly one optimizer.")
+        if getattr(trainer.precision_plugin, "scaler", None) is not None:
+            raise ValueError(f"The lean client executor does not scale gradients: precision={trainer.precision!r} is not supported.")
+        optimizer, precision, record = trainer.optimizers[0], trainer.precision_plugin, self.runtime.recorder.record
+        to_device = self._to_device
+        takes_batch_idx = compat.step_takes_batch_idx(module)
+        steps = 0
+        try:
+            with compat.training_step_scope(trainer):
+                for batch_idx, batch in enumerate(batches):  # type: ignore[call-overload]
+                    batch = to_device(precision.convert_input(batch))
+                    compat.start_batch(trainer, batch)
+                    optimizer.zero_grad(set_to_none=True)
+                    with precision.train_step_context():
+                        output = module.training_step(batch, batch_idx) if takes_batch_idx else module.training_step(batch)
+                    loss = output["loss"] if isinstance(output, Mapping) else output
+                    if loss is None:  # Lightning skips the step too
+                        continue
+                    loss.backward()
+                    optimizer.step()
+                    record(output)
+                    steps += 1
+        finally:
+            compat.count_steps(trainer, steps)
+        return steps
+
+
+def batch_mover(trainer: pl.Trainer) -> Callable[[Any], Any]:
+    """``strategy.batch_to_device``, or, when neither module nor datamodule overrides its hooks,
+    the ``move_data_to_device`` it would end in, without two hook dispatches per batch."""
+    strategy = trainer.strategy
+    if compat.overridden_batch_hooks(trainer, compat.BATCH_TRANSFER_HOOKS[1:]):
+        return strategy.batch_to_device
+    device = strategy.root_device
+    return lambda batch: move_data_to_device(batch, device)

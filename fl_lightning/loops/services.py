@@ -1,0 +1,51 @@
+"""The :class:`~fl_lightning.services.ServerServices` of a running federated loop."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from typing_extensions import override
+
+from fl_lightning import _lightning_compat as compat
+from fl_lightning.algorithms.shared.base import ClientUpdate
+from fl_lightning.algorithms.shared.client_state import load_optimizer_state, optimizer_state_to_cpu
+from fl_lightning.schedulers import restart_staircases
+from fl_lightning.services import OptimizerState, ServerServices
+
+if TYPE_CHECKING:
+    from fl_lightning.loops.federated_fit_loop import FederatedFitLoop
+
+
+class LoopServices(ServerServices):
+    """Binds the algorithm's services to ``loop`` and its trainer: the only place an algorithm's
+    request reaches the trainer."""
+
+    def __init__(self, loop: FederatedFitLoop) -> None:
+        super().__init__()
+        self._loop = loop
+
+    @override
+    def optimizer_states(self) -> list[OptimizerState]:
+        return [optimizer_state_to_cpu(o) for o in self._loop.trainer.optimizers]
+
+    @override
+    def load_optimizer_states(self, states: list[OptimizerState] | None) -> None:
+        for i, optimizer in enumerate(self._loop.trainer.optimizers):
+            load_optimizer_state(optimizer, states[i] if states else None)
+
+    @override
+    def restart_lr_schedules(self, round_idx: int) -> int:
+        return restart_staircases(self._loop.trainer, round_idx)
+
+    @override
+    def reload_evaluation_data(self) -> None:
+        compat.reload_validation_data(self._loop.trainer)
+
+    @property
+    @override
+    def accumulate_grad_batches(self) -> int:
+        return int(self._loop.trainer.accumulate_grad_batches)
+
+    @override
+    def train_client(self, round_idx: int, client_id: int, *, seed: int) -> ClientUpdate:
+        return self._loop.train_client(round_idx, client_id, seed=seed)

@@ -1,0 +1,69 @@
+"""What the federated loop does for an algorithm, so that no algorithm reaches into the trainer.
+
+An algorithm reaches these through :attr:`Federation.services <fl_lightning.Federation.services>`;
+the loops install :class:`~fl_lightning.loops.services.LoopServices`. Outside a fit (an algorithm
+set up by hand, in a unit test) the services that need a trainer raise a ``RuntimeError``
+naming themselves; the round-metrics channel works everywhere.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fl_lightning.algorithms.shared.base import ClientUpdate
+
+#: One optimizer's per-parameter state, copied to the CPU (``optimizer.state_dict()["state"]``).
+OptimizerState = dict[int, dict[str, Any]]
+
+
+class ServerServices:
+    """The services an algorithm may ask of the loop running it (none when run by hand).
+
+    Subclassed by :class:`~fl_lightning.loops.services.LoopServices`, which binds them to a trainer.
+    """
+
+    def __init__(self) -> None:
+        self._round_metrics: dict[str, float] = {}
+
+    def _needs_loop(self, service: str) -> RuntimeError:
+        return RuntimeError(
+            f"`Federation.services.{service}` needs the federated loop: run the algorithm through FederatedTrainer.fit."
+        )
+
+    def optimizer_states(self) -> list[OptimizerState]:
+        """The state of each of the module's optimizers (e.g. Adam's moments), copied to the CPU."""
+        raise self._needs_loop("optimizer_states")
+
+    def load_optimizer_states(self, states: list[OptimizerState] | None) -> None:
+        """Installs states saved by :meth:`optimizer_states` (``None``: fresh optimizers), keeping
+        each optimizer's hyper-parameters (learning rate, betas...)."""
+        raise self._needs_loop("load_optimizer_states")
+
+    def restart_lr_schedules(self, round_idx: int) -> int:
+        """Restarts every :class:`~fl_lightning.schedulers.StaircaseLR` at ``round_idx``; returns how many."""
+        raise self._needs_loop("restart_lr_schedules")
+
+    def reload_evaluation_data(self) -> None:
+        """Makes the next server validation request ``val_dataloader()`` again (the evaluation set changed)."""
+        raise self._needs_loop("reload_evaluation_data")
+
+    @property
+    def accumulate_grad_batches(self) -> int:
+        """Batches per optimizer step (the trainer's gradient accumulation factor)."""
+        raise self._needs_loop("accumulate_grad_batches")
+
+    def train_client(self, round_idx: int, client_id: int, *, seed: int) -> ClientUpdate:
+        """Runs the loop's client training once more for ``client_id`` (e.g. one more mixture
+        component) with the data order of ``seed``; returns that run's update."""
+        raise self._needs_loop("train_client")
+
+    def report_round_metrics(self, metrics: dict[str, float]) -> None:
+        """Adds metrics to this round's logged row (``round/<key>``), e.g. from ``select_clients``,
+        so an algorithm need not carry them to ``aggregate`` itself."""
+        self._round_metrics.update(metrics)
+
+    def pop_round_metrics(self) -> dict[str, float]:
+        """The metrics reported since the last call (the loop calls it once per round)."""
+        metrics, self._round_metrics = self._round_metrics, {}
+        return metrics

@@ -1,0 +1,103 @@
+"""``fl-lightning`` reports bad configurations as one ``error:`` line (exit status 2), keeps tracebacks
+for errors of a running model and under ``FL_LIGHTNING_DEBUG=1``, and fails an offline download cleanly."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.error import URLError
+
+import pytest
+import torch
+import torchvision.datasets.mnist
+
+from fl_lightning.cli import main
+from fl_lightning.cli_errors import DEBUG_ENV, EXIT_STATUS
+from fl_lightning.models import MLP
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+QUICKSTART = str(CONFIGS / "quickstart.yaml")
+FAST = ["--trainer.max_epochs", "1", "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
+
+
+@pytest.fixture(autouse=True)
+def in_tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["fl-lightning"])
+    monkeypatch.delenv(DEBUG_ENV, raising=False)
+    yield
+
+
+def one_line_error(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """Runs the CLI, which must exit with status 2 after printing one ``error:`` line (its text)."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code == EXIT_STATUS
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "Traceback" not in err, err
+    return errors[0]
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        # Refused by a constructor while LightningCLI instantiates the classes...
+        (["--trainer.clients_per_round", "-1"], "error: FederatedTrainer: `clients_per_round` must be a positive count"),
+        (["--data.init_args.partitioner.init_args.alpha", "-1"], "error: Dirichlet: alpha must be > 0, got -1.0."),
+        (["--model.init_args.lr", "0"], "error: MLP: `lr` must be > 0, got 0.0."),
+        (["--data.init_args.num_clients", "5000"], "error: FederatedDataModule: num_clients=5000 exceeds the 1293"),
+        # ...or by fit before the first client trains (after Lightning's sanity check).
+        (["--trainer.clients_per_round", "50"], "error: `clients_per_round=50` is not allowed with num_clients=20"),
+        (["--ckpt_path", "missing.ckpt"], "error: Checkpoint file not found: missing.ckpt"),
+        (
+            ["--trainer.client_executor", "batched", "--trainer.algorithm", "fl_lightning.FedProx"],
+            "error: client_executor='batched' runs algorithms whose local work is plain SGD from the global weights",
+        ),
+    ],
+    ids=["trainer", "nested-partitioner", "model", "data", "fit-start", "missing-checkpoint", "first-round"],
+)
+def test_a_bad_value_is_one_error_line(override: list[str], expected: str, capsys: pytest.CaptureFixture[str]) -> None:
+    line = one_line_error(["fit", "--config", QUICKSTART, *FAST, "--trainer.logger", "false", *override], capsys)
+    assert line.startswith(expected), line
+
+
+def test_the_debug_variable_keeps_the_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(DEBUG_ENV, "1")
+    with pytest.raises(ValueError, match=r"alpha must be > 0, got -1.0"):
+        main(["fit", "--config", QUICKSTART, *FAST, "--data.init_args.partitioner.init_args.alpha", "-1"])
+
+
+class FailingMLP(MLP):
+    """Raises in its first training step: a bug in a running model, not a configuration error."""
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        raise ValueError("a bug in training_step")
+
+
+def test_an_error_of_a_running_model_keeps_its_traceback() -> None:
+    with pytest.raises(ValueError, match="a bug in training_step"):
+        main(["fit", "--config", QUICKSTART, *FAST, "--trainer.logger", "false", "--model.class_path", f"{__name__}.FailingMLP"])
+
+
+def test_an_offline_download_is_one_line_and_leaves_no_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # torchvision's own MNIST (it creates data/MNIST/raw, then downloads into it), with no network.
+    def offline(url: str, *args: object, **kwargs: object) -> None:
+        raise URLError("[Errno -2] Name or service not known")
+
+    monkeypatch.setattr(torchvision.datasets.mnist, "download_and_extract_archive", offline)
+    data = (
+        "--data.init_args.train=fl_lightning.data.MNIST",
+        "--data.init_args.train.init_args.download=true",
+        "--data.init_args.train.init_args.root=data",
+        "--data.init_args.test=null",
+    )
+    line = one_line_error(["fit", "--config", QUICKSTART, *FAST, *data], capsys)
+    assert line.startswith("error: MNIST could not be downloaded to root='data' (<urlopen error [Errno -2] Name or service")
+    assert "copy its files to data/MNIST/raw/" in line and "set download=False" in line
+    assert not (tmp_path / "data").exists()
+    assert not (tmp_path / "logs").exists()  # it failed while building the data, before any logger wrote

@@ -1,0 +1,74 @@
+"""What a ``fl-lightning`` run prints and where it writes: no warnings, one plain line per round in a log
+file, the config in the run's own directory only, plain-text help."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fl_lightning.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICKSTART = str(ROOT / "configs" / "quickstart.yaml")
+SPHINX = re.compile(r":[a-z]+:`|``")
+
+
+@pytest.fixture(autouse=True)
+def in_tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["fl-lightning"])
+    yield
+
+
+def test_quickstart_in_a_log_file_prints_no_warning_and_one_line_per_round(tmp_path: Path) -> None:
+    # What the console script runs, in a fresh process with Python's default warning filters, its
+    # output going to a file (SLURM, CI).
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"} | {"PYTHONPATH": str(ROOT), "COLUMNS": "80"}
+    script = "from fl_lightning.cli import main; main()"
+    with open(tmp_path / "log.txt", "w") as log:
+        subprocess.run(
+            [sys.executable, "-c", script, "fit", "--config", QUICKSTART, "--trainer.max_epochs", "2"],
+            stdout=log, stderr=subprocess.STDOUT, env=env, check=True, timeout=600,
+        )  # fmt: skip
+    output = (tmp_path / "log.txt").read_text()
+    assert not re.search(r"warn|deprecat|💡", output, re.IGNORECASE), output
+    rounds = [line for line in output.splitlines() if line.startswith("rounds ")]
+    assert [line.split()[1] for line in rounds] == ["1/2", "2/2"], output
+    assert all(re.search(r"val_acc=[\d.]+ .* elapsed \d+:\d\d:\d\d  eta \d+:\d\d:\d\d$", line) for line in rounds), rounds
+    assert "…" not in output  # nothing cut at 80 columns (the summary table wraps instead)
+
+
+def test_each_run_saves_its_config_in_its_own_directory(tmp_path: Path) -> None:
+    for rounds in (1, 2):
+        main(["fit", "--config", QUICKSTART, "--trainer.max_epochs", str(rounds), "--trainer.enable_progress_bar", "false"])
+    for version, rounds in ((0, 1), (1, 2)):
+        config = yaml.safe_load((tmp_path / "logs" / "quickstart" / f"version_{version}" / "config.yaml").read_text())
+        assert config["trainer"]["max_epochs"] == rounds
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["logs"]
+
+
+def test_without_a_logger_nothing_lands_in_the_current_directory_but_checkpoints(tmp_path: Path) -> None:
+    main(["fit", "--config", QUICKSTART, "--trainer.max_epochs", "1", "--trainer.logger", "false"]
+         + ["--trainer.enable_progress_bar", "false"])  # fmt: skip
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoints"]  # Lightning's place for them, without a logger
+    assert not list(tmp_path.rglob("config.yaml"))
+
+
+@pytest.mark.parametrize("args", [["--help"], ["fit", "--help"], ["fit", "--trainer.algorithm.help", "FedProx"]])
+def test_help_is_plain_text(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code in (0, None)
+    out = capsys.readouterr().out
+    assert not SPHINX.search(out), SPHINX.search(out)
+    if args == ["--help"]:
+        assert all(name in out for name in ("fit", "validate", "test", "predict")) and "FL_LIGHTNING_DEBUG=1" in out
+    elif args == ["fit", "--help"]:
+        assert "A Trainer for federated learning: max_epochs is the number of rounds" in out
