@@ -20,6 +20,17 @@ only. Two offline federations, every run through the real
   12 hold the 6 other classes (misaligned). MLP 64-32-10. Test: the digits test split,
   per-class accuracy/loss weighted by the priority clients' class proportions.
 
+``--paper`` switches both to the paper's own federations (Sec. 4, App. B) and adds App. C.1's
+baseline, at the paper's 200 rounds, seeds 0-2 (about 18 CPU-minutes):
+
+* ``--synth paper``: the 10 priority devices and 10 noisy non-priority clients only (no clean
+  free clients), every size from the FedProx generator, ``int(lognormal(4, 2)) + 50``.
+* ``--digits shards``: 60 clients with McMahan et al.'s single-class shards (``Shards(2)``, 120
+  shards of the digits training split), priority clients 0 and 1; which non-priority clients
+  share the priority classes is left to chance, as in the paper.
+* ``--holdout 0.2`` and ``LocalOnly``: every non-priority client's own model against the
+  federated model on that client's held-out samples (App. C.1, Fig. 3).
+
 Shared settings (the paper's where it states them): lr 0.1, E = 5 local epochs, epsilon = 0.2
 (0.4 for ``--noise high``, as in the paper), the first 10% of rounds priority-only for every
 method (the paper's warm-up; it does not say whether its "All" baseline warms up too), full
@@ -39,6 +50,7 @@ Run from the repository root::
     PYTHONPATH=. python benchmarks/fedalign.py --quick       # ~1 min smoke run
     PYTHONPATH=. python benchmarks/fedalign.py --rounds 200 --seeds 0 1 2 3 4 --noise high
     PYTHONPATH=. python benchmarks/fedalign.py --out table.md --jobs 1
+    PYTHONPATH=. python benchmarks/fedalign.py --paper       # the paper's federations, > 15 min
 
 Runs are spread over ``--jobs`` worker processes (default: the number of CPU cores), each with
 one torch thread.
@@ -48,6 +60,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import statistics
 import sys
 import time
@@ -59,8 +72,11 @@ from harness import QUIET_TRAINER
 from reporting import emit, load, machine, mean_std  # benchmarks/ is on sys.path when run as a script
 from workers import add_worker_arguments, run_in_workers
 
-METHODS = ("FedALIGN", "PriorityOnly", "AllClients")
+METHODS = ("FedALIGN", "PriorityOnly", "AllClients", "LocalOnly")
 DATASETS = ("synth", "digits")
+#: ``--paper``: the paper's own federations (Sec. 4, App. B), its 200 rounds (inferred from "the
+#: first 20 warm-up rounds" = 10 %), App. C.1's local-model baseline on 20 % held-out samples.
+PAPER = {"synth": "paper", "digits": "shards", "methods": list(METHODS), "seeds": [0, 1, 2], "rounds": 200, "holdout": 0.2}
 # (label-flip skew, irrelevant-points skew, epsilon) of the paper's three synthetic noise levels.
 NOISE = {"low": (0.5, 0.5, 0.2), "medium": (1.5, 1.5, 0.2), "high": (5.0, 5.0, 0.4)}
 
@@ -78,11 +94,13 @@ class Settings:
     noise: str
     epsilon_synth: float
     epsilon_digits: float
-    synth_priority_samples: int
-    synth_nonpriority_samples: int
+    synth_priority_samples: int | None  # None: the FedProx generator's int(lognormal(4, 2)) + 50
+    synth_nonpriority_samples: int | None
     synth_clean: int
     synth_noisy: int
     digits_clients: int
+    digits_split: str  # "labels" (LabelsPerClient(2)) or "shards" (McMahan's Shards(2))
+    holdout: float  # per-client held-out fraction: App. C.1's local test data
 
 
 @dataclass(frozen=True)
@@ -103,6 +121,7 @@ class RunResult:
     aligned_per_round: float  # admitted aligned non-priority clients per round after the warm-up
     misaligned_per_round: float
     num_aligned: int  # aligned non-priority clients in the federation
+    local_acc: float  # App. C.1: the non-priority clients' held-out accuracy (LocalOnly: their own models)
     wall_s: float
     cpu_s: float
     accs: list[float] = field(default_factory=list)
@@ -112,7 +131,7 @@ def build(spec: RunSpec) -> tuple[pl.LightningDataModule, pl.LightningModule, li
     """The federation, the model (initialised from the seed), the priority ids and epsilon."""
     import torch
 
-    from fl_lightning.data import Digits, FederatedDataModule, LabelsPerClient, Natural, PrioritizedSynthetic
+    from fl_lightning.data import Digits, FederatedDataModule, LabelsPerClient, Natural, PrioritizedSynthetic, Shards
     from fl_lightning.models import MLP, LogisticRegression
 
     s, seed = spec.settings, spec.seed
@@ -138,6 +157,7 @@ def build(spec: RunSpec) -> tuple[pl.LightningDataModule, pl.LightningModule, li
             partitioner=Natural(),
             num_clients=len(set(train.client_ids.tolist())),
             batch_size=s.batch_size,
+            holdout_fraction=s.holdout,
             seed=seed,
         )
         torch.manual_seed(seed)
@@ -145,9 +165,10 @@ def build(spec: RunSpec) -> tuple[pl.LightningDataModule, pl.LightningModule, li
     data = FederatedDataModule(
         Digits(split="train"),
         Digits(split="test"),
-        partitioner=LabelsPerClient(2),
+        partitioner=LabelsPerClient(2) if s.digits_split == "labels" else Shards(2),
         num_clients=s.digits_clients,
         batch_size=s.batch_size,
+        holdout_fraction=s.holdout,
         seed=seed,
     )
     torch.manual_seed(seed)
@@ -169,7 +190,7 @@ def aligned_clients(spec: RunSpec, data: pl.LightningDataModule, priority: list[
 
 def run_one(spec: RunSpec) -> RunResult:
     """Trains one (dataset, method, seed) configuration through ``FederatedTrainer``."""
-    from fl_lightning import AllClients, FedALIGN, FederatedCallback, FederatedTrainer, PriorityOnly
+    from fl_lightning import AllClients, FedALIGN, FederatedCallback, FederatedTrainer, LocalOnly, PriorityOnly
 
     s = spec.settings
 
@@ -183,8 +204,14 @@ def run_one(spec: RunSpec) -> RunResult:
             self.rounds.append(dict(metrics))
 
     data, model, priority, epsilon = build(spec)
-    method = {"FedALIGN": FedALIGN, "PriorityOnly": PriorityOnly, "AllClients": AllClients}[spec.method]
-    algorithm = method(priority=priority, epsilon=epsilon, warmup_fraction=s.warmup_fraction, evaluate_priority=True)
+    every = range(data.num_clients)  # type: ignore[attr-defined]
+    nonpriority = [c for c in every if c not in (priority or data.train.priority_clients)]  # type: ignore[attr-defined]
+    local = nonpriority if s.holdout > 0 else None  # App. C.1: scored on their own held-out samples
+    if spec.method == "LocalOnly":
+        algorithm = LocalOnly(clients=nonpriority)
+    else:
+        method = {"FedALIGN": FedALIGN, "PriorityOnly": PriorityOnly, "AllClients": AllClients}[spec.method]
+        algorithm = method(priority=priority, epsilon=epsilon, warmup_fraction=s.warmup_fraction, evaluate_priority=True, evaluate_clients=local)
     recorder = Recorder()
     trainer = FederatedTrainer(
         algorithm=algorithm,
@@ -200,10 +227,10 @@ def run_one(spec: RunSpec) -> RunResult:
     trainer.fit(model, datamodule=data)
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
 
-    accs = [r["round/priority_test_acc"] for r in recorder.rounds]
-    losses = [r["round/priority_test_loss"] for r in recorder.rounds]
-    aligned = aligned_clients(spec, data, algorithm.priority)
-    after_warmup = algorithm.accepted_history[algorithm.warmup_rounds :]
+    accs = [r.get("round/priority_test_acc", math.nan) for r in recorder.rounds]  # LocalOnly: no global model
+    losses = [r.get("round/priority_test_loss", math.nan) for r in recorder.rounds]
+    aligned = aligned_clients(spec, data, [c for c in every if c not in nonpriority])
+    after_warmup = algorithm.accepted_history[algorithm.warmup_rounds :] if spec.method != "LocalOnly" else []
     return RunResult(
         spec=spec,
         final_acc=accs[-1],
@@ -213,6 +240,7 @@ def run_one(spec: RunSpec) -> RunResult:
         aligned_per_round=statistics.fmean([len(set(a) & aligned) for a in after_warmup] or [0]),
         misaligned_per_round=statistics.fmean([len(set(a) - aligned) for a in after_warmup] or [0]),
         num_aligned=len(aligned),
+        local_acc=recorder.rounds[-1].get("round/local_test_acc", math.nan),
         wall_s=wall,
         cpu_s=cpu,
         accs=accs,
@@ -232,17 +260,29 @@ def _tally(differences: Sequence[float]) -> str:
 def describe(settings: Settings, seeds: list[int]) -> str:
     s = settings
     flip_skew, random_skew, _ = NOISE[s.noise]
+    fedprox_sizes = "int(lognormal(4, 2)) + 50 (FedProx's generator)"
+    split = (
+        "LabelsPerClient(2), priority clients [0, 1] (4 classes)"
+        if s.digits_split == "labels"
+        else "Shards(2) (McMahan's single-class shards, 2 per client), priority clients [0, 1] (at most 4 classes)"
+    )
+    holdout = f" {s.holdout:.0%} of every client's samples held out (App. C.1's local test data)." if s.holdout else ""
     return (
         f"Settings: {s.rounds} rounds, the first {s.warmup_fraction:.0%} priority-only for every method, full "
-        f"participation, E = {s.local_epochs} local epochs of plain SGD, lr {s.lr:g}, batch {s.batch_size}; seeds {seeds}. "
-        f"**synth**: PrioritizedSynthetic, 10 Synthetic(1, 1) priority devices x {s.synth_priority_samples} samples, "
-        f"{s.synth_clean} clean + {s.synth_noisy} noisy non-priority clients x {s.synth_nonpriority_samples} samples, "
+        f"participation, E = {s.local_epochs} local epochs of plain SGD, lr {s.lr:g}, batch {s.batch_size}; seeds {seeds}.{holdout} "
+        f"**synth**: PrioritizedSynthetic, 10 Synthetic(1, 1) priority devices x {s.synth_priority_samples or fedprox_sizes} samples, "
+        f"{s.synth_clean} clean + {s.synth_noisy} noisy non-priority clients x {s.synth_nonpriority_samples or fedprox_sizes} samples, "
         f"{s.noise} noise (our reconstruction: skews {flip_skew:g}/{random_skew:g}, q_max 0.8, r_max 1), "
         f"logistic regression 60 -> 10, epsilon {s.epsilon_synth:g}, test = 1000 clean samples of the priority mixture. "
-        f"**digits**: sklearn digits, LabelsPerClient(2) over {s.digits_clients} clients, priority clients [0, 1] "
-        f"(4 classes), MLP 64-32-10, epsilon {s.epsilon_digits:g}, test = digits test split weighted by the priority "
-        f"class proportions. Final = after the last round; tail = mean over the last {s.tail} rounds."
+        f"**digits**: sklearn digits, {split} over {s.digits_clients} clients, MLP 64-32-10, epsilon {s.epsilon_digits:g}, "
+        f"test = digits test split weighted by the priority class proportions. Final = after the last round; tail = mean "
+        f"over the last {s.tail} rounds. LocalOnly: each non-priority client's own model (App. C.1), no priority model."
     )
+
+
+def cell(values: Sequence[float]) -> str:
+    """``mean ± std`` of the values, or a dash where the method has no such metric (NaN)."""
+    return "–" if any(math.isnan(v) for v in values) else mean_std(values)
 
 
 def report(results: list[RunResult], settings: Settings, args: argparse.Namespace, wall_s: float) -> str:
@@ -261,17 +301,19 @@ def report(results: list[RunResult], settings: Settings, args: argparse.Namespac
         "",
         describe(settings, seeds),
         "",
-        "| dataset | method | final priority acc | tail priority acc | final priority loss | tail priority loss | admitted per round: aligned / other |",
-        "|---|---|---|---|---|---|---|",
+        "| dataset | method | final priority acc | tail priority acc | final priority loss | tail priority loss | admitted per round: aligned / other |"
+        + (" non-priority clients' held-out acc (App. C.1) |" if settings.holdout else ""),
+        "|---|---|---|---|---|---|---|" + ("---|" if settings.holdout else ""),
     ]
     for d in datasets:
         for m in methods:
             runs = [by[(d, m, seed)] for seed in seeds if (d, m, seed) in by]
             lines.append(
-                f"| {d} | {m} | {mean_std([r.final_acc for r in runs])} | {mean_std([r.tail_acc for r in runs])} "
-                f"| {mean_std([r.final_loss for r in runs])} | {mean_std([r.tail_loss for r in runs])} "
+                f"| {d} | {m} | {cell([r.final_acc for r in runs])} | {cell([r.tail_acc for r in runs])} "
+                f"| {cell([r.final_loss for r in runs])} | {cell([r.tail_loss for r in runs])} "
                 f"| {statistics.fmean(r.aligned_per_round for r in runs):.1f} of {statistics.fmean(r.num_aligned for r in runs):.0f}"
                 f" / {statistics.fmean(r.misaligned_per_round for r in runs):.1f} |"
+                + (f" {cell([r.local_acc for r in runs])} |" if settings.holdout else "")
             )
     if "FedALIGN" in methods:
         lines += [
@@ -283,13 +325,18 @@ def report(results: list[RunResult], settings: Settings, args: argparse.Namespac
             "|---|---|---|---|---|---|",
         ]
         for d in datasets:
-            for other in (m for m in methods if m != "FedALIGN"):
+            for other in (m for m in methods if m not in ("FedALIGN", "LocalOnly")):
                 pairs = [(by[(d, "FedALIGN", s)], by[(d, other, s)]) for s in seeds if (d, "FedALIGN", s) in by and (d, other, s) in by]
                 if not pairs:
                     continue
                 acc = [a.tail_acc - o.tail_acc for a, o in pairs]
                 loss = [a.tail_loss - o.tail_loss for a, o in pairs]
                 lines.append(f"| {d} | {other} | {mean_std(acc)} | {_tally(acc)} | {mean_std(loss)} | {_tally([-x for x in loss])} |")
+    if {"FedALIGN", "LocalOnly"} <= set(methods):
+        lines += ["", "App. C.1, the non-priority clients' held-out accuracy, FedALIGN's global model minus their own local models:", ""]
+        for d in datasets:
+            diffs = [by[(d, "FedALIGN", s)].local_acc - by[(d, "LocalOnly", s)].local_acc for s in seeds if (d, "FedALIGN", s) in by and (d, "LocalOnly", s) in by]
+            lines.append(f"- {d}: {mean_std(diffs)}, FedALIGN better/tied/worse on {_tally(diffs)} seeds")
     cpu = sum(r.cpu_s for r in results)
     lines += [
         "",
@@ -303,8 +350,9 @@ def report(results: list[RunResult], settings: Settings, args: argparse.Namespac
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="~1 minute smoke run (20 rounds, 2 seeds)")
+    parser.add_argument("--paper", action="store_true", help="the paper's compositions (see PAPER; explicit flags win)")
     parser.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=DATASETS)
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--methods", nargs="+", default=list(METHODS[:3]), choices=METHODS)
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
     parser.add_argument("--rounds", type=int, default=100, help="the paper's is 200 (inferred)")
     parser.add_argument("--local-epochs", type=int, default=5)
@@ -314,8 +362,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--noise", default="medium", choices=sorted(NOISE), help="synth noise level (skews; epsilon 0.4 for high)")
     parser.add_argument("--epsilon", type=float, help="override epsilon for both datasets")
     parser.add_argument("--tail", type=int, default=10, help="average the metrics over the last TAIL rounds")
+    parser.add_argument("--synth", default="ours", choices=("ours", "paper"), help="synth federation (see the docstring)")
+    parser.add_argument("--digits", default="labels", choices=("labels", "shards"), help="digits split (see the docstring)")
+    parser.add_argument("--holdout", type=float, default=0.0, help="per-client held-out fraction (App. C.1; LocalOnly needs it)")
     add_worker_arguments(parser)
+    if parser.parse_known_args(argv)[0].paper:
+        parser.set_defaults(**PAPER)
     args = parser.parse_args(argv)
+    if "LocalOnly" in args.methods and not args.holdout > 0:
+        parser.error(f"LocalOnly is scored on the clients' held-out samples: it needs --holdout > 0, got {args.holdout}.")
     if args.quick:
         args.rounds, args.seeds, args.tail = 20, [0, 1], 5
     if not 1 <= args.tail <= args.rounds:
@@ -345,11 +400,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         noise=args.noise,
         epsilon_synth=epsilon_synth,
         epsilon_digits=0.2 if args.epsilon is None else args.epsilon,
-        synth_priority_samples=20,
-        synth_nonpriority_samples=100,
-        synth_clean=5,
+        synth_priority_samples=20 if args.synth == "ours" else None,
+        synth_nonpriority_samples=100 if args.synth == "ours" else None,
+        synth_clean=5 if args.synth == "ours" else 0,
         synth_noisy=10,
-        digits_clients=20,
+        digits_clients=20 if args.digits == "labels" else 60,
+        digits_split=args.digits,
+        holdout=args.holdout,
     )
     # The slowest runs (AllClients trains every client) first, so the pool finishes together.
     specs = [RunSpec(d, m, seed, settings) for d in args.datasets for m in args.methods for seed in args.seeds]
