@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
 
 from fl_lightning.algorithms.fedbuff import FedBuff
@@ -35,21 +36,33 @@ class DPFedBuff(AlgorithmWrapper):
     is a Gaussian mechanism of multiplier :math:`z`. Arrivals are not sampled (every client is in
     flight and arrives when its job ends), so no amplification applies: ε at ``delta`` after
     :math:`T` aggregations is that of :math:`T` composed Gaussian mechanisms (RDP, ``dp-accounting``),
-    logged every aggregation as ``round/dp_epsilon`` — a bound for a client in every buffer.
+    logged every aggregation as ``round/dp_epsilon`` — a bound for a client in every buffer. With
+    ``target_epsilon`` no aggregation that would take ε past it runs: the run stops after the last
+    affordable one, and a resumed run whose budget is spent stops before its first.
 
     Args:
         noise_multiplier: :math:`z \ge 0`; 0 adds no noise (ε = ∞).
         clip_norm: :math:`C > 0`.
         delta: :math:`\delta \in (0, 1)` at which ε is reported.
+        target_epsilon: the ε budget (> 0); ``None`` runs for ``max_epochs`` aggregations.
         algorithm: a :class:`~fl_lightning.FedBuff` or :class:`~fl_lightning.FedStaleWeight`.
     """
 
     summary_metrics: ClassVar[dict[str, str]] = {"dp_epsilon": "final"}
 
-    def __init__(self, *, noise_multiplier: float, clip_norm: float, delta: float = 1e-5, algorithm: Algorithm) -> None:
+    def __init__(
+        self,
+        *,
+        noise_multiplier: float,
+        clip_norm: float,
+        delta: float = 1e-5,
+        target_epsilon: float | None = None,
+        algorithm: Algorithm,
+    ) -> None:
         self.noise_multiplier = positive_finite("noise_multiplier", noise_multiplier, inclusive=True)
         self.clip_norm = positive_finite("clip_norm", clip_norm)
         self.delta = check_delta(delta)
+        self.target_epsilon = None if target_epsilon is None else positive_finite("target_epsilon", target_epsilon)
         if not isinstance(algorithm, FedBuff):
             raise ValueError(
                 f"DPFedBuff noises the mean of an asynchronous buffer: it wraps FedBuff or FedStaleWeight, got "
@@ -57,6 +70,20 @@ class DPFedBuff(AlgorithmWrapper):
             )
         super().__init__(algorithm)
         self.aggregations = 0
+        if self.target_epsilon is not None and self.epsilon(1) > self.target_epsilon:
+            raise ValueError(
+                f"One aggregation already spends epsilon={self.epsilon(1):.4g} > target_epsilon={self.target_epsilon}: "
+                "raise noise_multiplier or target_epsilon."
+            )
+
+    def epsilon(self, aggregations: int) -> float:
+        """ε at ``delta`` after ``aggregations`` composed Gaussian mechanisms of multiplier :math:`z`."""
+        return gaussian_epsilon(self.noise_multiplier, aggregations, self.delta)
+
+    @property
+    def budget_left(self) -> bool:
+        """Whether one more aggregation keeps ε within ``target_epsilon``."""
+        return self.target_epsilon is None or self.epsilon(self.aggregations + 1) <= self.target_epsilon
 
     @override
     def aggregate(self, round_idx: int, global_state: State, updates: list[ClientUpdate]) -> dict[str, float]:
@@ -67,7 +94,13 @@ class DPFedBuff(AlgorithmWrapper):
         assert isinstance(self.inner, FedBuff)
         metrics = self.inner.aggregate_with(round_idx, global_state, kept, lambda payloads: self.release(round_idx, payloads))
         self.aggregations += 1
-        epsilon = gaussian_epsilon(self.noise_multiplier, self.aggregations, self.delta)
+        epsilon = self.epsilon(self.aggregations)
+        if not self.budget_left:
+            rank_zero_warn(
+                f"Aggregation {round_idx}: epsilon={epsilon:.4g}; one more would exceed "
+                f"target_epsilon={self.target_epsilon}, so training stops."
+            )
+            self.federation.services.request_stop()
         noise_std = self.noise_multiplier * self.clip_norm
         return {**metrics, "dp_epsilon": epsilon, "dp_noise_std": noise_std, "dp_repeats_dropped": float(len(updates) - len(kept))}
 
@@ -87,3 +120,5 @@ class DPFedBuff(AlgorithmWrapper):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.aggregations = int(state["aggregations"])
+        if not self.budget_left and hasattr(self, "federation"):  # a resumed run that spent its budget releases nothing more
+            self.federation.services.request_stop()

@@ -8,6 +8,7 @@ from dataclasses import replace
 import dp_accounting as dp
 import numpy as np
 import pytest
+import torch
 
 from fl_lightning import FedAsync, FedAvg, FedBuff, FedStaleWeight
 from fl_lightning.participation.speed import ConstantDelay
@@ -76,6 +77,30 @@ def test_a_fast_client_s_repeats_are_dropped_in_a_fit_and_epsilon_is_logged():
     assert float(metrics["round/dp_epsilon"]) == pytest.approx(_epsilon(1.0, 2, 1e-5), rel=1e-6)
 
 
+def test_an_async_fit_stops_at_the_budget_and_a_resumed_run_releases_nothing_more(tmp_path):
+    budget = float(_epsilon(1.0, 2, 1e-5) + _epsilon(1.0, 3, 1e-5)) / 2
+
+    def run(ckpt_path=None):
+        algorithm = DPFedBuff(
+            noise_multiplier=1.0, clip_norm=1.0, target_epsilon=budget, algorithm=FedBuff(buffer_size=2, delays=ConstantDelay(1.0))
+        )
+        trainer = quadratic_trainer(max_epochs=10, algorithm=algorithm, local_steps=1)
+        model = Quadratic()
+        trainer.fit(model, datamodule=quadratic_data(CENTRES), ckpt_path=ckpt_path)
+        return trainer, model
+
+    with pytest.warns(UserWarning, match="one more would exceed target_epsilon"):
+        trainer, model = run()
+    assert len(trainer.fit_loop.history) == 2
+    assert float(trainer.callback_metrics["round/dp_epsilon"]) == pytest.approx(_epsilon(1.0, 2, 1e-5), rel=1e-6)
+    trainer.save_checkpoint(tmp_path / "spent.ckpt")
+
+    resumed, resumed_model = run(ckpt_path=tmp_path / "spent.ckpt")
+    assert len(resumed.fit_loop.history) == 2  # no third aggregation: epsilon would pass the budget
+    for before, after in zip(model.parameters(), resumed_model.parameters(), strict=True):
+        assert torch.equal(before, after)
+
+
 def test_local_dp_in_an_async_run_accounts_the_most_uploads_of_any_client():
     fedbuff = FedBuff(buffer_size=3, delays=ConstantDelay([1.0, 10.0, 10.0, 10.0]))
     algorithm = LocalDP(noise_multiplier=2.0, clip_norm=1.0, delta=1e-5, algorithm=fedbuff)
@@ -93,6 +118,8 @@ def test_local_dp_in_an_async_run_accounts_the_most_uploads_of_any_client():
         ({"noise_multiplier": -1.0}, ValueError, "noise_multiplier"),
         ({"clip_norm": 0.0}, ValueError, "clip_norm"),
         ({"delta": 1.0}, ValueError, "delta"),
+        ({"target_epsilon": 0.0}, ValueError, "target_epsilon"),
+        ({"target_epsilon": 0.01}, ValueError, "One aggregation already spends epsilon=.* > target_epsilon=0.01"),
     ],
 )
 def test_bad_input_is_named(kwargs, error, message):
