@@ -66,6 +66,8 @@ def fit_summary(trainer: Trainer, wall_time_s: float) -> Table:
     module's own names, bytes moved, wall time and log location."""
     loop = trainer.fit_loop
     table = Table(title="Federated fit summary", show_header=False)
+    table.add_column()
+    table.add_column(overflow="fold")  # a long checkpoint path wraps whole, so it can be copied; never "…"
     table.add_row("rounds run", str(trainer.current_epoch))
     for label, value in evaluation_rows(trainer):
         table.add_row(label, value)

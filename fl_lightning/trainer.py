@@ -69,10 +69,11 @@ class FederatedTrainer(pl.Trainer):
             and module (``on_train_batch_start/end``, ``on_before/after_backward``,
             ``on_before_optimizer_step``, ``on_before_zero_grad``, ``on_before_batch_transfer``),
             gradient clipping and accumulation, step-interval LR schedulers and per-step
-            (``on_step``) logging; it needs one optimizer, automatic optimization and a precision
-            without gradient scaling. ``self.log(on_epoch=True)`` still works, and
-            ``trainer.global_step`` counts its steps. ``"batched"`` trains a round's clients
-            together with ``torch.func.vmap`` (:mod:`fl_lightning.loops.batched_executor`), clients
+            (``on_step``) logging, and warns once naming those it finds; it needs one optimizer,
+            automatic optimization and a precision without gradient scaling.
+            ``self.log(on_epoch=True)`` still works, and ``trainer.global_step`` counts its steps.
+            ``"batched"`` trains a round's clients together with ``torch.func.vmap``
+            (:mod:`fl_lightning.loops.batched_executor`), clients
             with different sample and step counts included: plain ``torch.optim.SGD`` from the
             global weights only (algorithms that do not override ``configure_client``,
             ``reset_optimizer=True``), a ``training_step`` that ``vmap`` can run (no ``self.log``)

@@ -105,6 +105,14 @@ class FederatedProgressBar(ProgressBar, FederatedCallback):
             self._progress.advance(self._clients)
 
     @override
+    def get_metrics(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, int | str | float | dict[str, float]]:
+        """Lightning's, without the logger's ``v_num``: not a metric, and the run's version is in its
+        log directory, which the fit summary names."""
+        metrics = super().get_metrics(trainer, pl_module)
+        metrics.pop("v_num", None)
+        return metrics
+
+    @override
     def on_round_aggregated(self, trainer: pl.Trainer, pl_module: pl.LightningModule, round_idx: int, metrics: dict[str, float]) -> None:
         if self._progress is None and self._lines is None:
             return  # disabled, or not rank 0

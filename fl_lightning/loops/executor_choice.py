@@ -19,7 +19,7 @@ from collections.abc import Sized
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.model_helpers import is_overridden
-from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from typing_extensions import override
 
@@ -130,4 +130,17 @@ def make_executor(client_executor: str, runtime: ClientRuntime, *, max_batched_c
     sequential = {"lightning": LightningExecutor, "lean": LeanExecutor}
     if client_executor not in sequential:
         raise ValueError(f"`client_executor` must be 'auto', 'lightning', 'lean' or 'batched', got {client_executor!r}.")
+    if client_executor == "lean":
+        warn_what_lean_skips(runtime.trainer)
     return sequential[client_executor](runtime)
+
+
+def warn_what_lean_skips(trainer: pl.Trainer) -> None:
+    """An explicit ``"lean"`` never runs what :func:`lean_blockers` lists (a callback's per-batch
+    hook, gradient clipping, ...); say so once, since nothing else would show it was skipped."""
+    blockers = lean_blockers(trainer)
+    if blockers:
+        rank_zero_warn(
+            f"client_executor='lean' skips {', '.join(blockers)}, which Lightning's epoch loop would run; "
+            "pass client_executor='lightning' (or 'auto', which then picks it) to keep them."
+        )

@@ -6,8 +6,11 @@ from __future__ import annotations
 import io
 import re
 
+from pathlib import Path
+
 import pytest
 import torch
+from lightning.pytorch.loggers import CSVLogger
 from rich.console import Console
 from rich.progress import Progress
 
@@ -22,13 +25,13 @@ def terminal(width: int = 120) -> Console:
     return Console(file=io.StringIO(), force_terminal=True, width=width)
 
 
-def fit(bar: FederatedProgressBar, rounds: int = 2) -> None:
+def fit(bar: FederatedProgressBar, rounds: int = 2, **kwargs: object) -> None:
     torch.manual_seed(0)
-    trainer = FederatedTrainer(max_epochs=rounds, callbacks=[bar], **{**QUIET, "enable_progress_bar": True})
+    trainer = FederatedTrainer(max_epochs=rounds, callbacks=[bar], **{**QUIET, "enable_progress_bar": True, **kwargs})
     trainer.fit(SlashNamedMLP.for_blobs(), datamodule=blob_federation())
 
 
-def round_infos(monkeypatch: pytest.MonkeyPatch, bar: FederatedProgressBar) -> list[str]:
+def round_infos(monkeypatch: pytest.MonkeyPatch, bar: FederatedProgressBar, **kwargs: object) -> list[str]:
     """The metric line the bar shows after each round."""
     infos: list[str] = []
     update = Progress.update
@@ -39,7 +42,7 @@ def round_infos(monkeypatch: pytest.MonkeyPatch, bar: FederatedProgressBar) -> l
         update(self, task_id, **kwargs)
 
     monkeypatch.setattr(Progress, "update", record)
-    fit(bar)
+    fit(bar, **kwargs)
     return infos
 
 
@@ -48,6 +51,12 @@ def test_shows_every_prog_bar_metric_and_the_round_loss(monkeypatch: pytest.Monk
     assert len(infos) == 2
     names = [item.split("=")[0] for item in infos[-1].split()]
     assert names == ["val/acc", "round/train_loss"]  # val/nll is logged without prog_bar=True
+
+
+def test_a_loggers_version_is_not_shown_as_a_metric(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    logger = CSVLogger(tmp_path, name="run")  # Lightning's own bars would show v_num=0
+    infos = round_infos(monkeypatch, FederatedProgressBar(console=terminal()), logger=logger)
+    assert [item.split("=")[0] for item in infos[-1].split()] == ["val/acc", "round/train_loss"]
 
 
 def test_shows_the_metrics_it_is_given(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -72,3 +72,17 @@ def test_help_is_plain_text(args: list[str], capsys: pytest.CaptureFixture[str])
         assert all(name in out for name in ("fit", "validate", "test", "predict")) and "FL_LIGHTNING_DEBUG=1" in out
     elif args == ["fit", "--help"]:
         assert "A Trainer for federated learning: max_epochs is the number of rounds" in out
+
+
+def test_the_summary_prints_a_long_checkpoint_path_whole_at_80_columns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    main(["fit", "--config", QUICKSTART, "--trainer.max_epochs", "1", "--trainer.enable_progress_bar", "false"]
+         + ["--trainer.logger.init_args.name", "a_rather_long_experiment_name"])  # fmt: skip
+    output = capsys.readouterr().out
+    assert "…" not in output, output
+    checkpoint = "logs/a_rather_long_experiment_name/version_0/checkpoints/round_0.ckpt"
+    assert (tmp_path / checkpoint).is_file()
+    value_column = "".join(line.split("│")[2].strip() for line in output.splitlines() if line.count("│") == 3)
+    assert f"--ckpt_path{checkpoint}" in value_column  # folded across lines, every character kept

@@ -72,3 +72,25 @@ def test_auto_picks_lightning_when_lean_could_differ_and_says_why(model_class, k
     assert reason in caplog.text
     for callback in kwargs.get("callbacks", []):
         assert callback.batches == trainer.global_step  # every step went through Lightning's hooks
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "skipped"),
+    [
+        ({"callbacks": [_CountingCallback()]}, "_CountingCallback.on_train_batch_start"),
+        ({"gradient_clip_val": 1.0}, "gradient clipping (gradient_clip_val=1.0)"),
+    ],
+    ids=["callback-hook", "clipping"],
+)
+def test_explicit_lean_warns_what_it_skips(kwargs, skipped) -> None:
+    with pytest.warns(UserWarning, match=r"client_executor='lean' skips .*") as record:
+        _, trainer = _fit(_model(), client_executor="lean", **kwargs)
+    assert trainer.fit_loop.executor == "lean"
+    assert [skipped in str(w.message) for w in record].count(True) == 1  # named, once
+    for callback in kwargs.get("callbacks", []):
+        assert callback.batches == 0  # what the warning says: the hook never ran
+
+
+def test_explicit_lean_is_silent_when_it_skips_nothing(recwarn: pytest.WarningsRecorder) -> None:
+    _fit(_model(), client_executor="lean")
+    assert not [w for w in recwarn if "client_executor='lean'" in str(w.message)]
