@@ -23,7 +23,7 @@ from typing_extensions import override
 
 from fl_lightning._quiet import silence_lightning_tips
 from fl_lightning.checkpointing import run_directory
-from fl_lightning.cli_errors import DEBUG_ENV, RunStarted, configuration_errors
+from fl_lightning.cli_errors import DEBUG_ENV, ConsoleParser, RunStarted, configuration_errors
 from fl_lightning.cli_help import PlainHelpParser
 from fl_lightning.trainer import FederatedTrainer
 from fl_lightning.utils.metric_names import logged_test_metrics, logged_validation_metrics, monitored_metrics, require_logged
@@ -163,7 +163,7 @@ def main(args: list[str] | None = None) -> None:
     silence_lightning_tips()
     started = RunStarted()
     with configuration_errors(started):
-        FederatedCLI(args=args, trainer_defaults={"callbacks": [started]})
+        FederatedCLI(args=args, trainer_defaults={"callbacks": [started]}, parser_class=ConsoleParser)
 
 
 if __name__ == "__main__":

@@ -9,17 +9,22 @@ traceback. ``FL_LIGHTNING_DEBUG=1`` keeps every traceback.
 
 from __future__ import annotations
 
+import difflib
+import importlib
 import os
+import re
 import sys
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
+from typing import NoReturn
 
 import lightning.pytorch as pl
 from typing_extensions import override
 
 from fl_lightning.algorithms import ClientContext
+from fl_lightning.cli_help import PlainHelpParser
 from fl_lightning.callbacks.federated_callback import FederatedCallback
 
 #: Set to anything but ``""`` or ``"0"`` to see full tracebacks.
@@ -102,3 +107,63 @@ def _refusing_class(error: BaseException) -> str | None:
         if frame.f_code.co_name == "__init__" and "self" in frame.f_locals:
             return type(frame.f_locals["self"]).__name__
     return None
+
+
+# The lines of a nested jsonargparse error that only say where the parser looked, not what is wrong.
+_NOT_A_REASON = re.compile(
+    r"^(-\s*)?(Parser key |Does not validate against|Subtypes:|Errors:|Expected a <class 'NoneType'>|Given value|"
+    r"Problem with given class_path )"
+)
+_MISSING_ATTRIBUTE = re.compile(r"module '([\w.]+)' has no attribute '(\w+)'")
+
+
+def condense_parse_error(message: str) -> str:
+    r"""jsonargparse's nested parse error as one line: the configuration key, the class path and the
+    innermost reason (with the closest names for a misspelt class path).
+
+    >>> nested = (
+    ...     'Parser key "data":\n  Errors:\n'
+    ...     "    - Problem with given class_path 'fl_lightning.data.FederatedDataModule':\n"
+    ...     '        Parser key "partitioner":\n'
+    ...     "            - Problem with given class_path 'fl_lightning.data.Dirichlett':\n"
+    ...     "                module 'fl_lightning.data' has no attribute 'Dirichlett'\n"
+    ...     "            - Expected a <class 'NoneType'>"
+    ... )
+    >>> print(condense_parse_error(nested).replace(": ", ":\n"))
+    data.partitioner:
+    fl_lightning.data.Dirichlett:
+    module 'fl_lightning.data' has no attribute 'Dirichlett' (did you mean fl_lightning.data.Dirichlet?)
+    """
+    lines = [line for line in message.splitlines() if line.strip()]
+    reasons = [line for line in lines if not _NOT_A_REASON.match(line.strip())]
+    if len(lines) == 1 or not reasons:
+        return " ".join(message.split())
+    innermost = max(reasons, key=lambda line: len(line) - len(line.lstrip()))
+    reason = innermost.strip().removeprefix("- ")
+    above = lines[: lines.index(innermost)]
+    class_paths = [m.group(1) for line in above for m in [re.search(r"Problem with given class_path '([^']+)'", line)] if m]
+    if class_paths:
+        reason = f"{class_paths[-1]}: {reason}"
+    given = re.search(r"^\s*Given value: (.*)$", message, flags=re.M)
+    if given and reason.startswith("Expected") and "Got value" not in reason and len(given.group(1)) <= 80:
+        reason += f", got {given.group(1)}"
+    keys = ".".join(re.findall(r'Parser key "([^"]+)"', message))
+    missing = _MISSING_ATTRIBUTE.search(reason)
+    if missing:
+        module, name = missing.groups()
+        close = difflib.get_close_matches(name, dir(importlib.import_module(module)), n=1)
+        reason += f" (did you mean {module}.{close[0]}?)" if close else ""
+    return f"{keys}: {reason}" if keys else reason
+
+
+class ConsoleParser(PlainHelpParser):
+    """The console script's parser: a configuration that does not parse is one ``error:`` line and a tip,
+    not the usage of every option and jsonargparse's nested report (``FL_LIGHTNING_DEBUG=1`` keeps it)."""
+
+    @override
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        if not self.exit_on_error or debugging():
+            super().error(message, ex)
+        prog = self.prog.replace(" [options]", "")
+        print(f"error: {condense_parse_error(message)}\ntip: the accepted options: {prog} --help", file=sys.stderr)
+        raise SystemExit(EXIT_STATUS)

@@ -64,6 +64,29 @@ def test_a_bad_value_is_one_error_line(override: list[str], expected: str, capsy
     assert line.startswith(expected), line
 
 
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        (
+            ["--data.init_args.partitioner", "fl_lightning.data.Dirichlett"],
+            "error: data.partitioner: fl_lightning.data.Dirichlett: module 'fl_lightning.data' has no attribute 'Dirichlett' "
+            "(did you mean fl_lightning.data.Dirichlet?)",
+        ),
+        (["--trainer.max_epochs", "x"], "error: trainer.max_epochs: Expected a <class 'int'>, got x"),
+        (["--bogus", "1"], "error: unrecognized arguments: --bogus 1"),
+    ],
+    ids=["class-path-typo", "wrong-type", "unknown-option"],
+)
+def test_a_config_that_does_not_parse_is_one_error_line_and_a_tip(
+    override: list[str], expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", QUICKSTART, *override])
+    assert exit_info.value.code == EXIT_STATUS
+    assert capsys.readouterr().err.splitlines() == [expected, "tip: the accepted options: fl-lightning fit --help"]
+
+
 def test_the_debug_variable_keeps_the_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(DEBUG_ENV, "1")
     with pytest.raises(ValueError, match=r"alpha must be > 0, got -1.0"):
