@@ -114,9 +114,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for devices in (int(d) for d in args.devices.split(",")):
             result = Path(tmp) / f"{devices}.json"
-            argv = [a for a in sys.argv[1:] if not a.startswith("--devices")]
             env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
-            cmd = [sys.executable, __file__, *argv, "--worker", str(devices), "--result", str(result)]
+            # The worker ignores --devices (its count is --worker), so the whole command line passes through.
+            cmd = [sys.executable, __file__, *sys.argv[1:], "--worker", str(devices), "--result", str(result)]
             done = subprocess.run(cmd, env=env, capture_output=True, text=True)
             if done.returncode:
                 sys.exit(f"{' '.join(cmd)} failed:\n{done.stderr[-4000:]}")
