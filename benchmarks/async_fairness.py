@@ -47,9 +47,7 @@ one torch thread.
 from __future__ import annotations
 
 import argparse
-import datetime
 import statistics
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -58,7 +56,7 @@ from typing import Any
 import lightning.pytorch as pl
 import numpy as np
 from harness import QUIET_TRAINER
-from reporting import emit, load, machine, mean_std  # benchmarks/ is on sys.path when run as a script
+from reporting import emit, header, load, mean_std  # benchmarks/ is on sys.path when run as a script
 from workers import add_worker_arguments, init_worker, run_in_workers
 
 from fl_lightning import FederatedCallback
@@ -519,15 +517,9 @@ def timing_table(timings: list[Timing], aggregations: int) -> list[str]:
     return lines
 
 
-def report(results: list[RunResult], timings: list[Timing], settings: Settings, args: argparse.Namespace, wall_s: float) -> str:
-    import lightning
-    import torch
-
+def report(results: list[RunResult], timings: list[Timing], settings: Settings, args: argparse.Namespace, head: list[str]) -> str:
     lines = [
-        f"Command: `{' '.join(['python', *sys.argv])}`",
-        (f"Date: {datetime.datetime.now().isoformat(timespec='seconds')}; machine: {machine()}; torch {torch.__version__}, "
-         f"lightning {lightning.__version__}; {args.jobs} worker process(es), {args.threads} torch thread(s) each; "
-         f"total wall time {wall_s:.0f} s (load average at the end {load()})."),
+        *head,
         "",
         (f"Set-up (paper §6.2): 15 clients, 10 fast U{FAST_DELAY} holding labels 4-9 and 5 slow U{SLOW_DELAY} holding labels "
          f"0-3 (`LabelGroups` + `DelayGroups`), b = {BUFFER}, all clients in flight, pull policy `immediate`, "
@@ -606,7 +598,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     names = [*ALGORITHMS, *(f"FedAsync-{staleness}" for staleness in args.fedasync)]
     specs = [RunSpec(name, seed, settings) for seed in args.seeds for name in names]
     print(asdict(settings), flush=True)
-    started = time.perf_counter()
+    started, load_before = time.perf_counter(), load()
     results = run_in_workers(run_one, specs, args, progress_line)
     timings: list[Timing] = []
     if args.timing_aggregations > 0:
@@ -616,7 +608,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 timing = time_one(mode, args.timing_aggregations, settings)
                 print(f"timing {mode}: {timing.updates} updates, {timing.cpu_s:.1f} s CPU, {timing.wall_s:.1f} s wall", flush=True)
                 timings.append(timing)
-    text = report(results, timings, settings, args, time.perf_counter() - started)
+    text = report(results, timings, settings, args, header(started, load_before, workers=args.jobs, threads=args.threads))
     print()
     emit(text, args.out)
 

@@ -59,17 +59,15 @@ one torch thread.
 from __future__ import annotations
 
 import argparse
-import datetime
 import math
 import statistics
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 import lightning.pytorch as pl
 from harness import QUIET_TRAINER
-from reporting import emit, load, machine, mean_std  # benchmarks/ is on sys.path when run as a script
+from reporting import emit, header, load, mean_std  # benchmarks/ is on sys.path when run as a script
 from workers import add_worker_arguments, run_in_workers
 
 METHODS = ("FedALIGN", "PriorityOnly", "AllClients", "LocalOnly")
@@ -285,19 +283,13 @@ def cell(values: Sequence[float]) -> str:
     return "–" if any(math.isnan(v) for v in values) else mean_std(values)
 
 
-def report(results: list[RunResult], settings: Settings, args: argparse.Namespace, wall_s: float) -> str:
-    import lightning
-    import torch
-
+def report(results: list[RunResult], settings: Settings, args: argparse.Namespace, head: list[str]) -> str:
     by = {(r.spec.dataset, r.spec.method, r.spec.seed): r for r in results}
     datasets = [d for d in DATASETS if any(r.spec.dataset == d for r in results)]
     methods = [m for m in METHODS if any(r.spec.method == m for r in results)]
     seeds = sorted({r.spec.seed for r in results})
     lines = [
-        f"Command: `{' '.join(['python', *sys.argv])}`",
-        f"Date: {datetime.datetime.now().isoformat(timespec='seconds')}; machine: {machine()}; "
-        f"torch {torch.__version__}, lightning {lightning.__version__}; {args.jobs} worker process(es), "
-        f"{args.threads} torch thread(s) each; total wall time {wall_s:.0f} s.",
+        *head,
         "",
         describe(settings, seeds),
         "",
@@ -341,8 +333,7 @@ def report(results: list[RunResult], settings: Settings, args: argparse.Namespac
     lines += [
         "",
         f"Per run: {statistics.fmean(r.wall_s for r in results):.1f} s wall, {statistics.fmean(r.cpu_s for r in results):.1f} s CPU "
-        f"(mean); all runs: {cpu:.0f} CPU-seconds, i.e. about {cpu / args.jobs:.0f} s of wall time on {args.jobs} idle "
-        f"core(s) (load average at the end {load()}).",
+        f"(mean); all runs: {cpu:.0f} CPU-seconds, i.e. about {cpu / args.jobs:.0f} s of wall time on {args.jobs} idle core(s).",
     ]
     return "\n".join(lines)
 
@@ -412,9 +403,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     specs = [RunSpec(d, m, seed, settings) for d in args.datasets for m in args.methods for seed in args.seeds]
     specs.sort(key=lambda spec: spec.method != "AllClients")  # stable
     print(asdict(settings), flush=True)
-    started = time.perf_counter()
+    started, load_before = time.perf_counter(), load()
     results = run_in_workers(run_one, specs, args, progress_line)
-    text = report(results, settings, args, time.perf_counter() - started)
+    text = report(results, settings, args, header(started, load_before, workers=args.jobs, threads=args.threads))
     print()
     emit(text, args.out)
 

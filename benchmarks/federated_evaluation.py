@@ -24,19 +24,17 @@ Run from the repository root::
 from __future__ import annotations
 
 import argparse
-import datetime
 import logging
 import statistics
-import sys
+import time
 import warnings
 from typing import Any
 
-import lightning
 import lightning.pytorch as pl
 import numpy as np
 import torch
 from harness import CLOCKS, QUIET_VALIDATING, RoundTimer, now  # benchmarks/ is on sys.path as a script
-from reporting import emit, load, machine
+from reporting import emit, header, load
 from typing_extensions import override
 
 from fl_lightning import IFCA, FedAvg, FederatedCallback, FederatedEvaluation, FederatedTrainer
@@ -93,7 +91,7 @@ def run(args: argparse.Namespace, mode: str) -> tuple[np.ndarray, np.ndarray]:
     return rounds, np.stack(evaluation.seconds)[args.warmup :] if mode == "with" else np.zeros((0, 2))
 
 
-def report(args: argparse.Namespace, results: dict[str, list[tuple[np.ndarray, np.ndarray]]], started: str, load_before: str) -> str:
+def report(args: argparse.Namespace, results: dict[str, list[tuple[np.ndarray, np.ndarray]]], head: list[str]) -> str:
     clock = CLOCKS.index(args.clock)
 
     def median(parts: list[np.ndarray], c: int) -> float:
@@ -102,9 +100,7 @@ def report(args: argparse.Namespace, results: dict[str, list[tuple[np.ndarray, n
     lines = [
         "## Federated evaluation: cost per round (issue 13, item 2)",
         "",
-        f"- command: `PYTHONPATH=. python benchmarks/federated_evaluation.py {' '.join(args.argv)}`".rstrip(),
-        f"- date: {started} UTC; machine: {machine()}; torch {torch.__version__}, lightning {lightning.__version__}; "
-        f"{torch.get_num_threads()} torch thread(s); load average {load_before} → {load()}",
+        *head,
         f"- workload: quickstart (digits, 20 clients, Dirichlet(0.5), 10 clients/round, 2 local epochs of batch 10, "
         f"MLP 64-128-10, {args.algorithm}, executor {args.executor}, server validation every round), "
         f"holdout_fraction={args.holdout}; `FederatedEvaluation(every_n_rounds=1)` on all 20 clients; "
@@ -146,21 +142,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="1 warm-up + 5 rounds x 1 repeat")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
-    args.argv = argv if argv is not None else sys.argv[1:]
     if args.quick:
         args.warmup, args.rounds, args.repeats = 1, 5, 1
     if args.threads:
         torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-    started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
-    load_before = load()
+    started, load_before = time.perf_counter(), load()
     results: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {mode: [] for mode in MODES}
     for repeat in range(args.repeats):
         for i in range(len(MODES)):  # rotated, so no mode always runs first
             mode = MODES[(repeat + i) % len(MODES)]
             results[mode].append(run(args, mode))
-    emit(report(args, results, started, load_before), args.out)
+    emit(report(args, results, header(started, load_before, threads=torch.get_num_threads())), args.out)
 
 
 if __name__ == "__main__":

@@ -46,11 +46,8 @@ thread: torch's default intra-op threads make these tiny models several times sl
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
-import platform
 import statistics
-import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -62,7 +59,7 @@ import lightning.pytorch as pl
 import torch
 from harness import QUIET_TRAINER
 from lightning.pytorch.callbacks import Callback
-from reporting import emit  # benchmarks/ is on sys.path when run as a script
+from reporting import emit, header, load  # benchmarks/ is on sys.path when run as a script
 from workers import init_worker, quiet
 
 
@@ -236,7 +233,7 @@ def _mean_std(values: Sequence[float]) -> str:
     return f"{100 * statistics.mean(values):.1f} ± {100 * std:.1f}"
 
 
-def report(results: list[RunResult], args: argparse.Namespace, wall_s: float) -> str:
+def report(results: list[RunResult], args: argparse.Namespace, head: list[str]) -> str:
     by_method: dict[str, list[RunResult]] = {}
     for r in results:
         by_method.setdefault(r.method, []).append(r)
@@ -268,11 +265,10 @@ def report(results: list[RunResult], args: argparse.Namespace, wall_s: float) ->
         f"(SGD{''.join(f', {m} {optimizer(m, args)}' for m in by_method if optimizer(m, args) != 'sgd')}); FedMRN α {args.alpha}, "
         f"FedMRNS α {args.alpha / 2}; Top-k density {args.density}; seeds {args.seeds}."
     )
-    machine = f"{platform.machine()} {platform.system()}, {os.cpu_count()} CPUs, torch {torch.__version__}, {args.jobs} worker(s)"
     return "\n".join(
         [
-            f"Command: `PYTHONPATH=. python benchmarks/fedmrn.py {' '.join(sys.argv[1:])}`",
-            f"Date: {datetime.date.today()}; machine: {machine}; wall time {wall_s / 60:.1f} min.",
+            *head,
+            "",
             f"Setting: {settings}",
             "",
             *lines,
@@ -337,7 +333,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.speed:
         print(speed(args))
         return
-    started = time.perf_counter()
+    started, load_before = time.perf_counter(), load()
     jobs = [(m, s) for s in args.seeds for m in args.methods]
     with ProcessPoolExecutor(max_workers=min(args.jobs, len(jobs)), mp_context=get_context("spawn")) as pool:
         futures = [pool.submit(run_one, m, s, args) for m, s in jobs]
@@ -351,7 +347,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 f"upload {r.upload_bytes:,} B, {r.wall_s:.0f} s",
                 flush=True,
             )
-    table = report(results, args, time.perf_counter() - started)
+    table = report(results, args, header(started, load_before, workers=args.jobs, threads=1))
     emit(table, args.out)
 
 

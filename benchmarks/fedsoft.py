@@ -35,18 +35,15 @@ import argparse
 import gc
 import math
 import os
-import platform
 import statistics
-import sys
 import time
 import warnings
 from dataclasses import dataclass, field
-from datetime import date
 
 import numpy as np
 import torch
 from harness import QUIET_TRAINER, QUIET_VALIDATING
-from reporting import emit  # benchmarks/ is on sys.path when run as a script
+from reporting import emit, header, load  # benchmarks/ is on sys.path when run as a script
 
 from fl_lightning import IFCA, FedAvg, FedEM, FederatedTrainer, FedSoft
 from fl_lightning.algorithms.shared.clustered_algorithm import (
@@ -296,7 +293,7 @@ def main(argv: list[str] | None = None) -> None:
 
     seeds = [int(s) for s in args.seeds.split(",")]
     algorithms, patterns = args.algorithms.split(","), args.patterns.split(",")
-    started, cpu_started = time.perf_counter(), time.process_time()
+    started, cpu_started, load_before = time.perf_counter(), time.process_time(), load()
     runs = []
     for pattern, seed, name in ((p, s, a) for p in patterns for s in seeds for a in algorithms):
         run = run_one(name, pattern, seed, args)
@@ -307,12 +304,9 @@ def main(argv: list[str] | None = None) -> None:
             flush=True,
         )
     out = [
-        f"Command: `PYTHONPATH=. python benchmarks/fedsoft.py {' '.join(argv if argv is not None else sys.argv[1:])}`".rstrip(),
-        (
-            f"Date: {date.today()}; machine: {platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}, "
-            f"{args.threads} thread(s); total {time.perf_counter() - started:.0f} s wall, "
-            f"{time.process_time() - cpu_started:.0f} s CPU (the runs; the memory table comes after)"
-        ),
+        *header(started, load_before, threads=args.threads),
+        "",
+        f"The runs took {time.process_time() - cpu_started:.0f} s CPU (the wall time above excludes the memory table after them).",
         (
             f"Setting: patterns {patterns}, N={args.clients}, K={args.k}, tau={args.tau}, lambda={args.lam}, sigma={args.sigma}, "
             f"theta var {args.theta_var}, noise std {args.noise_std}, {args.rounds} rounds, {args.local_epochs} local epoch(s) of batch "

@@ -41,9 +41,7 @@ Results are deterministic: a rerun gives the same losses to the last digit.
 from __future__ import annotations
 
 import argparse
-import datetime
 import statistics
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -52,7 +50,7 @@ from typing import Any
 import lightning.pytorch as pl
 from flexible_events import EVENT_SAMPLES, EVENT_SCHEME, EVENT_TRACES, HOLDOUT, VARIANTS, Event, arrival_table, departure_table
 from harness import QUIET_VALIDATING
-from reporting import emit, load, machine, mean_std  # benchmarks/ is on sys.path when run as a script
+from reporting import emit, header, load, mean_std  # benchmarks/ is on sys.path when run as a script
 from workers import add_worker_arguments, run_in_workers
 
 SCHEMES = ("A", "B", "C")
@@ -224,22 +222,6 @@ def run_one(spec: RunSpec) -> RunResult:
 # --------------------------------------------------------------------------------------------
 
 
-def header(args: argparse.Namespace, wall_s: float) -> list[str]:
-    """Command, date, machine and versions."""
-    import lightning
-    import torch
-
-    return [
-        f"Command: `{' '.join(['python', *sys.argv])}`",
-        (
-            f"Date: {datetime.datetime.now().isoformat(timespec='seconds')}; machine: {machine()}; "
-            f"torch {torch.__version__}, lightning {lightning.__version__}; {args.jobs} worker process(es), "
-            f"{args.threads} torch thread(s) each; total wall time {wall_s:.0f} s."
-        ),
-        "",
-    ]
-
-
 def common_settings(settings: Settings) -> str:
     """The model, optimiser and learning rate every experiment shares."""
     return (
@@ -256,19 +238,20 @@ def footer(results: list[RunResult], args: argparse.Namespace) -> list[str]:
         (
             f"Per run (mean): {statistics.fmean(r.wall_s for r in results):.1f} s wall, "
             f"{statistics.fmean(r.cpu_s for r in results):.1f} s CPU; all runs: {cpu:.0f} CPU-seconds, i.e. about "
-            f"{cpu / args.jobs:.0f} s of wall time on {args.jobs} idle core(s) (load average at the end: {load()})."
+            f"{cpu / args.jobs:.0f} s of wall time on {args.jobs} idle core(s)."
         ),
     ]
 
 
-def events_report(results: list[RunResult], settings: Settings, args: argparse.Namespace, wall_s: float) -> str:
+def events_report(results: list[RunResult], settings: Settings, args: argparse.Namespace, head: list[str]) -> str:
     """Table 4 (arrival) or Table 5 (departure) and the settings."""
     seeds = sorted({r.spec.seed for r in results})
     event = "an arrival (fast-reboot or vanilla reboot)" if args.experiment == "arrival" else "a departure (exclude or include)"
     table = arrival_table if args.experiment == "arrival" else departure_table
     return "\n".join(
         [
-            *header(args, wall_s),
+            *head,
+            "",
             (
                 f"Settings: Synthetic(alpha, beta) (FedProx generator, {settings.samples_per_client} samples per device, "
                 f"90/10 train/test per device, {HOLDOUT:.0%} of each device's train split held out as its test data), "
@@ -285,7 +268,7 @@ def events_report(results: list[RunResult], settings: Settings, args: argparse.N
     )
 
 
-def report(results: list[RunResult], settings: Settings, args: argparse.Namespace, wall_s: float) -> str:
+def report(results: list[RunResult], settings: Settings, args: argparse.Namespace, head: list[str]) -> str:
     by = {(r.spec.num_traces, r.spec.scheme, r.spec.seed): r for r in results}
     traces = sorted({r.spec.num_traces for r in results}, reverse=True)
     schemes = [s for s in SCHEMES if any(r.spec.scheme == s for r in results)]
@@ -296,7 +279,8 @@ def report(results: list[RunResult], settings: Settings, args: argparse.Namespac
         else f"{settings.samples_per_client} samples per device"
     )
     lines = [
-        *header(args, wall_s),
+        *head,
+        "",
         (
             f"Settings: Synthetic({settings.alpha:g}, {settings.beta:g}) (FedProx generator, {sizes}, 90/10 "
             f"train/test per device), {settings.devices} devices (all train every round), "
@@ -452,10 +436,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             for variant in VARIANTS[args.experiment]
         ]
     print(asdict(settings), flush=True)
-    started = time.perf_counter()
+    started, load_before = time.perf_counter(), load()
     results = run_in_workers(run_one, specs, args, progress_line)
     write = report if args.experiment == "schemes" else events_report
-    text = write(results, settings, args, time.perf_counter() - started)
+    text = write(results, settings, args, header(started, load_before, workers=args.jobs, threads=args.threads))
     print()
     emit(text, args.out)
 

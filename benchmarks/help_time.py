@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.reporting import emit, load, machine
+from benchmarks.reporting import emit, header, load
 
 #: The console script (``from fl_lightning.cli import main; main()``), reporting on stderr the CPU
 #: seconds that ``main`` itself took after the imports.
@@ -62,6 +62,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", default=None, help="write the report here (default: print)")
     args = parser.parse_args()
+    started, load_before = time.perf_counter(), load()
     trees = {"before": args.before.resolve(), "after": Path.cwd().resolve()}
     rows = []
     for label, command in COMMANDS.items():
@@ -79,8 +80,9 @@ def main() -> None:
     emit(
         "\n".join(
             [
-                f"machine: {machine()}; load average {load()}; median of {args.repeats} fresh processes per cell, "
-                "before and after interleaved",
+                *header(started, load_before),
+                "",
+                f"Median of {args.repeats} fresh processes per cell, before and after interleaved.",
                 "",
                 "| command | wall before (s) | wall after (s) | CPU before (s) | CPU after (s) "
                 "| the CLI's own CPU before (s) | after (s) | after / before |",

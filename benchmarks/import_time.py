@@ -13,8 +13,9 @@ import re
 import statistics
 import subprocess
 import sys
+import time
 
-from benchmarks.reporting import emit, load, machine
+from benchmarks.reporting import emit, header, load
 
 #: The modules timed, each imported after ``lightning.pytorch`` (which they all need).
 MODULES = ("fl_lightning", "fl_lightning.cli", "fl_lightning.study")
@@ -35,6 +36,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--out", default=None, help="write the report here (default: print)")
     args = parser.parse_args()
+    started, load_before = time.perf_counter(), load()
     rows = []
     for module in MODULES:
         runs = [cumulative_ms(module) for _ in range(args.repeats)]
@@ -45,7 +47,9 @@ def main() -> None:
     emit(
         "\n".join(
             [
-                f"machine: {machine()}; load average {load()}; median of {args.repeats} fresh processes",
+                *header(started, load_before),
+                "",
+                f"Median of {args.repeats} fresh processes.",
                 "",
                 "| after `import torch; import lightning.pytorch` | torch (ms) | lightning.pytorch (ms) | the module itself (ms) |",
                 "|---|---:|---:|---:|",

@@ -34,7 +34,6 @@ Run from the repository root::
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import resource
@@ -43,10 +42,9 @@ import sys
 import time
 from typing import Any
 
-import lightning
 import torch
 from harness import QUIET_TRAINER  # benchmarks/ is on sys.path when run as a script
-from reporting import emit, load, machine
+from reporting import emit, header, load
 
 MIB = 2**20
 ALGORITHMS = ("fedavg", "fedstaleweight", "fedsoft", "fedstaleweight-all")
@@ -166,12 +164,12 @@ def mib(x: float) -> str:
     return f"{x / MIB:.1f}"
 
 
-def render(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace, header: list[str]) -> str:
+def render(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace, head: list[str]) -> str:
     cuda = args.device == "cuda"
     out = [
         "## Peak memory: the same data split among few or many clients",
         "",
-        *header,
+        *head,
         "",
         "| algorithm | clients | samples / client | RSS after set-up (MiB) | peak RSS (MiB) | RSS growth in fit (MiB) | "
         "RSS at end (MiB) | "
@@ -255,16 +253,9 @@ def main(argv: list[str] | None = None) -> None:
         for n in counts:
             print(f"{name}, {n} clients ...", file=sys.stderr, flush=True)
             results.setdefault(name, []).append(run_config(args, name, n))
-    cmd = " ".join(["python", "benchmarks/memory.py", *(argv if argv is not None else sys.argv[1:])])
-    device = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, torch threads {torch.get_num_threads()}"
     model = "MLP 784-200-200-10" if args.model == "mlp" else "PflCNN (pfl-research simple_cnn)"
-    header = [
-        f"- command: `PYTHONPATH=. {cmd}`",
-        f"- date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",
-        f"- machine: {machine()}; device: {device}",
-        f"- torch {torch.__version__}, lightning {lightning.__version__}",
-        f"- load average (1, 5, 15 min) before: {load_before}; after: {load()}",
-        f"- benchmark wall time: {time.perf_counter() - started:.0f} s",
+    head = [
+        *header(started, load_before, threads=torch.get_num_threads(), cuda=args.device == "cuda"),
         (
             f"- workload: {args.samples:,} synthetic samples of shape {MODELS[args.model]} (CPU tensors), IID; "
             f"{model}; {args.per_round} clients per round, {args.steps} local steps of batch 10, {args.rounds} "
@@ -272,7 +263,7 @@ def main(argv: list[str] | None = None) -> None:
             + (f"; MALLOC_MMAP_THRESHOLD_={args.malloc_mmap_threshold}" if args.malloc_mmap_threshold is not None else "")
         ),
     ]
-    emit(render(results, args, header), args.out)
+    emit(render(results, args, head), args.out)
 
 
 if __name__ == "__main__":

@@ -39,11 +39,8 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import datetime
 import io
 import logging
-import os
-import platform
 import pstats
 import statistics
 import sys
@@ -53,7 +50,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import lightning
 import lightning.pytorch as pl
 import numpy as np
 import torch
@@ -65,7 +61,7 @@ from harness import (  # benchmarks/ is on sys.path as a script
     plain_fedavg,
     select_clients,
 )
-from reporting import cpu_model, emit
+from reporting import emit, header, load
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -385,31 +381,16 @@ def bench_ragged(cfg: Config, clients_per_round: int, log: Callable[[str], None]
 # --------------------------------------------------------------------------------------------
 
 
-def machine_lines(threads: int) -> list[str]:
-    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return [
-        f"- machine: {platform.node() or '?'}; {os.cpu_count()} CPUs ({affinity} usable); {cpu_model()}; {platform.platform()}",
-        f"- python {platform.python_version()}, torch {torch.__version__}, lightning {lightning.__version__}, numpy {np.__version__}",
-        f"- torch threads: {torch.get_num_threads()}"
-        + (" (set by --threads)" if threads > 0 else " (torch default; --threads 0)"),
-    ]
-
-
 def fmt(x: float) -> str:
     return f"{x:.2f}" if x < 100 else f"{x:.0f}"
 
 
-def render(
-    results: list[dict[str, Any]], cfg: Config, argv: list[str], threads: int, clock: str, load: str, elapsed: float
-) -> str:
+def render(results: list[dict[str, Any]], cfg: Config, clock: str, head: list[str]) -> str:
     other = CLOCKS[1 - CLOCKS.index(clock)]
     out = [
         "## Per-client overhead: plain loop vs FederatedTrainer vs a Trainer per client",
         "",
-        f"- command: `{' '.join(argv)}`",
-        f"- date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",
-        *machine_lines(threads),
-        f"- load average (1 min) before / after: {load}",
+        *head,
         f"- workload: {cfg.num_clients} clients x {cfg.samples_per_client} samples (IID), {cfg.clients_per_round} "
         f"clients/round, {cfg.steps} SGD steps of batch {BATCH_SIZE} per client (lr {LR}, no momentum), FedAvg",
         f"- (a)/(b): {cfg.warmup} warm-up + {cfg.rounds} measured rounds per run x {cfg.repeats} repeats; "
@@ -417,7 +398,6 @@ def render(
         f"- ms / client = median over measured rounds (repeats pooled) of round time / clients per round, on the "
         f"**{clock}** clock (`--clock`; the {other} clock is shown alongside); aggregation included, "
         "Trainer construction and fit start-up of (b) excluded (listed separately)",
-        f"- total benchmark wall time: {elapsed:.0f} s",
         "",
     ]
     for res in results:
@@ -485,22 +465,18 @@ def render(
     return "\n".join(out)
 
 
-def render_ragged(results: list[dict[str, Any]], cfg: Config, argv: list[str], threads: int, clock: str, load: str, elapsed: float) -> str:
+def render_ragged(results: list[dict[str, Any]], cfg: Config, clock: str, head: list[str]) -> str:
     other = CLOCKS[1 - CLOCKS.index(clock)]
     lo, hi = results[0]["sizes"]
     out = [
         "## Ragged clients: plain loop vs each client executor, side by side in one run",
         "",
-        f"- command: `{' '.join(argv)}`",
-        f"- date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",
-        *machine_lines(threads),
-        f"- load average (1 min) before / after: {load}",
+        *head,
         f"- workload: {MODELS['digits'].name}; {RAGGED_CLIENTS * RAGGED_SAMPLES_PER_CLIENT} samples over {RAGGED_CLIENTS} "
         f"clients by Dirichlet({RAGGED_ALPHA}) ({lo}-{hi} samples per client), one local epoch of batch {BATCH_SIZE} "
         f"(lr {LR}, no momentum), FedAvg",
         f"- {cfg.warmup} warm-up + {cfg.rounds} measured rounds per run x {cfg.repeats} repeats, the rows of a repeat run "
         f"one after another; ms / client = median over measured rounds of round time / clients per round, **{clock}** clock",
-        f"- total benchmark wall time: {elapsed:.0f} s",
         "",
         f"| clients / round | way of running the clients | ms / client | p25-p75 | vs plain loop | {other} ms / client | "
         f"vs plain ({other}) | max abs diff of final weights vs plain |",
@@ -589,21 +565,16 @@ def main(argv: list[str] | None = None) -> None:
             print(profile_federated(spec, cfg))
         return
 
-    started = time.perf_counter()
-    load_before = os.getloadavg()[0]
-    cmd = ["python", "benchmarks/overhead.py", *(argv if argv is not None else sys.argv[1:])]
+    started, load_before = time.perf_counter(), load()
     if args.ragged:
         ragged = [bench_ragged(cfg, int(c), lambda msg: print(msg, file=sys.stderr, flush=True)) for c in args.ragged.split(",")]
-        load = f"{load_before:.2f} / {os.getloadavg()[0]:.2f} (nproc {os.cpu_count()})"
-        emit(render_ragged(ragged, cfg, cmd, args.threads, args.clock, load, time.perf_counter() - started), args.out)
+        emit(render_ragged(ragged, cfg, args.clock, header(started, load_before, threads=torch.get_num_threads())), args.out)
         return
     results = []
     for spec in specs:
         print(f"benchmarking {spec.name} ...", file=sys.stderr, flush=True)
         results.append(bench_model(spec, cfg, lambda msg: print(msg, file=sys.stderr, flush=True)))
-    load = f"{load_before:.2f} / {os.getloadavg()[0]:.2f} (nproc {os.cpu_count()})"
-    report = render(results, cfg, cmd, args.threads, args.clock, load, time.perf_counter() - started)
-    emit(report, args.out)
+    emit(render(results, cfg, args.clock, header(started, load_before, threads=torch.get_num_threads())), args.out)
 
 
 if __name__ == "__main__":

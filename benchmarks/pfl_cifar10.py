@@ -35,7 +35,6 @@ Run from the repository root::
 from __future__ import annotations
 
 import argparse
-import datetime
 import logging
 import sys
 import time
@@ -43,12 +42,11 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import lightning
 import lightning.pytorch as pl
 import numpy as np
 import torch
 from harness import CLOCKS, QUIET_TRAINER, RoundTimer, now, plain_fedavg, select_clients  # benchmarks/ is on sys.path
-from reporting import emit, load, machine, mean_std
+from reporting import emit, header, load, mean_std
 from torch import Tensor
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, TensorDataset
 
@@ -211,20 +209,13 @@ def bench(work: Workload, args: argparse.Namespace, log: Callable[[str], None]) 
     return list(rows.values()), max(diffs)
 
 
-def device_line(device: torch.device) -> str:
-    if device.type != "cuda":
-        return f"- device: CPU, torch threads {torch.get_num_threads()}"
-    props = torch.cuda.get_device_properties(device)
-    return f"- device: {props.name}, {props.total_memory / 2**30:.0f} GiB, CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}"
-
-
-def render(rows: list[Row], max_diff: float, work: Workload, args: argparse.Namespace, extra: list[str]) -> str:
+def render(rows: list[Row], max_diff: float, work: Workload, args: argparse.Namespace, head: list[str]) -> str:
     clock, other = args.clock, CLOCKS[1 - CLOCKS.index(args.clock)]
     base = float(np.mean(rows[0].rates[clock]))
     out = [
         "## Throughput on pfl-research's CIFAR-10 set-up",
         "",
-        *extra,
+        *head,
         (
             f"- workload: {work.num_clients} clients x {SAMPLES_PER_CLIENT} images ({work.source}); "
             f"{work.clients_per_round} clients/round; {LOCAL_EPOCHS} local epoch = {STEPS} SGD steps of batch "
@@ -297,17 +288,8 @@ def main(argv: list[str] | None = None) -> None:
     started, load_before = time.perf_counter(), load()
     work = make_workload(args)
     rows, max_diff = bench(work, args, lambda msg: print(msg, file=sys.stderr, flush=True))
-    cmd = " ".join(["python", "benchmarks/pfl_cifar10.py", *(argv if argv is not None else sys.argv[1:])])
-    extra = [
-        f"- command: `PYTHONPATH=. {cmd}`",
-        f"- date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",
-        f"- machine: {machine()}",
-        device_line(work.device),
-        f"- torch {torch.__version__}, lightning {lightning.__version__}; torch threads {torch.get_num_threads()}",
-        f"- load average (1, 5, 15 min) before: {load_before}; after: {load()}",
-        f"- benchmark wall time: {time.perf_counter() - started:.0f} s",
-    ]
-    emit(render(rows, max_diff, work, args, extra), args.out)
+    head = header(started, load_before, threads=torch.get_num_threads(), cuda=work.device.type == "cuda")
+    emit(render(rows, max_diff, work, args, head), args.out)
 
 
 if __name__ == "__main__":

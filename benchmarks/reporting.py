@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import datetime
 import os
 import platform
+import shlex
 import statistics
+import sys
+import time
 from collections.abc import Sequence
+from importlib.metadata import version
 
 
 def cpu_model() -> str:
@@ -17,17 +22,47 @@ def cpu_model() -> str:
         return platform.processor() or platform.machine() or "unknown"
 
 
-def machine() -> str:
-    """CPU count, CPU model, Python version and OS."""
-    return f"{os.cpu_count()} CPU cores (nproc), {cpu_model()}, Python {platform.python_version()}, {platform.system()}"
-
-
 def load() -> str:
     """The 1, 5 and 15 minute load averages (other work on the machine skews wall times)."""
     try:
         return ", ".join(f"{x:.1f}" for x in os.getloadavg())
     except OSError:
         return "unknown"
+
+
+def header(
+    started: float, load_before: str, *, workers: int | None = None, threads: int | None = None, cuda: bool = False
+) -> list[str]:
+    """The Markdown bullets that open every report: command, date, wall time, machine, versions and load.
+
+    Args:
+        started: ``time.perf_counter()`` when the benchmark started (for its wall time).
+        load_before: :func:`load` when the benchmark started (the load average after is read now).
+        workers: the worker processes the runs were spread over, where the script uses a pool.
+        threads: the torch threads of each process that trains.
+        cuda: whether the runs used the current CUDA device (its name, memory and CUDA/cuDNN versions are listed).
+    """
+    parallelism = [f"{workers} worker process(es)"] if workers is not None else []
+    if threads is not None:
+        parallelism.append(f"{threads} torch thread(s)" + (" each" if workers is not None else ""))
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    lines = [
+        f"- command: `python {shlex.join(sys.argv)}`",
+        f"- date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}; "
+        f"wall time {time.perf_counter() - started:.0f} s",
+        f"- machine: {os.cpu_count()} CPU cores ({usable} usable), {cpu_model()}, {platform.platform()}",
+        f"- python {platform.python_version()}, torch {version('torch')}, lightning {version('lightning')}, "
+        f"numpy {version('numpy')}" + "".join(f"; {part}" for part in parallelism),
+    ]
+    if cuda:
+        import torch  # only here: the start-up benchmarks must not pay for importing torch
+
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        lines.append(
+            f"- device: {props.name}, {props.total_memory / 2**30:.0f} GiB, CUDA {torch.version.cuda}, "
+            f"cuDNN {torch.backends.cudnn.version()}"
+        )
+    return [*lines, f"- load average (1, 5, 15 min) before: {load_before}; after: {load()}"]
 
 
 def mean_std(values: Sequence[float], digits: int = 3, scale: float = 1.0) -> str:

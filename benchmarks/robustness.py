@@ -23,13 +23,12 @@ Run from the repository root::
 from __future__ import annotations
 
 import argparse
-import datetime
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from harness import QUIET_TRAINER
-from reporting import emit, load, machine, mean_std  # benchmarks/ is on sys.path when run as a script
+from reporting import emit, header, load, mean_std  # benchmarks/ is on sys.path when run as a script
 from workers import add_worker_arguments, run_in_workers
 
 ATTACKS = ("none", "label_flip", "sign_flip", "scaled", "gaussian")
@@ -117,19 +116,19 @@ def run_one(spec: RunSpec) -> RunResult:
     return RunResult(spec, float(metrics["test_acc"]), time.perf_counter() - started)
 
 
-def report(results: Sequence[RunResult], args: argparse.Namespace, seconds: float) -> str:
+def report(results: Sequence[RunResult], args: argparse.Namespace, head: list[str]) -> str:
     """The Markdown section: test accuracy, one row per attack and one column per defence."""
     acc = {(r.spec.attack, r.spec.defence): [] for r in results}
     for r in results:
         acc[(r.spec.attack, r.spec.defence)].append(r.test_acc)
     lines = [
-        f"## Robust aggregation under attack on digits (issue 19, item 2), {datetime.date.today()}",
+        "## Robust aggregation under attack on digits (issue 19, item 2)",
         "",
-        f"Script: `benchmarks/robustness.py --rounds {args.rounds} --seeds {' '.join(map(str, args.seeds))}`. "
+        *head,
+        "",
         f"Digits, 20 clients (Dirichlet 0.5), {args.clients_per_round} clients per round, {args.rounds} rounds of one "
         f"local epoch, MLP 64-128-10; {args.fraction:.0%} of the clients malicious (seeded). Cell: final test accuracy, "
-        f"mean ± std over seeds {args.seeds}. Machine: {machine()}; shared with other sessions (load {load()}), "
-        f"{args.jobs} worker(s), {seconds / 60:.1f} min in all; accuracy, not time, is the result.",
+        f"mean ± std over seeds {args.seeds}; accuracy, not time, is the result.",
         "",
         "| attack \\ defence | " + " | ".join(args.defences) + " |",
         "|---|" + "---:|" * len(args.defences),
@@ -163,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         for d in args.defences
         for s in args.seeds
     ]
-    started = time.perf_counter()
+    started, load_before = time.perf_counter(), load()
     results = run_in_workers(
         run_one,
         specs,
@@ -171,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         lambda r: f"{r.spec.attack:>10} {r.spec.defence:>12} seed {r.spec.seed}: {r.test_acc:.3f} ({r.seconds:.1f} s)",
     )
     print()
-    emit(report(results, args, time.perf_counter() - started), args.out)
+    emit(report(results, args, header(started, load_before, workers=args.jobs, threads=args.threads)), args.out)
 
 
 if __name__ == "__main__":

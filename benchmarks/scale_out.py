@@ -17,7 +17,6 @@ starts the other ranks); rank 0 writes the round times to a JSON file.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import statistics
@@ -36,7 +35,7 @@ from fl_lightning.data import FederatedDataModule, InMemoryDataset
 from fl_lightning.distributed import FederatedDDPStrategy
 from fl_lightning.models import MLP
 from harness import QUIET_TRAINER  # benchmarks/ is on sys.path when run as a script
-from reporting import load, machine
+from reporting import emit, header, load
 
 
 class RoundTimes(FederatedCallback):
@@ -106,18 +105,18 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--worker", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--out", type=Path, help="also write the Markdown table here")
+    parser.add_argument("--out", help="also write the Markdown table here")
     args = parser.parse_args()
     if args.worker:
         return worker(args)
 
-    rows, before = [], load()
+    rows, started, load_before = [], time.perf_counter(), load()
     with tempfile.TemporaryDirectory() as tmp:
         for devices in (int(d) for d in args.devices.split(",")):
             result = Path(tmp) / f"{devices}.json"
-            argv = [a for a in sys.argv[1:] if not a.startswith("--devices")]
             env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
-            cmd = [sys.executable, __file__, *argv, "--worker", str(devices), "--result", str(result)]
+            # The worker ignores --devices (its count is --worker), so the whole command line passes through.
+            cmd = [sys.executable, __file__, *sys.argv[1:], "--worker", str(devices), "--result", str(result)]
             done = subprocess.run(cmd, env=env, capture_output=True, text=True)
             if done.returncode:
                 sys.exit(f"{' '.join(cmd)} failed:\n{done.stderr[-4000:]}")
@@ -126,10 +125,7 @@ def main() -> None:
             rows.append((devices, seconds, statistics.median(measured["training_seconds"]), args.per_round / seconds))
     base = rows[0][3]
     lines = [
-        f"- command: `python benchmarks/scale_out.py {' '.join(sys.argv[1:])}`",
-        f"- date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}",
-        f"- machine: {machine()}; torch {torch.__version__}, lightning {pl.__version__}",
-        f"- load average before / after: {before} / {load()}",
+        *header(started, load_before, threads=args.threads, cuda=args.accelerator in ("gpu", "cuda")),
         f"- workload: FedAvg, {args.clients} clients x {args.samples} samples (1x28x28 synthetic), {args.per_round} "
         f"clients/round, {args.steps} SGD steps of batch 10, MLP 784-200-200-10, executor `{args.executor}`, "
         f"{args.threads} torch thread(s) per process; median of {args.rounds} rounds after {args.warmup} warm-up",
@@ -138,10 +134,7 @@ def main() -> None:
         "|---:|---:|---:|---:|---:|",
         *(f"| {d} | {s:.3f} | {t:.3f} | {c:.1f} | {c / base:.2f}x |" for d, s, t, c in rows),
     ]
-    table = "\n".join(lines)
-    print(table)
-    if args.out:
-        args.out.write_text(table + "\n")
+    emit("\n".join(lines), args.out)
 
 
 if __name__ == "__main__":
