@@ -356,7 +356,8 @@ class FederatedFitLoop(compat.FitLoopBase):
             if secure:
                 return algorithm.apply_masked_sum(round_idx, self.global_state, masked_total, dropped)  # type: ignore[union-attr]
             if summed:
-                return apply_sum(algorithm, round_idx, self.global_state, combined.total, combined.weight, combined.aggregated)  # type: ignore[arg-type]
+                total, weight = combined.total, combined.weight
+                return apply_sum(algorithm, round_idx, self.global_state, total, weight, combined.aggregated)  # type: ignore[arg-type]
             # Every rank aggregates the same gathered updates, in selection order, as one process would.
             everyone = [replace(r, payload=payloads[r.client_id]) for r in combined.reports if r.client_id in payloads]
             return algorithm.aggregate(round_idx, self.global_state, everyone)

@@ -27,6 +27,7 @@ from fl_lightning import (
     MedianNormFilter,
     ServerSGD,
 )
+from fl_lightning.algorithms import ClientContext, ClientUpdate
 from fl_lightning.compression import TopKCodec, as_wire, from_wire
 from fl_lightning.data import Digits, Dirichlet, FederatedDataModule
 from fl_lightning.distributed import FederatedDDPStrategy
@@ -57,17 +58,20 @@ ALGORITHMS = {
     # Compressed uploads: each rank decodes and sums its clients' payloads (FedMRN on its masked model).
     "fedmrn": lambda: FedMRN(server_optimizer=ServerSGD(lr=1.0, momentum=0.9)),
     "topk": lambda: CompressedFedAvg(codec=TopKCodec(density=0.1)),
+    # Over FedMRN's decoded updates: DP clips and sums per rank; the median gathers them to every rank.
+    "dpfedmrn": lambda: DPFedAvg(noise_multiplier=0.5, clip_norm=0.05, algorithm=FedMRN(weighting="uniform")),
+    "median-fedmrn": lambda: CoordinateMedian(algorithm=FedMRN()),
 }
 
-#: FedMRN masks seeded noise, which needs MaskedNoiseMixin; every other algorithm trains the plain MLP.
-MODELS = {"fedmrn": MaskedMLP}
+#: FedMRN masks seeded noise, which needs MaskedNoiseMixin; the other algorithms train the plain MLP.
+MODELS = {"fedmrn": MaskedMLP, "dpfedmrn": MaskedMLP, "median-fedmrn": MaskedMLP}
 
 
 class CorruptUploads(FederatedCallback):
     """Cuts the last byte off the compressed uploads of clients 2 and 3: malformed payloads, rejected on
     the rank that trained the client (in the last of 3 rounds, one on each of 2 ranks)."""
 
-    def on_client_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, client, update) -> None:  # type: ignore[no-untyped-def]
+    def on_client_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, client: ClientContext, update: ClientUpdate) -> None:
         if client.client_id in (2, 3):
             update.payload = as_wire(from_wire(update.payload)[:-1])
 

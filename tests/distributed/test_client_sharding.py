@@ -89,7 +89,8 @@ def test_compressed_uploads_decoded_and_summed_per_rank_equal_one_aggregation(fe
     for update in _updates(global_state):
         data = algorithm.codec.encode(update.payload, algorithm.layout)
         uploads.append(replace(update, payload=as_wire(data), upload_bytes=len(data)))
-    uploads[3] = replace(uploads[3], payload=as_wire(from_wire(uploads[3].payload)[:-1]), upload_bytes=uploads[3].upload_bytes - 1)
+    short = from_wire(uploads[3].payload)[:-1]
+    uploads[3] = replace(uploads[3], payload=as_wire(short), upload_bytes=len(short))
     clients = [u.client_id for u in uploads]
 
     expected = {k: v.clone() for k, v in global_state.items()}

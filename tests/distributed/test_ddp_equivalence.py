@@ -50,10 +50,17 @@ def test_two_processes_match_one(tmp_path, algorithm, executor):
 
 
 @pytest.mark.filterwarnings("ignore:Round .* sent an undecodable payload")
-@pytest.mark.parametrize(("algorithm", "executor", "fault"), [("fedmrn", "lightning", "none"), ("topk", "lean", "corrupt")])
+@pytest.mark.parametrize(
+    ("algorithm", "executor", "fault"),
+    [
+        ("fedmrn", "lightning", "none"), ("topk", "lean", "corrupt"), ("dpfedmrn", "lightning", "none"),
+        ("median-fedmrn", "lightning", "none"),
+    ],  # fmt: skip
+)
 def test_compressed_uploads_are_decoded_and_summed_per_rank(tmp_path, algorithm, executor, fault):
     # FedMRN (masked noise, FedAvgM server step) and Top-k with malformed uploads of clients 2 and 3,
-    # rejected by the rank that trained each: the counts and the mean payload bytes still match.
+    # rejected by the rank that trained each: the counts and the mean payload bytes still match. DP over
+    # FedMRN clips and sums per rank; the median over FedMRN gathers the decoded updates to every rank.
     metrics = two_processes_match_one(tmp_path, algorithm, executor, fault)
     assert metrics["round/rejected_clients"] == (2.0 if fault == "corrupt" else 0.0)
     assert metrics["round/payload_bytes"] > 0 and metrics["round/compression_ratio"] > 1

@@ -43,7 +43,9 @@ def apply_sum(
     return {**algorithm.apply_weighted_sum(round_idx, global_state, total, weight), **algorithm.report_metrics(reports)}
 
 
-def aggregate_weighted_sum(algorithm: SupportsWeightedSum, round_idx: int, global_state: State, updates: list[ClientUpdate]) -> dict[str, float]:
+def aggregate_weighted_sum(
+    algorithm: SupportsWeightedSum, round_idx: int, global_state: State, updates: list[ClientUpdate]
+) -> dict[str, float]:
     """One process's aggregation of a weighted-sum algorithm: :func:`apply_sum` of its sum over ``updates``."""
     total, weight = algorithm.weighted_delta_sum(updates)
     return apply_sum(algorithm, round_idx, global_state, total, weight, updates)
