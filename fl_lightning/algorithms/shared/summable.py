@@ -55,10 +55,10 @@ class SummableAggregation(Algorithm):
     r"""An algorithm whose server update depends on the clients only through
     :math:`(\sum_k w_k \Delta_k, \sum_k w_k)`.
 
-    Override :meth:`aggregation_weight` and :meth:`apply_weighted_sum` (and :meth:`report_metrics` for
-    metrics of the clients' reports), not ``aggregate``: an
-    algorithm that overrides ``aggregate`` is no longer summable (:attr:`summable` is then
-    ``False``) and cannot shard its clients over processes. Its client-side hooks
+    Override :meth:`aggregation_weight`, :meth:`apply_weighted_sum` and, for metrics of the
+    clients' reports, :meth:`report_metrics`, not ``aggregate``: an algorithm that overrides
+    ``aggregate`` is no longer summable (:attr:`summable` is then ``False``) and cannot shard its
+    clients over processes. Its client-side hooks
     (``configure_client``, ``client_update``) run only on the rank that trains the client, so
     they must not keep state that the server step needs.
     """
