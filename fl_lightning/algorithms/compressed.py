@@ -6,6 +6,7 @@ from dataclasses import replace
 from typing import Literal
 
 import lightning.pytorch as pl
+from typing_extensions import override
 
 from fl_lightning.algorithms.shared.base import ClientContext, ClientUpdate
 from fl_lightning.algorithms.shared.combinable import Combine, apply_combined
@@ -93,9 +94,18 @@ class CompressedFedAvg(FedAvg):
         delta = self.codec.decode(from_wire(update.payload), self.layout, device=self.federation.module.device)
         return replace(update, payload=delta)
 
+    @override
     def aggregate(self, round_idx: int, global_state: State, updates: list[ClientUpdate]) -> dict[str, float]:
         """Aggregates decoded updates (:meth:`decode_update`) with :meth:`aggregate_decoded`."""
-        return {**self.aggregate_decoded(round_idx, global_state, updates), **self._payload_metrics(updates)}
+        return {**self.aggregate_decoded(round_idx, global_state, updates), **self.report_metrics(updates)}
+
+    @property
+    @override
+    def summable(self) -> bool:
+        """Whether the aggregation is FedAvg's weighted sum of the decoded deltas (:meth:`aggregate` and
+        :meth:`aggregate_decoded` not overridden): then clients shard over processes, each rank decoding
+        and summing the uploads of the clients it trained (FedMRN, FedMRNS, FedAvgSM, any codec; not FedPM)."""
+        return self.combinable and type(self).aggregate is CompressedFedAvg.aggregate
 
     @property
     def combinable(self) -> bool:
@@ -109,17 +119,20 @@ class CompressedFedAvg(FedAvg):
 
     def aggregate_with(self, round_idx: int, global_state: State, updates: list[ClientUpdate], combine: Combine) -> dict[str, float]:
         """The server step applied to ``combine`` of the decoded deltas instead of their weighted mean."""
-        return {**apply_combined(self, round_idx, global_state, updates, combine), **self._payload_metrics(updates)}
+        return {**apply_combined(self, round_idx, global_state, updates, combine), **self.report_metrics(updates)}
 
-    def _payload_metrics(self, updates: list[ClientUpdate]) -> dict[str, float]:
+    @override
+    def report_metrics(self, reports: list[ClientUpdate]) -> dict[str, float]:
+        """``payload_bytes``: the mean upload of the aggregated clients; ``compression_ratio``: dense over payload bytes."""
         return {
-            "payload_bytes": sum(u.upload_bytes for u in updates) / max(len(updates), 1),
+            "payload_bytes": sum(u.upload_bytes for u in reports) / max(len(reports), 1),
             "compression_ratio": self.dense_bytes() / self.codec.payload_size(self.layout),
         }
 
     def aggregate_decoded(self, round_idx: int, global_state: State, updates: list[ClientUpdate]) -> dict[str, float]:
         """Aggregates updates whose payloads are decoded (by default dense deltas, averaged as FedAvg)."""
-        return super().aggregate(round_idx, global_state, updates)
+        total, weight = self.weighted_delta_sum(updates)
+        return self.apply_weighted_sum(round_idx, global_state, total, weight)
 
     def dense_bytes(self) -> int:
         """Bytes of the same upload uncompressed (4 bytes per element)."""

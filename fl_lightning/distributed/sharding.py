@@ -26,6 +26,7 @@ class ShardedRound:
         total: :math:`\\sum_k w_k \\Delta_k` over every rank's finite updates, in the accumulator dtypes.
         weight: :math:`\\sum_k w_k` over the same updates.
         reports: one payload-free :class:`ClientUpdate` per selected client, in selection order.
+        aggregated: the reports of the clients whose update is in ``total`` (neither dropped nor rejected).
         dropped: clients whose update was non-finite (and is not in ``total``).
         rejected: clients whose update was malformed or refused by the update bound (not in ``total``).
         stop: whether any rank received SIGTERM.
@@ -34,6 +35,7 @@ class ShardedRound:
     total: State
     weight: float
     reports: list[ClientUpdate]
+    aggregated: list[ClientUpdate]
     dropped: int
     rejected: int
     stop: bool
@@ -133,8 +135,10 @@ class ClientSharding:
             )
             for cid, row in zip(clients, reports.tolist())
         ]
+        kept = (reports[:, 1] + reports[:, 2] == 0).tolist()
+        aggregated = [update for update, keep in zip(received, kept) if keep]
         dropped, rejected = int(reports[:, 1].sum()), int(reports[:, 2].sum())
-        return ShardedRound(total, weight, received, dropped=dropped, rejected=rejected, stop=stop > 0)
+        return ShardedRound(total, weight, received, aggregated, dropped=dropped, rejected=rejected, stop=stop > 0)
 
     def gather_payloads(self, clients: list[int], updates: list[ClientUpdate], template: State) -> dict[int, State]:
         """Every rank's decoded payloads (``updates``: this rank's), by client, on every rank, by one

@@ -15,7 +15,7 @@ from typing_extensions import override
 import lightning.pytorch as pl
 from fl_lightning import _lightning_compat as compat
 from fl_lightning.algorithms.shared.base import TRAINING_METRICS, Algorithm, ClientContext, ClientUpdate
-from fl_lightning.algorithms.shared.summable import SupportsWeightedSum, can_shard
+from fl_lightning.algorithms.shared.summable import SupportsWeightedSum, apply_sum, can_shard
 from fl_lightning.callbacks.client_loss import ClientLossRecorder
 from fl_lightning.callbacks.federated_callback import call_federated_hook
 from fl_lightning.checkpoint_io import CheckpointError, validate_federated_state
@@ -242,9 +242,10 @@ class FederatedFitLoop(compat.FitLoopBase):
         if not (can_shard(self.algorithm) or self.algorithm.gathers_updates or isinstance(self.algorithm, SecureAggregation)):
             raise ValueError(
                 f"{type(self.algorithm).__name__} cannot shard its clients over {trainer.world_size} processes: "
-                "only synchronous algorithms whose aggregation is a weighted sum of client deltas "
-                "(SummableAggregation: FedAvg, FedProx, their server optimizers, FedALIGN over them), or a robust "
-                "rule or secure aggregation over one, can; run it with devices=1."
+                "only synchronous algorithms whose aggregation is a weighted sum of (decoded) client deltas "
+                "(SummableAggregation: FedAvg, FedProx, their server optimizers, FedALIGN over them, CompressedFedAvg, "
+                "FedMRN, FedMRNS, FedAvgSM; not FedPM, whose server sets its mask probabilities to the clients' mean "
+                "mask), or a robust rule or secure aggregation over one, can; run it with devices=1."
             )
         return ClientSharding(trainer.strategy)
 
@@ -355,7 +356,8 @@ class FederatedFitLoop(compat.FitLoopBase):
             if secure:
                 return algorithm.apply_masked_sum(round_idx, self.global_state, masked_total, dropped)  # type: ignore[union-attr]
             if summed:
-                return algorithm.apply_weighted_sum(round_idx, self.global_state, combined.total, combined.weight)  # type: ignore[union-attr]
+                total, weight = combined.total, combined.weight
+                return apply_sum(algorithm, round_idx, self.global_state, total, weight, combined.aggregated)  # type: ignore[arg-type]
             # Every rank aggregates the same gathered updates, in selection order, as one process would.
             everyone = [replace(r, payload=payloads[r.client_id]) for r in combined.reports if r.client_id in payloads]
             return algorithm.aggregate(round_idx, self.global_state, everyone)

@@ -12,8 +12,7 @@ from typing_extensions import override
 from fl_lightning.algorithms.shared.aggregation import weighted_sum
 from fl_lightning.algorithms.shared.base import Algorithm, ClientUpdate
 from fl_lightning.algorithms.fedavg import FedAvg
-from fl_lightning.algorithms.compressed import CompressedFedAvg
-from fl_lightning.algorithms.shared.summable import can_shard
+from fl_lightning.algorithms.shared.summable import aggregate_weighted_sum, can_shard
 from fl_lightning.algorithms.shared.wrapper import AlgorithmWrapper
 from fl_lightning.federation import Federation
 from fl_lightning.model_state import State
@@ -101,7 +100,7 @@ class DPFedAvg(AlgorithmWrapper):
                 "from one): clipping them would not bound a client's influence on what is released; FedSoft also "
                 "selects clients by their unnoised importance estimates, which no noise on the centres covers."
             )
-        if not (can_shard(inner) or _averages_decoded_deltas(inner)):
+        if not can_shard(inner):
             raise ValueError(
                 f"DPFedAvg needs a synchronous algorithm whose aggregation is a sum of client deltas "
                 f"(SummableAggregation: FedAvg, FedProx, their server optimizers) or a compressed FedAvg that "
@@ -153,8 +152,7 @@ class DPFedAvg(AlgorithmWrapper):
 
     @override
     def aggregate(self, round_idx: int, global_state: State, updates: list[ClientUpdate]) -> dict[str, float]:
-        total, unclipped = self.weighted_delta_sum(updates)
-        return self.apply_weighted_sum(round_idx, global_state, total, unclipped)
+        return aggregate_weighted_sum(self, round_idx, global_state, updates)
 
     @override
     def weighted_delta_sum(self, updates: list[ClientUpdate]) -> tuple[State, float]:
@@ -203,12 +201,6 @@ class DPFedAvg(AlgorithmWrapper):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.clip_norm, self.rounds_spent = float(state["clip_norm"]), int(state["rounds_spent"])
-
-
-def _averages_decoded_deltas(algorithm: Algorithm) -> bool:
-    """A compressed FedAvg that averages its decoded deltas (FedMRN's masked noise, FedAvgSM): its server step
-    takes the noised sum of the clipped *decoded* updates, which are what the server aggregates."""
-    return isinstance(algorithm, CompressedFedAvg) and algorithm.combinable
 
 
 def clipped_sum(payloads: list[State], clip_norm: float) -> tuple[State, int]:

@@ -75,6 +75,12 @@ class SecureAggregation(AlgorithmWrapper):
                 f"aggregation is that sum (SummableAggregation: FedAvg, FedProx, their server optimizers); "
                 f"{type(self.inner).__name__}'s payload is not a sum."
             )
+        if type(self.inner).decode_update is not Algorithm.decode_update:
+            raise ValueError(
+                "Secure aggregation masks each client's delta in fixed point, but "
+                f"{type(self.inner).__name__} uploads an encoded payload that the server decodes (decode_update); "
+                "wrap an algorithm that uploads its plain delta (FedAvg, FedProx, their server optimizers)."
+            )
         if not 8 <= modulus_bits <= 62:
             raise ValueError(f"`modulus_bits` must be in 8..62 (int64 sums of two residues), got {modulus_bits!r}.")
         if not 0 <= fraction_bits <= modulus_bits - 2:

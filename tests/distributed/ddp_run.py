@@ -14,10 +14,25 @@ from pathlib import Path
 import lightning.pytorch as pl
 import torch
 
-from fl_lightning import AdaptiveClipping, DPFedAvg, FedALIGN, FedAvg, FederatedTrainer, FedProx, MedianNormFilter, ServerSGD
+from fl_lightning import (
+    AdaptiveClipping,
+    CompressedFedAvg,
+    DPFedAvg,
+    FedALIGN,
+    FedAvg,
+    FederatedCallback,
+    FederatedTrainer,
+    FedMRN,
+    FedProx,
+    MedianNormFilter,
+    ServerSGD,
+)
+from fl_lightning.algorithms import ClientContext, ClientUpdate
+from fl_lightning.compression import TopKCodec, as_wire, from_wire
 from fl_lightning.data import Digits, Dirichlet, FederatedDataModule
 from fl_lightning.distributed import FederatedDDPStrategy
 from fl_lightning.models import MLP
+from fl_lightning.models.fedmrn import MaskedMLP
 from fl_lightning.robust import Byzantine, CoordinateMedian, Krum, SignFlip
 from fl_lightning.secure import SecureAggregation
 
@@ -40,7 +55,28 @@ ALGORITHMS = {
     ),
     # Each rank masks and sums its clients; the pads cancel in one int64 all-reduce, dropouts recovered.
     "secagg": lambda: SecureAggregation(algorithm=FedProx(mu=0.1), dropout=0.3, min_survivors=0.4),
+    # Compressed uploads: each rank decodes and sums its clients' payloads (FedMRN on its masked model).
+    "fedmrn": lambda: FedMRN(server_optimizer=ServerSGD(lr=1.0, momentum=0.9)),
+    "topk": lambda: CompressedFedAvg(codec=TopKCodec(density=0.1)),
+    # Over FedMRN's decoded updates: DP clips and sums per rank; the median gathers them to every rank.
+    "dpfedmrn": lambda: DPFedAvg(noise_multiplier=0.5, clip_norm=0.05, algorithm=FedMRN(weighting="uniform")),
+    "median-fedmrn": lambda: CoordinateMedian(algorithm=FedMRN()),
 }
+
+#: FedMRN masks seeded noise, which needs MaskedNoiseMixin; the other algorithms train the plain MLP.
+MODELS = {"fedmrn": MaskedMLP, "dpfedmrn": MaskedMLP, "median-fedmrn": MaskedMLP}
+
+
+class CorruptUploads(FederatedCallback):
+    """Cuts the last byte off the compressed uploads of clients 2 and 3: malformed payloads, rejected on
+    the rank that trained the client (in the last of 3 rounds, one on each of 2 ranks)."""
+
+    def on_client_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, client: ClientContext, update: ClientUpdate) -> None:
+        if client.client_id in (2, 3):
+            update.payload = as_wire(from_wire(update.payload)[:-1])
+
+
+FAULTS = {"none": list, "corrupt": lambda: [CorruptUploads()]}
 
 UPDATE_BOUNDS = {
     "none": lambda: None,
@@ -59,10 +95,11 @@ def fit(
     clients_per_round: int = 5,
     resume: Path | None = None,
     update_bound: str = "none",
+    fault: str = "none",
 ) -> None:
     """Runs the federated fit; every rank saves its final global state, round metrics and history."""
     pl.seed_everything(0, verbose=False)
-    model = MLP(in_features=64, hidden=(32,), lr=0.1)
+    model = MODELS.get(algorithm, MLP)(in_features=64, hidden=(32,), lr=0.1)
     data = FederatedDataModule(
         Digits(split="train"), Digits(split="test"), partitioner=Dirichlet(alpha=0.5), num_clients=12, batch_size=16
     )
@@ -84,7 +121,7 @@ def fit(
         enable_model_summary=False,
         num_sanity_val_steps=0,
         default_root_dir=out,
-        callbacks=[pl.callbacks.ModelCheckpoint(dirpath=out / "ckpt", save_last=True, save_top_k=0)],
+        callbacks=[pl.callbacks.ModelCheckpoint(dirpath=out / "ckpt", save_last=True, save_top_k=0), *FAULTS[fault]()],
     )
     trainer.fit(model, datamodule=data, ckpt_path=resume)
     torch.save(
@@ -108,6 +145,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--resume", type=Path, default=None, help="checkpoint to resume from")
     parser.add_argument("--update-bound", choices=sorted(UPDATE_BOUNDS), default="none")
+    parser.add_argument("--fault", choices=sorted(FAULTS), default="none")
     args = parser.parse_args()
     torch.set_num_threads(1)
     fit(
@@ -120,6 +158,7 @@ def main() -> None:
         clients_per_round=args.clients_per_round,
         resume=args.resume,
         update_bound=args.update_bound,
+        fault=args.fault,
     )
 
 

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
 import torch
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 
-from fl_lightning import CompressedFedAvg, FedALIGN, FedAvg, FedBuff, FederatedTrainer, FedProx, ServerAdam
-from fl_lightning.compression import StochasticSignCodec
+from fl_lightning import CompressedFedAvg, FedALIGN, FedAvg, FedBuff, FederatedTrainer, FedPM, FedProx, FedSoft, ServerAdam
+from fl_lightning.algorithms.shared.summable import apply_sum
+from fl_lightning.compression import TopKCodec, as_wire, from_wire
 from fl_lightning.distributed import ClientSharding, FederatedDDPStrategy
+from fl_lightning.loops.guards import decode_and_screen
 from fl_lightning.robust import CoordinateMedian
 from tests.algorithms.test_fedavg import _global_state, _updates, federation  # noqa: F401 (fixture)
 
@@ -75,12 +78,52 @@ def test_two_shards_and_one_reduce_equal_fedavg_over_all_clients(federation, ser
     assert combined.dropped == 0 and not combined.stop
 
 
+@pytest.mark.filterwarnings("ignore:Round 0. client 3 sent an undecodable payload")
+def test_compressed_uploads_decoded_and_summed_per_rank_equal_one_aggregation(federation):  # noqa: F811
+    # Each rank decodes and sums the Top-k uploads of its clients; client 3's upload (rank 1) is malformed.
+    algorithm = CompressedFedAvg(codec=TopKCodec(density=0.5), server_optimizer=ServerAdam(lr=0.1))
+    algorithm.setup(federation)
+    sharded_algorithm = copy.deepcopy(algorithm)
+    global_state = _global_state(federation.module)
+    uploads = []
+    for update in _updates(global_state):
+        data = algorithm.codec.encode(update.payload, algorithm.layout)
+        uploads.append(replace(update, payload=as_wire(data), upload_bytes=len(data)))
+    short = from_wire(uploads[3].payload)[:-1]
+    uploads[3] = replace(uploads[3], payload=as_wire(short), upload_bytes=len(short))
+    clients = [u.client_id for u in uploads]
+
+    expected = {k: v.clone() for k, v in global_state.items()}
+    expected_metrics = algorithm.aggregate(0, expected, decode_and_screen(algorithm, 0, uploads).finite)
+
+    def contribute(strategy: _SummingStrategy):
+        sharding = ClientSharding(strategy)
+        local = [u for u in uploads if u.client_id in sharding.share(clients)]
+        screened = decode_and_screen(sharded_algorithm, 0, local)
+        partial = sharded_algorithm.weighted_delta_sum(screened.finite)
+        return sharding.all_reduce(clients, local, set(), partial, global_state, stop=False, rejected_ids=set(screened.rejected))
+
+    rank1 = _SummingStrategy(1, 2)
+    with pytest.raises(RuntimeError, match="lost or duplicated"):  # half a round, on its own
+        contribute(rank1)
+    combined = contribute(_SummingStrategy(0, 2, others=[rank1.sent]))
+    got = {k: v.clone() for k, v in global_state.items()}
+    metrics = apply_sum(sharded_algorithm, 0, got, combined.total, combined.weight, combined.aggregated)
+
+    assert combined.rejected == 1 and [r.client_id for r in combined.aggregated] == [0, 1, 2]
+    assert metrics == expected_metrics and metrics["payload_bytes"] == uploads[0].upload_bytes  # not the short one
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], rtol=0, atol=1e-6)
+    assert any(not torch.equal(got[name], global_state[name]) for name in got)
+
+
 def test_dropped_clients_stop_flag_and_missing_losses_travel_in_the_reduce(federation):  # noqa: F811
     global_state = _global_state(federation.module)
     updates = _updates(global_state)
     sharding = ClientSharding(_SummingStrategy(0, 1))
     combined = sharding.all_reduce([0, 1, 2, 3], updates, {1, 3}, ({}, 0.0), global_state, stop=True)
     assert combined.dropped == 2 and combined.stop and combined.weight == 0.0
+    assert [r.client_id for r in combined.aggregated] == [0, 2]
     assert all(r.metrics == {} for r in combined.reports)
     assert all(torch.count_nonzero(t) == 0 for t in combined.total.values())
 
@@ -132,12 +175,12 @@ def _sharding_error(algorithm, strategy) -> str:
 @pytest.mark.parametrize(
     "algorithm",
     [
-        CompressedFedAvg(codec=StochasticSignCodec()),
+        FedPM(),
         FedBuff(buffer_size=2),
-        FedALIGN(priority=2, algorithm=CompressedFedAvg(codec=StochasticSignCodec())),
-        CoordinateMedian(algorithm=CompressedFedAvg(codec=StochasticSignCodec())),
+        FedALIGN(priority=2, algorithm=FedPM()),
+        CoordinateMedian(algorithm=FedSoft(num_clusters=2)),
     ],
-    ids=["overrides-aggregate", "async", "fedalign-over-compressed", "robust-over-compressed"],
+    ids=["fedpm-averages-masks", "async", "fedalign-over-fedpm", "robust-over-fedsoft"],
 )
 def test_algorithms_that_are_not_a_weighted_sum_refuse_to_shard(algorithm):
     message = _sharding_error(algorithm, FederatedDDPStrategy())

@@ -46,9 +46,31 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     ],  # fmt: skip
 )
 def test_two_processes_match_one(tmp_path, algorithm, executor):
+    two_processes_match_one(tmp_path, algorithm, executor)
+
+
+@pytest.mark.filterwarnings("ignore:Round .* sent an undecodable payload")
+@pytest.mark.parametrize(
+    ("algorithm", "executor", "fault"),
+    [
+        ("fedmrn", "lightning", "none"), ("topk", "lean", "corrupt"), ("dpfedmrn", "lightning", "none"),
+        ("median-fedmrn", "lightning", "none"),
+    ],  # fmt: skip
+)
+def test_compressed_uploads_are_decoded_and_summed_per_rank(tmp_path, algorithm, executor, fault):
+    # FedMRN (masked noise, FedAvgM server step) and Top-k with malformed uploads of clients 2 and 3,
+    # rejected by the rank that trained each: the counts and the mean payload bytes still match. DP over
+    # FedMRN clips and sums per rank; the median over FedMRN gathers the decoded updates to every rank.
+    metrics = two_processes_match_one(tmp_path, algorithm, executor, fault)
+    assert metrics["round/rejected_clients"] == (2.0 if fault == "corrupt" else 0.0)
+    assert metrics["round/payload_bytes"] > 0 and metrics["round/compression_ratio"] > 1
+
+
+def two_processes_match_one(tmp_path: Path, algorithm: str, executor: str, fault: str = "none") -> dict[str, float]:
+    """Runs ``algorithm`` in 1 process and in 2, checks they agree, and returns rank 0's last round metrics."""
     # 5 clients per round over 2 ranks: an uneven 3/2 split, so ranks train different numbers of steps.
-    fit(tmp_path / "one", algorithm=algorithm, executor=executor)
-    run(tmp_path / "two", "--devices", "2", "--algorithm", algorithm, "--executor", executor)
+    fit(tmp_path / "one", algorithm=algorithm, executor=executor, fault=fault)
+    run(tmp_path / "two", "--devices", "2", "--algorithm", algorithm, "--executor", executor, "--fault", fault)
     one, rank0, rank1 = result(tmp_path / "one"), result(tmp_path / "two", 0), result(tmp_path / "two", 1)
 
     assert rank0["history"] == one["history"]
@@ -58,6 +80,7 @@ def test_two_processes_match_one(tmp_path, algorithm, executor):
     for key, value in one["metrics"].items():  # counts, bytes, losses, accuracies, FedALIGN's acceptance
         if key != "round/wall_time_s":
             assert rank0["metrics"][key] == pytest.approx(value, rel=1e-6), key
+    return rank0["metrics"]
 
 
 def test_resume_with_two_processes_matches_one_uninterrupted(tmp_path):

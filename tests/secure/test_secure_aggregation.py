@@ -7,9 +7,10 @@ import math
 import pytest
 import torch
 
-from fl_lightning import FedAvg, FedSoft, ServerSGD
+from fl_lightning import CompressedFedAvg, FedAvg, FedMRN, FedSoft, ServerSGD
 from fl_lightning.algorithms import ClientContext, FedBuff
 from fl_lightning.algorithms.shared.summable import can_shard
+from fl_lightning.compression import TopKCodec
 from fl_lightning.secure import SecureAggregation
 from fl_lightning.secure.masking import decode, encode, masked
 from tests.algorithms.test_fedavg import NUM_SAMPLES, _global_state, _updates, federation  # noqa: F401 (fixture)
@@ -110,6 +111,9 @@ def test_too_few_survivors_abort_the_round(federation):  # noqa: F811
     [
         ({"algorithm": FedSoft(num_clusters=2)}, "payload is not a sum"),
         ({"algorithm": FedBuff(buffer_size=2)}, "payload is not a sum"),
+        # Summable over decoded deltas, but the upload is a codec's bytes, which the pads cannot mask.
+        ({"algorithm": FedMRN()}, "FedMRN uploads an encoded payload"),
+        ({"algorithm": CompressedFedAvg(codec=TopKCodec(density=0.1))}, "CompressedFedAvg uploads an encoded payload"),
         ({"modulus_bits": 63}, "modulus_bits"),
         ({"fraction_bits": 47}, "fraction_bits"),
         ({"dropout": 1.0}, "dropout"),

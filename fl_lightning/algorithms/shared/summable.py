@@ -27,26 +27,44 @@ class SupportsWeightedSum(Protocol):
 
     def apply_weighted_sum(self, round_idx: int, global_state: State, total: State, weight: float) -> dict[str, float]: ...
 
+    def report_metrics(self, reports: list[ClientUpdate]) -> dict[str, float]: ...
+
 
 def can_shard(algorithm: Algorithm) -> bool:
     """Whether a round's clients may train on several processes: a synchronous weighted-sum aggregation."""
     return isinstance(algorithm, SupportsWeightedSum) and algorithm.summable and not algorithm.asynchronous
 
 
+def apply_sum(
+    algorithm: SupportsWeightedSum, round_idx: int, global_state: State, total: State, weight: float, reports: list[ClientUpdate]
+) -> dict[str, float]:
+    """The server step on the weighted sum ``(total, weight)`` of the clients ``reports`` describe, and the
+    metrics of those reports; with client sharding ``reports`` are the all-reduced, payload-free ones."""
+    return {**algorithm.apply_weighted_sum(round_idx, global_state, total, weight), **algorithm.report_metrics(reports)}
+
+
+def aggregate_weighted_sum(
+    algorithm: SupportsWeightedSum, round_idx: int, global_state: State, updates: list[ClientUpdate]
+) -> dict[str, float]:
+    """One process's aggregation of a weighted-sum algorithm: :func:`apply_sum` of its sum over ``updates``."""
+    total, weight = algorithm.weighted_delta_sum(updates)
+    return apply_sum(algorithm, round_idx, global_state, total, weight, updates)
+
+
 class SummableAggregation(Algorithm):
     r"""An algorithm whose server update depends on the clients only through
     :math:`(\sum_k w_k \Delta_k, \sum_k w_k)`.
 
-    Override :meth:`aggregation_weight` and :meth:`apply_weighted_sum`, not ``aggregate``: an
-    algorithm that overrides ``aggregate`` is no longer summable (:attr:`summable` is then
-    ``False``) and cannot shard its clients over processes. Its client-side hooks
+    Override :meth:`aggregation_weight`, :meth:`apply_weighted_sum` and, for metrics of the
+    clients' reports, :meth:`report_metrics`, not ``aggregate``: an algorithm that overrides
+    ``aggregate`` is no longer summable (:attr:`summable` is then ``False``) and cannot shard its
+    clients over processes. Its client-side hooks
     (``configure_client``, ``client_update``) run only on the rank that trains the client, so
     they must not keep state that the server step needs.
     """
 
     def aggregate(self, round_idx: int, global_state: State, updates: list[ClientUpdate]) -> dict[str, float]:
-        total, weight = self.weighted_delta_sum(updates)
-        return self.apply_weighted_sum(round_idx, global_state, total, weight)
+        return aggregate_weighted_sum(self, round_idx, global_state, updates)
 
     def weighted_delta_sum(self, updates: list[ClientUpdate]) -> tuple[State, float]:
         r""":math:`(\sum_k w_k \Delta_k, \sum_k w_k)` over ``updates``, summed in their order."""
@@ -60,6 +78,11 @@ class SummableAggregation(Algorithm):
     @abstractmethod
     def apply_weighted_sum(self, round_idx: int, global_state: State, total: State, weight: float) -> dict[str, float]:
         """Updates ``global_state`` in place from the weighted sum ``total`` of deltas and the sum of weights."""
+
+    def report_metrics(self, reports: list[ClientUpdate]) -> dict[str, float]:
+        """Round metrics of the summed clients from their scalar fields (bytes, steps, samples), never their
+        payloads: under client sharding they come from the all-reduced reports. None by default."""
+        return {}
 
     @property
     def summable(self) -> bool:

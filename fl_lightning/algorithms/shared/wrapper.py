@@ -81,6 +81,10 @@ class AlgorithmWrapper(Algorithm):
         assert isinstance(self.inner, SupportsWeightedSum)
         return self.inner.apply_weighted_sum(round_idx, global_state, total, weight)
 
+    def report_metrics(self, reports: list[ClientUpdate]) -> dict[str, float]:
+        assert isinstance(self.inner, SupportsWeightedSum)
+        return self.inner.report_metrics(reports)
+
     @override
     def evaluate(self, round_idx: int, module: pl.LightningModule) -> dict[str, float]:
         return self.inner.evaluate(round_idx, module)
