@@ -62,8 +62,8 @@ class Byzantine(AlgorithmWrapper):
     its delta before the wrapped algorithm packs it (:meth:`Attack.poison_update`, with a generator
     seeded by ``(client seed, "attack")``), so compression and server-side checks see the poisoned
     update. The attack is client-side, so the wrapper shards over processes when ``algorithm`` does.
-    ``round/malicious_clients`` counts the round's (or the asynchronous buffer's) malicious participants in rounds
-    whose aggregation sees every update (unsharded, or a robust rule's gathered updates).
+    ``round/malicious_clients`` counts the round's (or the asynchronous buffer's) aggregated malicious
+    participants, sharded rounds included.
 
     Args:
         attack: e.g. ``SignFlip()``, ``ScaledUpdate(scale=10)``, ``GaussianUpdate(std=1)``, ``LabelFlip(num_classes=10)``.
@@ -105,5 +105,12 @@ class Byzantine(AlgorithmWrapper):
 
     @override
     def aggregate(self, round_idx: int, global_state: State, updates: list[ClientUpdate]) -> dict[str, float]:
-        metrics = self.inner.aggregate(round_idx, global_state, updates)
-        return {**metrics, "malicious_clients": float(sum(u.client_id in self.malicious for u in updates))}
+        return {**self.inner.aggregate(round_idx, global_state, updates), **self._count(updates)}
+
+    @override
+    def report_metrics(self, reports: list[ClientUpdate]) -> dict[str, float]:
+        """With client sharding: the inner algorithm's metrics and the malicious count, from the all-reduced reports."""
+        return {**super().report_metrics(reports), **self._count(reports)}
+
+    def _count(self, updates: list[ClientUpdate]) -> dict[str, float]:
+        return {"malicious_clients": float(sum(u.client_id in self.malicious for u in updates))}

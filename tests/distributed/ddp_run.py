@@ -53,6 +53,8 @@ ALGORITHMS = {
         fraction=0.25,
         algorithm=Krum(num_byzantine=1, num_selected=2, algorithm=FedAvg(server_optimizer=ServerSGD(lr=1.0, momentum=0.9))),
     ),
+    # Attackers over a summable algorithm: client-side, so clients shard; the round counts them all the same.
+    "byzantine": lambda: Byzantine(attack=SignFlip(scale=3.0), fraction=0.25, algorithm=FedProx(mu=0.1)),
     # Each rank masks and sums its clients; the pads cancel in one int64 all-reduce, dropouts recovered.
     "secagg": lambda: SecureAggregation(algorithm=FedProx(mu=0.1), dropout=0.3, min_survivors=0.4),
     # Compressed uploads: each rank decodes and sums its clients' payloads (FedMRN on its masked model).

@@ -38,14 +38,15 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     ("algorithm", "executor"),
     [
         ("fedavg", "lightning"), ("fedprox", "lean"), ("fedalign", "lean"), ("fedavgm", "batched"), ("dpfedavg", "lean"),
-        ("median", "lightning"), ("krum", "lean"), ("secagg", "lean"),
+        ("median", "lightning"), ("krum", "lean"), ("secagg", "lean"), ("byzantine", "lean"),
     ],  # fmt: skip
     ids=[
         "fedavg-lightning", "fedprox-lean", "fedalign-lean", "fedavgm-batched", "dpfedavg-lean", "median-lightning", "krum-lean",
-        "secagg-lean",
+        "secagg-lean", "byzantine-lean",
     ],  # fmt: skip
 )
 def test_two_processes_match_one(tmp_path, algorithm, executor):
+    # Every round metric must match, so Byzantine's round/malicious_clients is counted when clients shard too.
     two_processes_match_one(tmp_path, algorithm, executor)
 
 
