@@ -1,9 +1,6 @@
 """fl_lightning: federated learning research as a first-class citizen of PyTorch Lightning."""
 
 from fl_lightning._quiet import silence_leafspec_warning
-
-silence_leafspec_warning()
-
 from fl_lightning.algorithms import (
     AllClients,
     Algorithm,
@@ -39,6 +36,9 @@ from fl_lightning.mixins import MaskedNoiseMixin, MixtureWeightedMixin, Probabil
 from fl_lightning.robust import Bulyan, CoordinateMedian, Krum, TrimmedMean
 from fl_lightning.trainer import FederatedTrainer
 from fl_lightning.update_bounds import MedianNormFilter, NormClip, UpdateBound
+
+# Lightning's pytree helper warns while a fit runs, not on import.
+silence_leafspec_warning()
 
 __version__ = "0.1.0"
 
