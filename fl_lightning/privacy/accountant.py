@@ -10,6 +10,7 @@ cover Poisson sampling only. The library is an optional dependency, imported whe
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -91,9 +92,12 @@ class RoundAccountant:
         return self._cache[rounds]
 
 
+@functools.lru_cache(maxsize=1024)
 def gaussian_epsilon(noise_multiplier: float, rounds: int, delta: float) -> float:
     """ε at ``delta`` of ``rounds`` compositions of the Gaussian mechanism with noise multiplier
-    ``noise_multiplier`` (noise std over L2 sensitivity), without sampling, by the RDP accountant."""
+    ``noise_multiplier`` (noise std over L2 sensitivity), without sampling, by the RDP accountant.
+
+    Cached: a budget check asks for the next aggregation's ε, which that aggregation then logs."""
     if rounds == 0:
         return 0.0
     if noise_multiplier == 0:
