@@ -247,6 +247,8 @@ class FederatedDataModule(RecordsInitArgs, LightningDataModule):
             # Partition the pool left after the validation split, then map back to training-set indices.
             pool = self._split.pool
             values = self._partition_input()
+            if self.partitioner.needs == "client_ids":
+                self._check_no_client_emptied(values, pool)
             parts = self.partitioner(None if values is None else values[pool], len(pool), self.num_clients, rng)
             parts = [pool[np.asarray(part, dtype=np.int64)] for part in parts]
         self._set_partition(parts)
@@ -409,6 +411,17 @@ class FederatedDataModule(RecordsInitArgs, LightningDataModule):
             self.setup()
         assert self._train_parts is not None
         return self._train_parts
+
+    def _check_no_client_emptied(self, client_ids: np.ndarray, pool: np.ndarray) -> None:
+        """Raises ``ValueError`` if the validation split took every training sample of one of the dataset's own clients."""
+        emptied = np.setdiff1d(client_ids, client_ids[pool])
+        if len(emptied):
+            shown = ", ".join(str(c) for c in emptied[:10]) + (", ..." if len(emptied) > 10 else "")
+            raise ValueError(
+                f"val_fraction={self.val_fraction} took every training sample of {len(emptied)} of the dataset's own "
+                f"clients (client ids {shown}), which Natural partitioning cannot drop: lower val_fraction, give every "
+                "client more samples, or pass a separate val dataset."
+            )
 
     def _partition_input(self) -> np.ndarray | None:
         needs = self.partitioner.needs

@@ -354,3 +354,10 @@ def test_held_out_samples_do_not_depend_on_the_stored_order(tmp_path: Path) -> N
         torch.testing.assert_close(held, [x for x, _ in shuffled.holdout_dataloader(cid)])
         held_set = set(torch.cat(held)[:, 0].long().tolist())
         assert ordered.client_indices(cid).tolist() == [i for i in stored[cid] if i not in held_set]
+
+
+def test_val_fraction_that_empties_a_natural_client_is_rejected_by_name() -> None:
+    train = FedProxSynthetic(num_clients=20, split="train", samples_per_client=[2] * 19 + [400])  # 19 one-sample clients
+    dm = FederatedDataModule(train, val_fraction=0.3, partitioner=Natural(), num_clients=20, seed=0)
+    with pytest.raises(ValueError, match=r"val_fraction=0.3 took every training sample of \d+ of the dataset's own clients"):
+        dm.setup()

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from fl_lightning.data import Digits, Dirichlet, FederatedDataModule
 
 from ..quiet import QUIET, quiet_trainer
+from .config_runs import run_offline
 
 __all__ = ["QUIET", "digits_data", "quiet_trainer"]
 
@@ -32,3 +35,9 @@ def make_data():
 @pytest.fixture
 def make_trainer():
     return quiet_trainer
+
+
+@pytest.fixture
+def offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Shipped configs run in ``tmp_path`` on stand-in datasets (:func:`.config_runs.run_offline`)."""
+    yield from run_offline(tmp_path, monkeypatch)

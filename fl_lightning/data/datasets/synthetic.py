@@ -84,7 +84,7 @@ class FedProxSynthetic(InMemoryDataset):
     ``sizes="pareto"``, a Type-I Pareto law (Ruan et al. 2021, §6: "the number of samples at each
     device follows the Type-I Pareto distribution with the Pareto index of 0.5"): weights
     :math:`x_k \sim \mathrm{Pareto}(a, x_m = 1)` split ``total_samples`` in proportion, every
-    device keeping at least 2 samples. The paper gives no total; its index 0.5 has an infinite
+    device keeping at least ``min_samples_per_client`` (our choice: the paper gives no floor). The paper gives no total; its index 0.5 has an infinite
     mean, so the sizes are normalised to a fixed pool. The first 90% of
     each device's samples form the train split, the rest the test split. Everything is drawn
     from ``np.random.default_rng(seed)``, so the train and test splits built separately with the
@@ -109,7 +109,10 @@ class FedProxSynthetic(InMemoryDataset):
         max_samples_per_client: Cap on the lognormal sizes, whose tail is very long.
         sizes: ``"lognormal"`` (the FedProx generator's) or ``"pareto"``.
         pareto_index: The Pareto shape :math:`a` for ``sizes="pareto"`` (> 0).
-        total_samples: Samples of all devices together for ``sizes="pareto"`` (>= 2 per device).
+        total_samples: Samples of all devices together for ``sizes="pareto"``.
+        min_samples_per_client: The floor of the Pareto sizes (>= 2, so that both splits are
+            non-empty; ``total_samples`` must cover it for every device). With index 0.5 most
+            devices sit at the floor, so it decides how many samples they have.
 
     Attributes:
         client_ids: The device of each sample, for :class:`~fl_lightning.data.Natural`.
@@ -131,6 +134,7 @@ class FedProxSynthetic(InMemoryDataset):
         sizes: Literal["lognormal", "pareto"] = "lognormal",
         pareto_index: float = 0.5,
         total_samples: int = 10_000,
+        min_samples_per_client: int = 2,
     ) -> None:
         if not alpha >= 0:
             raise ValueError(f"alpha must be >= 0, got {alpha!r}.")
@@ -145,7 +149,7 @@ class FedProxSynthetic(InMemoryDataset):
         # Drawn even when overridden so that the override changes only the sizes.
         counts = rng.lognormal(4.0, 2.0, num_clients).astype(np.int64) + 50
         if sizes == "pareto":
-            counts = _pareto_sizes(num_clients, pareto_index, total_samples, seed)
+            counts = _pareto_sizes(num_clients, pareto_index, total_samples, seed, min_samples_per_client)
         if samples_per_client is not None:
             counts = _sizes_override(samples_per_client, num_clients)
         if max_samples_per_client is not None:
@@ -177,15 +181,16 @@ def _sizes_override(samples_per_client: int | Sequence[int], num_clients: int) -
     return np.array([check_int("samples_per_client", n, minimum=2) for n in samples_per_client])
 
 
-def _pareto_sizes(num_clients: int, index: float, total: int, seed: int) -> np.ndarray:
-    """Device sizes ``>= 2`` summing to ``total``, proportional to Pareto-I(``index``, 1) weights.
+def _pareto_sizes(num_clients: int, index: float, total: int, seed: int, minimum: int) -> np.ndarray:
+    """Device sizes ``>= minimum`` summing to ``total``, proportional to Pareto-I(``index``, 1) weights above the floor.
 
     The weights come from their own generator, so the devices' models and features do not
     depend on the size law.
     """
     if not index > 0:
         raise ValueError(f"`pareto_index` must be > 0, got {index!r}.")
-    total = check_int("total_samples", total, minimum=2 * num_clients)
+    minimum = check_int("min_samples_per_client", minimum, minimum=2)
+    total = check_int("total_samples", total, minimum=minimum * num_clients)
     # NumPy's ``pareto`` is the Lomax distribution; adding 1 gives Pareto-I with scale 1.
     weights = np.random.default_rng([seed, _PARETO_STREAM]).pareto(index, num_clients) + 1.0
-    return proportional_sizes(total - num_clients, weights) + 1
+    return proportional_sizes(total - (minimum - 1) * num_clients, weights) + (minimum - 1)
