@@ -29,6 +29,10 @@ Run from the repository root::
     PYTHONPATH=. python benchmarks/overhead.py --out results.md --clock wall --models digits
     PYTHONPATH=. python benchmarks/overhead.py --profile    # cProfile of path (b), top functions
     PYTHONPATH=. python benchmarks/overhead.py --ragged 10,50  # ragged Dirichlet(0.5) clients, every executor
+    PYTHONPATH=. python benchmarks/overhead.py --ragged 10,50 --device cuda  # the same on a GPU (wall clock)
+
+``--device cuda`` puts the data, the plain loop's model and every Trainer on the GPU; the clock
+defaults to the wall clock there (after ``torch.cuda.synchronize()``), as a GPU's work is not CPU time.
 
 ``--threads N`` calls ``torch.set_num_threads(N)`` (default 1; ``0`` keeps torch's default).
 One thread is the default because on small 2-vCPU VMs torch's default of one intra-op
@@ -111,6 +115,12 @@ class Workload:
     client_idx: list[Tensor]  # each client's dataset indices (int64)
     init: dict[str, Tensor]  # initial weights, shared by every method
     partitioner: Partitioner | None = None  # None: IID
+    device: torch.device = torch.device("cpu")  # where the samples, the models and the Trainers live
+
+    @property
+    def accelerator(self) -> dict[str, Any]:
+        """The Trainer arguments that put a client's training on ``device``."""
+        return {"accelerator": "gpu" if self.device.type == "cuda" else "cpu", "devices": 1}
 
     def datamodule(self) -> FederatedDataModule:
         dm = FederatedDataModule(
@@ -125,18 +135,24 @@ class Workload:
 
 
 def make_workload(
-    spec: ModelSpec, num_clients: int, samples_per_client: int, clients_per_round: int, partitioner: Partitioner | None = None
+    spec: ModelSpec,
+    num_clients: int,
+    samples_per_client: int,
+    clients_per_round: int,
+    partitioner: Partitioner | None = None,
+    device: torch.device = torch.device("cpu"),
 ) -> Workload:
     g = torch.Generator().manual_seed(1234)
     n = num_clients * samples_per_client
     dataset = InMemoryDataset(
-        inputs=torch.randn(n, *spec.input_shape, generator=g),
-        labels=torch.randint(0, spec.num_classes, (n,), generator=g),
+        inputs=torch.randn(n, *spec.input_shape, generator=g).to(device),
+        labels=torch.randint(0, spec.num_classes, (n,), generator=g).to(device),
         num_classes=spec.num_classes,
     )
     torch.manual_seed(0)
     init = MLP(in_features=spec.in_features, hidden=spec.hidden, num_classes=spec.num_classes).state_dict()
-    work = Workload(spec, num_clients, clients_per_round, dataset, [], {k: v.clone() for k, v in init.items()}, partitioner)
+    init = {k: v.clone() for k, v in init.items()}
+    work = Workload(spec, num_clients, clients_per_round, dataset, [], init, partitioner, device)
     dm = work.datamodule()
     work.client_idx = [torch.tensor(dm.client_indices(c), dtype=torch.int64) for c in range(num_clients)]
     return work
@@ -156,6 +172,7 @@ def run_plain(work: Workload, steps: int | None, total_rounds: int) -> tuple[np.
     layers.append(nn.Linear(spec.hidden[-1], spec.num_classes))
     net = nn.Sequential(*layers)
     net.load_state_dict({k.removeprefix("net."): v for k, v in work.init.items()})
+    net.to(work.device)
     x_all, y_all = work.dataset.tensors
     times, weights = plain_fedavg(
         net, x_all, y_all, work.client_idx, work.select,
@@ -180,9 +197,8 @@ def federated_trainer(
         clients_per_round=work.clients_per_round,
         seed=SEED,
         max_epochs=total_rounds,
-        accelerator="cpu",
-        devices=1,
         callbacks=callbacks,
+        **work.accelerator,
         **QUIET_TRAINER,
         **kwargs,
     )
@@ -231,7 +247,7 @@ def run_trainer_per_client(work: Workload, steps: int, total_rounds: int) -> np.
                 shuffle=True,
                 generator=torch.Generator().manual_seed(derive_seed(SEED, "client", r, cid)),
             )
-            trainer = pl.Trainer(max_steps=steps, accelerator="cpu", devices=1, **QUIET_TRAINER)
+            trainer = pl.Trainer(max_steps=steps, **work.accelerator, **QUIET_TRAINER)
             trainer.fit(module, train_dataloaders=loader)
             assert trainer.global_step == steps
             with torch.no_grad():
@@ -272,7 +288,7 @@ class Series:
 
 
 def max_abs_diff(a: dict[str, Tensor], b: dict[str, Tensor]) -> float:
-    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+    return max(float((a[k].float().cpu() - b[k].float().cpu()).abs().max()) for k in a)
 
 
 def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
@@ -295,10 +311,11 @@ class Config:
     num_clients: int
     samples_per_client: int
     clients_per_round: int
+    device: torch.device = torch.device("cpu")
 
 
 def bench_model(spec: ModelSpec, cfg: Config, log: Callable[[str], None]) -> dict[str, Any]:
-    work = make_workload(spec, cfg.num_clients, cfg.samples_per_client, cfg.clients_per_round)
+    work = make_workload(spec, cfg.num_clients, cfg.samples_per_client, cfg.clients_per_round, device=cfg.device)
     total = cfg.warmup + cfg.rounds
     cpr = cfg.clients_per_round
     step_values = sorted(set(cfg.fixed_steps) | {cfg.steps})
@@ -359,7 +376,7 @@ RAGGED_EXECUTORS = (
 def bench_ragged(cfg: Config, clients_per_round: int, log: Callable[[str], None]) -> dict[str, Any]:
     """Per-round times of the plain loop and every executor on the ragged workload, interleaved per repeat."""
     work = make_workload(
-        MODELS["digits"], RAGGED_CLIENTS, RAGGED_SAMPLES_PER_CLIENT, clients_per_round, Dirichlet(alpha=RAGGED_ALPHA)
+        MODELS["digits"], RAGGED_CLIENTS, RAGGED_SAMPLES_PER_CLIENT, clients_per_round, Dirichlet(alpha=RAGGED_ALPHA), cfg.device
     )
     total = cfg.warmup + cfg.rounds
     series = {label: Series() for label in ("plain", *(label for label, _, _ in RAGGED_EXECUTORS))}
@@ -498,7 +515,7 @@ def render_ragged(results: list[dict[str, Any]], cfg: Config, clock: str, head: 
 
 def profile_federated(spec: ModelSpec, cfg: Config, top: int = 30) -> str:
     """cProfile of path (b) for ``cfg.warmup + cfg.rounds`` rounds; the top functions by own and cumulative time."""
-    work = make_workload(spec, cfg.num_clients, cfg.samples_per_client, cfg.clients_per_round)
+    work = make_workload(spec, cfg.num_clients, cfg.samples_per_client, cfg.clients_per_round, device=cfg.device)
     run_federated(work, cfg.steps, 2, MLP)  # warm caches and lazy imports outside the profile
     profiler = cProfile.Profile()
     profiler.enable()
@@ -519,9 +536,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads(N); 0 keeps torch's default")
     parser.add_argument("--out", help="also write the Markdown report to this file")
     parser.add_argument(
-        "--clock", choices=CLOCKS, default="cpu",
-        help="clock of the tables: cpu (default; process CPU time, robust to other processes on the machine) or wall",
+        "--clock", choices=CLOCKS,
+        help="clock of the tables: cpu (the default on CPU; process CPU time, robust to other processes on the machine) "
+        "or wall (the default with --device cuda)",
     )
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the data, models and Trainers live")
     parser.add_argument("--models", default="digits,mnist", help=f"comma-separated subset of {sorted(MODELS)}")
     parser.add_argument("--steps", type=int, default=10, help="local SGD steps per client")
     parser.add_argument(
@@ -536,6 +555,9 @@ def main(argv: list[str] | None = None) -> None:
         help="instead: the ragged Dirichlet(0.5) digits workload at these comma-separated clients per round (e.g. 10,50)",
     )
     args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: CUDA is not available")
+    args.clock = args.clock or ("wall" if args.device == "cuda" else "cpu")
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -557,6 +579,7 @@ def main(argv: list[str] | None = None) -> None:
         num_clients=100,
         samples_per_client=50,
         clients_per_round=args.clients_per_round,
+        device=torch.device(args.device),
     )
     specs = [MODELS[m.strip()] for m in args.models.split(",") if m.strip()]
 
@@ -566,15 +589,19 @@ def main(argv: list[str] | None = None) -> None:
         return
 
     started, load_before = time.perf_counter(), load()
+
+    def report_header() -> list[str]:
+        return header(started, load_before, threads=torch.get_num_threads(), cuda=args.device == "cuda")
+
     if args.ragged:
         ragged = [bench_ragged(cfg, int(c), lambda msg: print(msg, file=sys.stderr, flush=True)) for c in args.ragged.split(",")]
-        emit(render_ragged(ragged, cfg, args.clock, header(started, load_before, threads=torch.get_num_threads())), args.out)
+        emit(render_ragged(ragged, cfg, args.clock, report_header()), args.out)
         return
     results = []
     for spec in specs:
         print(f"benchmarking {spec.name} ...", file=sys.stderr, flush=True)
         results.append(bench_model(spec, cfg, lambda msg: print(msg, file=sys.stderr, flush=True)))
-    emit(render(results, cfg, args.clock, header(started, load_before, threads=torch.get_num_threads())), args.out)
+    emit(render(results, cfg, args.clock, report_header()), args.out)
 
 
 if __name__ == "__main__":

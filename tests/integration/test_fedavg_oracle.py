@@ -20,6 +20,7 @@ def plain_fedavg(net: nn.Module, data, *, rounds: int, local_epochs: int | None,
     conventions: clients drawn by ``randperm`` from the (seed, "select", round) generator, each
     client's batch order from its (seed, "client", round, cid) generator, sample-count weights,
     integer buffers advanced by the rounded weighted-mean increment."""
+    device = next(net.parameters()).device
     global_state = {k: v.clone() for k, v in net.state_dict().items()}
     for r in range(rounds):
         order = torch.randperm(data.num_clients, generator=make_generator(SEED, "select", r))
@@ -36,6 +37,7 @@ def plain_fedavg(net: nn.Module, data, *, rounds: int, local_epochs: int | None,
                 generator=torch.Generator().manual_seed(derive_seed(SEED, "client", r, cid)),
             )
             for x, y in batches:
+                x, y = x.to(device), y.to(device)
                 opt.zero_grad()
                 F.cross_entropy(net(x), y).backward()
                 opt.step()
