@@ -27,9 +27,22 @@ from typing_extensions import override
 ROUND_FILENAME = "round_{epoch}"
 
 
+class RoundCheckpoint(ModelCheckpoint):
+    """:func:`round_checkpoint`'s class. Resumed into a new version folder (each run of a logger
+    gets one), it reloads ``best_model_path`` alone, as ``ModelCheckpoint`` does, but without its
+    "dirpath has changed" warning: with no monitor there is no best-k bookkeeping to lose."""
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if state_dict.get("dirpath", self.dirpath) == self.dirpath:
+            super().load_state_dict(state_dict)
+        else:
+            self.best_model_path = state_dict["best_model_path"]
+
+
 def round_checkpoint() -> ModelCheckpoint:
     """The latest round's checkpoint, written every round, with ``last.ckpt`` linked to it."""
-    return ModelCheckpoint(filename=ROUND_FILENAME, auto_insert_metric_name=False, save_last="link", every_n_epochs=1)
+    return RoundCheckpoint(filename=ROUND_FILENAME, auto_insert_metric_name=False, save_last="link", every_n_epochs=1)
 
 
 def run_directory(trainer: pl.Trainer) -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import warnings
 from pathlib import Path
 
 import torch
@@ -40,7 +41,9 @@ def test_ckpt_path_last_resumes_the_previous_run_of_the_experiment(tmp_path: Pat
     logger = CSVLogger(tmp_path / "b", name="exp")  # a new run: a new version folder
     resumed = _model()
     trainer = quiet_trainer(**{**CHECKPOINTING, "logger": logger, "max_epochs": 3, "clients_per_round": 3})
-    trainer.fit(resumed, datamodule=digits_data(num_clients=6), ckpt_path="last")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # e.g. ModelCheckpoint's "dirpath has changed"
+        trainer.fit(resumed, datamodule=digits_data(num_clients=6), ckpt_path="last")
     assert Path(logger.log_dir).name == "version_1"
     rows = list(csv.DictReader((Path(logger.log_dir) / "metrics.csv").open()))
     assert [float(r["round"]) for r in rows if r.get("round")] == [2.0]  # only the round left to run
