@@ -14,6 +14,11 @@ from typing_extensions import override
 #: with a ``FutureWarning``; it fires inside Lightning on every fit, and nothing a user writes changes it.
 _LEAFSPEC = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
 
+#: Lightning's advice to log epoch-level metrics with ``sync_dist=True`` under DDP, once per metric. It does not
+#: apply to federated DDP: every rank evaluates the whole validation set (the same value on each), and a collective
+#: inside a client's ``training_step`` would hang, since ranks train different clients for different step counts.
+_SYNC_DIST_ADVICE = r"It is recommended to use `self\.log\(.*sync_dist=True\)` when logging on epoch level"
+
 #: Lightning's advertisements for its cloud products, logged (``rank_zero_info``) on every fit.
 _TIP_PREFIX = "💡 Tip:"
 _RANK_ZERO_LOGGERS = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero")
@@ -22,6 +27,11 @@ _RANK_ZERO_LOGGERS = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric
 def silence_leafspec_warning() -> None:
     """Ignores torch's ``LeafSpec`` deprecation warning when Lightning's pytree helper triggers it."""
     warnings.filterwarnings("ignore", message=_LEAFSPEC, category=FutureWarning, module=r"lightning\.pytorch\.utilities\._pytree")
+
+
+def silence_sync_dist_advice() -> None:
+    """Ignores Lightning's ``sync_dist=True`` advice (:data:`_SYNC_DIST_ADVICE`) in a federated DDP process."""
+    warnings.filterwarnings("ignore", message=_SYNC_DIST_ADVICE)
 
 
 class _DropTips(logging.Filter):
