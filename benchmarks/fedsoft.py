@@ -11,7 +11,7 @@ training data (the paper's w-bar) and held-out data, and how per-client state sc
     PYTHONPATH=. python benchmarks/fedsoft.py --patterns random --seeds 0,1,2,3 --out table.md
     # the paper's setting (Adam lr 5e-3, 10 local epochs of batch 10, 50 rounds, no held-out
     # part, FedEM too; about 50x the local steps, ~5 CPU-minutes per FedSoft run, about 5x that for FedEM):
-    PYTHONPATH=. python benchmarks/fedsoft.py --paper
+    PYTHONPATH=. python benchmarks/fedsoft.py --paper                # 12 runs, about 2 CPU-hours; --jobs N spreads them
 
 The paper's synthetic setting is kept (N=100, K=60, tau=2, lambda=1, sigma=1e-4, theta variance
 10, noise std 1, n_k in 100..200) except the local solver and the number of rounds, cut to fit
@@ -37,13 +37,13 @@ import math
 import os
 import statistics
 import time
-import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from harness import QUIET_TRAINER, QUIET_VALIDATING
 from reporting import emit, header, load  # benchmarks/ is on sys.path when run as a script
+from workers import add_worker_arguments, quiet, run_in_workers
 
 from fl_lightning import IFCA, FedAvg, FedEM, FederatedTrainer, FedSoft
 from fl_lightning.algorithms.shared.clustered_algorithm import (
@@ -255,6 +255,20 @@ def memory_scaling(sizes: list[int], rounds: int) -> str:
     return "\n".join(lines)
 
 
+def run_spec(spec: tuple[str, str, int, argparse.Namespace]) -> Run:
+    """:func:`run_one` of ``(algorithm, pattern, seed, args)``, in a worker process."""
+    return run_one(*spec)
+
+
+def describe(run: Run) -> str:
+    """The line printed as a run finishes."""
+    return (
+        f"{run.pattern} seed {run.seed} {run.algorithm:8s} own {np.round(run.own, 2)} other {np.round(run.other, 2)} "
+        f"u_err {run.u_error:.4f} (oracle {run.oracle_u_error:.4f}) w-bar {run.personal_train:.2f} "
+        f"held-out {run.personal_heldout:.2f} ({run.seconds:.0f} s)"
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", default="0,1,2")
@@ -275,38 +289,27 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--noise-std", type=float, default=1.0)
     parser.add_argument("--holdout", type=float, default=0.2)
     parser.add_argument("--memory", default="25,50,100,200", help="client counts of the memory note ('' to skip)")
-    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--executor", default="lightning", help="FederatedTrainer's client_executor ('lean' skips per-step hooks)")
     parser.add_argument("--quick", action="store_true", help="1 seed, 4 rounds, 20 clients")
     parser.add_argument("--paper", action="store_true", help="the paper's solver, rounds and n_k (see the docstring; explicit flags win)")
-    parser.add_argument("--out", default=None)
+    add_worker_arguments(parser)
     if parser.parse_known_args(argv)[0].paper:
         parser.set_defaults(**PAPER)
     args = parser.parse_args(argv)
     if args.quick:
         args.seeds, args.rounds, args.clients, args.k, args.ifca_clients, args.memory = "0", 4, 20, 12, 17, "10,20"
-    torch.set_num_threads(args.threads)
-    warnings.filterwarnings("ignore")
-    import logging
-
-    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-
+    torch.set_num_threads(args.threads)  # this process runs the memory table
+    quiet()
     seeds = [int(s) for s in args.seeds.split(",")]
     algorithms, patterns = args.algorithms.split(","), args.patterns.split(",")
-    started, cpu_started, load_before = time.perf_counter(), time.process_time(), load()
-    runs = []
-    for pattern, seed, name in ((p, s, a) for p in patterns for s in seeds for a in algorithms):
-        run = run_one(name, pattern, seed, args)
-        runs.append(run)
-        print(
-            f"{pattern} seed {seed} {name:8s} own {np.round(run.own, 2)} other {np.round(run.other, 2)} u_err {run.u_error:.4f} "
-            f"(oracle {run.oracle_u_error:.4f}) w-bar {run.personal_train:.2f} held-out {run.personal_heldout:.2f} ({run.seconds:.0f} s)",
-            flush=True,
-        )
+    started, load_before = time.perf_counter(), load()
+    specs = [(a, p, s, args) for p in patterns for s in seeds for a in algorithms]
+    runs = run_in_workers(run_spec, specs, args, describe)
     out = [
-        *header(started, load_before, threads=args.threads),
+        *header(started, load_before, workers=args.jobs, threads=args.threads),
         "",
-        f"The runs took {time.process_time() - cpu_started:.0f} s CPU (the wall time above excludes the memory table after them).",
+        f"The runs took {sum(r.seconds for r in runs):.0f} s together (the sum of their wall times; the wall time above "
+        "excludes the memory table after them).",
         (
             f"Setting: patterns {patterns}, N={args.clients}, K={args.k}, tau={args.tau}, lambda={args.lam}, sigma={args.sigma}, "
             f"theta var {args.theta_var}, noise std {args.noise_std}, {args.rounds} rounds, {args.local_epochs} local epoch(s) of batch "
