@@ -30,6 +30,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor, nn
 from torch.utils._pytree import TreeSpec, tree_flatten
 from typing_extensions import override
@@ -42,6 +43,7 @@ from fl_lightning.loops.batched_sgd import (
     StackedState,
     batched_step,
     call_training_step,
+    logging_skipped,
     sgd_step,
     unflatten,
 )
@@ -187,6 +189,7 @@ class BatchedExecutor(ClientExecutor):
         self.max_clients = max_clients
         self._steps: dict[tuple[type | TreeSpec, bool], BatchedStep] = {}
         self._mean_checked = False
+        self._logging_warned = False
 
     @override
     def train(self, clients: Sequence[ClientContext], global_state: State) -> list[ClientUpdate]:
@@ -223,8 +226,9 @@ class BatchedExecutor(ClientExecutor):
             trained = {name: t[:active] for name, t in state.trained.items()}
             others = {name: t[:active] for name, t in state.others.items()}
             step = self._step(state.tied, structure, padded=mask is not None)
-            with precision.train_step_context():
+            with precision.train_step_context(), logging_skipped(self.runtime.module) as logged:
                 grads, losses = self._run(step, trained, others, inputs, batch_idx, *(() if mask is None else (mask,)))
+            self._warn_skipped_logging(logged)
             for group, params in state.groups:
                 sgd_step(params, grads, momenta, group, active)
             loss_sums[:active] += losses.detach().float()
@@ -259,12 +263,23 @@ class BatchedExecutor(ClientExecutor):
             raise RuntimeError(
                 f"{PREFIX} could not run {type(self.runtime.module).__name__}.training_step under torch.func "
                 f"(functional_call + vmap): {type(err).__name__}: {err}. training_step must be a pure function of "
-                "the weights and the batch (no self.log, .item() or data-dependent Python branches); "
+                "the weights and the batch (no .item() or data-dependent Python branches); "
                 "use client_executor='lightning' or 'lean' for this module."
             ) from err
 
     def _check_mean_step(self, leaves: list[Tensor], structure: type | TreeSpec) -> None:
         """:func:`check_mean_step` once per executor, on the first padded step's first batch."""
         if not self._mean_checked:
-            check_mean_step(self.runtime.module, self._on_device(leaves), structure)
+            with logging_skipped(self.runtime.module):
+                check_mean_step(self.runtime.module, self._on_device(leaves), structure)
             self._mean_checked = True
+
+    def _warn_skipped_logging(self, names: set[str]) -> None:
+        """Says once which metrics ``training_step`` logs that this executor skips."""
+        if names and not self._logging_warned:
+            rank_zero_warn(
+                f"{PREFIX} skips the self.log calls of {type(self.runtime.module).__name__}.training_step "
+                f"({', '.join(sorted(names))}): it runs the steps of several clients at once. Each client's mean "
+                "loss is still reported (round/train_loss); use client_executor='lean' to log every step."
+            )
+            self._logging_warned = True

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import lightning.pytorch as pl
@@ -53,6 +54,22 @@ def step_loss(output: Any) -> Tensor:
     if not isinstance(loss, Tensor):
         raise TypeError(f"training_step must return a loss tensor (or a dict with 'loss'); got {type(loss).__name__}.")
     return loss
+
+
+@contextmanager
+def logging_skipped(module: pl.LightningModule) -> Iterator[set[str]]:
+    """``module.log`` and ``module.log_dict`` as no-ops that collect the metric names.
+
+    Under ``vmap`` a logged value holds every client's at once, which Lightning's logging cannot
+    take; the batched executor skips these calls (the loop reports each client's mean loss).
+    """
+    names: set[str] = set()
+    module.log = lambda name, *args, **kwargs: names.add(name)  # instance attributes shadow the methods
+    module.log_dict = lambda metrics, *args, **kwargs: names.update(metrics)
+    try:
+        yield names
+    finally:
+        del module.log, module.log_dict
 
 
 def call_training_step(module: pl.LightningModule, batch: Any, batch_idx: int) -> Tensor:
