@@ -298,7 +298,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.quick:
         args.seeds, args.rounds, args.clients, args.k, args.ifca_clients, args.memory = "0", 4, 20, 12, 17, "10,20"
-    torch.set_num_threads(args.threads)  # this process runs the memory table
+    if args.threads > 0:  # this process runs the memory table
+        torch.set_num_threads(args.threads)
     quiet()
     seeds = [int(s) for s in args.seeds.split(",")]
     algorithms, patterns = args.algorithms.split(","), args.patterns.split(",")

@@ -14,6 +14,7 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 import torch
+from lightning.pytorch.loops.evaluation_loop import _EvaluationLoop
 from lightning.pytorch.loops.fetchers import _DataFetcher
 from lightning.pytorch.loops.fit_loop import _FitLoop
 from lightning.pytorch.loops.loop import _Loop
@@ -21,10 +22,13 @@ from lightning.pytorch.loops.progress import _Progress
 from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
 from lightning.pytorch.overrides.distributed import _sync_module_states
 from lightning.pytorch.trainer import call
+from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 from lightning.pytorch.utilities.combined_loader import CombinedLoader
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from lightning.pytorch.utilities.signature_utils import is_param_in_hook_signature
 from typing_extensions import override
+
+from fl_lightning._quiet import sync_dist_advice_silenced
 
 __all__ = [
     "ClientEpochLoop",
@@ -54,6 +58,19 @@ __all__ = [
 FitLoopBase = _FitLoop
 
 
+class ServerValidationLoop(_EvaluationLoop):
+    """Lightning's validation loop of a fit (the sanity check's too), over the global model.
+
+    Lightning's advice to log its metrics with ``sync_dist=True`` is silenced while it runs:
+    under federated DDP every rank evaluates the whole validation set, so each holds the same value.
+    """
+
+    @override
+    def run(self) -> Any:
+        with sync_dist_advice_silenced():
+            return super().run()
+
+
 class ClientEpochLoop(_TrainingEpochLoop):
     """Lightning's training-epoch loop, run once per client inside a round.
 
@@ -69,6 +86,10 @@ class ClientEpochLoop(_TrainingEpochLoop):
     """
 
     in_client: bool = False
+
+    def __init__(self, trainer: pl.Trainer, min_steps: int | None = None, max_steps: int = -1) -> None:
+        super().__init__(trainer, min_steps=min_steps, max_steps=max_steps)
+        self.val_loop = ServerValidationLoop(trainer, TrainerFn.FITTING, RunningStage.VALIDATING, verbose=False, inference_mode=False)
 
     @override
     def _should_check_val_fx(self, data_fetcher: _DataFetcher) -> bool:
@@ -278,7 +299,7 @@ def run_test_during_fit(trainer: pl.Trainer) -> dict[str, float]:
     verbose, loop.verbose = loop.verbose, False
     trainer.testing = True
     try:
-        with _eval_end_metrics(trainer) as logged:
+        with _eval_end_metrics(trainer) as logged, sync_dist_advice_silenced():  # every rank tests the whole set
             loop.run()
     finally:
         loop.verbose = verbose

@@ -7,16 +7,17 @@ from __future__ import annotations
 
 import logging
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 
+from lightning.pytorch.utilities.warnings import PossibleUserWarning
 from typing_extensions import override
 
 #: Lightning 2.6's ``_tree_flatten`` builds a ``LeafSpec``, which the torch we require (2.15) deprecates
 #: with a ``FutureWarning``; it fires inside Lightning on every fit, and nothing a user writes changes it.
 _LEAFSPEC = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
 
-#: Lightning's advice to log epoch-level metrics with ``sync_dist=True`` under DDP, once per metric. It does not
-#: apply to federated DDP: every rank evaluates the whole validation set (the same value on each), and a collective
-#: inside a client's ``training_step`` would hang, since ranks train different clients for different step counts.
+#: Lightning's advice to log epoch-level metrics with ``sync_dist=True`` under DDP, once per metric.
 _SYNC_DIST_ADVICE = r"It is recommended to use `self\.log\(.*sync_dist=True\)` when logging on epoch level"
 
 #: Lightning's advertisements for its cloud products, logged (``rank_zero_info``) on every fit.
@@ -29,9 +30,17 @@ def silence_leafspec_warning() -> None:
     warnings.filterwarnings("ignore", message=_LEAFSPEC, category=FutureWarning, module=r"lightning\.pytorch\.utilities\._pytree")
 
 
-def silence_sync_dist_advice() -> None:
-    """Ignores Lightning's ``sync_dist=True`` advice (:data:`_SYNC_DIST_ADVICE`) in a federated DDP process."""
-    warnings.filterwarnings("ignore", message=_SYNC_DIST_ADVICE)
+@contextmanager
+def sync_dist_advice_silenced() -> Iterator[None]:
+    """Ignores Lightning's ``sync_dist=True`` advice (:data:`_SYNC_DIST_ADVICE`) inside the block.
+
+    For the federated loop's evaluation runs: every rank evaluates the whole validation (or test)
+    set, so the advice does not apply. It still shows for metrics a ``training_step`` logs on
+    epoch level, which under DDP are each rank's own clients'.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_SYNC_DIST_ADVICE, category=PossibleUserWarning)
+        yield
 
 
 class _DropTips(logging.Filter):

@@ -32,15 +32,21 @@ class RoundCheckpoint(ModelCheckpoint):
     gets one), it reloads ``best_model_path`` alone, as ``ModelCheckpoint`` does, but without its
     "dirpath has changed" warning: with no monitor there is no best-k bookkeeping to lose."""
 
+    @property
+    @override
+    def state_key(self) -> str:
+        """``ModelCheckpoint``'s key, so that checkpoints written before this class existed resume alike."""
+        return super().state_key.replace(type(self).__qualname__, ModelCheckpoint.__qualname__, 1)
+
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if state_dict.get("dirpath", self.dirpath) == self.dirpath:
-            super().load_state_dict(state_dict)
-        else:
+        if self.monitor is None and state_dict.get("dirpath", self.dirpath) != self.dirpath:
             self.best_model_path = state_dict["best_model_path"]
+        else:
+            super().load_state_dict(state_dict)
 
 
-def round_checkpoint() -> ModelCheckpoint:
+def round_checkpoint() -> RoundCheckpoint:
     """The latest round's checkpoint, written every round, with ``last.ckpt`` linked to it."""
     return RoundCheckpoint(filename=ROUND_FILENAME, auto_insert_metric_name=False, save_last="link", every_n_epochs=1)
 

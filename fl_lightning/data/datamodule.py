@@ -419,7 +419,8 @@ class FederatedDataModule(RecordsInitArgs, LightningDataModule):
             shown = ", ".join(str(c) for c in emptied[:10]) + (", ..." if len(emptied) > 10 else "")
             raise ValueError(
                 f"val_fraction={self.val_fraction} took every training sample of {len(emptied)} of the dataset's own "
-                f"clients (client ids {shown}), which Natural partitioning cannot drop: lower val_fraction, give every "
+                f"clients (client ids {shown}), which {type(self.partitioner).__name__} partitioning by client id cannot "
+                "drop: lower val_fraction, give every "
                 "client more samples, or pass a separate val dataset."
             )
 

@@ -7,7 +7,6 @@ from lightning.pytorch.strategies import DDPStrategy
 from typing_extensions import override
 
 from fl_lightning import _lightning_compat as compat
-from fl_lightning._quiet import silence_sync_dist_advice
 
 #: Lightning's DDP strategy names and the start method each one implies.
 DDP_START_METHODS = {"ddp": "popen", "ddp_spawn": "spawn", "ddp_fork": "fork", "ddp_notebook": "fork"}
@@ -27,11 +26,6 @@ class FederatedDDPStrategy(DDPStrategy):
     Takes :class:`~lightning.pytorch.strategies.DDPStrategy`'s arguments (e.g.
     ``process_group_backend``, ``timeout``, ``start_method``).
     """
-
-    @override
-    def setup_environment(self) -> None:
-        silence_sync_dist_advice()  # in every rank's process, spawned ones included
-        super().setup_environment()
 
     @override
     def configure_ddp(self) -> None:

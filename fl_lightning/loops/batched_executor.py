@@ -263,7 +263,8 @@ class BatchedExecutor(ClientExecutor):
             raise RuntimeError(
                 f"{PREFIX} could not run {type(self.runtime.module).__name__}.training_step under torch.func "
                 f"(functional_call + vmap): {type(err).__name__}: {err}. training_step must be a pure function of "
-                "the weights and the batch (no .item() or data-dependent Python branches); "
+                "the weights and the batch (no .item(), data-dependent Python branches, or a log call other than "
+                "self.log/self.log_dict); "
                 "use client_executor='lightning' or 'lean' for this module."
             ) from err
 
@@ -279,7 +280,8 @@ class BatchedExecutor(ClientExecutor):
         if names and not self._logging_warned:
             rank_zero_warn(
                 f"{PREFIX} skips the self.log calls of {type(self.runtime.module).__name__}.training_step "
-                f"({', '.join(sorted(names))}): it runs the steps of several clients at once. Each client's mean "
-                "loss is still reported (round/train_loss); use client_executor='lean' to log every step."
+                f"({', '.join(sorted(names))}): it runs the steps of several clients at once, so a ModelCheckpoint "
+                "or EarlyStopping cannot monitor them. Each client's mean loss is still reported (round/train_loss); "
+                "use client_executor='lightning' to log every step ('lean' keeps the on_epoch ones)."
             )
             self._logging_warned = True
