@@ -11,7 +11,8 @@ weights.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import lightning.pytorch as pl
 import numpy as np
@@ -32,6 +33,16 @@ QUIET_VALIDATING = {
 }
 #: The same, and no validation either.
 QUIET_TRAINER = {**QUIET_VALIDATING, "limit_val_batches": 0}
+
+
+def on_device(device: torch.device) -> dict[str, Any]:
+    """The Trainer arguments that train on ``device`` (one CUDA device, or the CPU)."""
+    return {"accelerator": "gpu" if device.type == "cuda" else "cpu", "devices": 1}
+
+
+def max_abs_diff(a: Mapping[str, Tensor], b: Mapping[str, Tensor]) -> float:
+    """The largest absolute difference between two state dicts' tensors, wherever each lives."""
+    return max(float((a[k].float().cpu() - b[k].float().cpu()).abs().max()) for k in a)
 
 
 def now() -> np.ndarray:

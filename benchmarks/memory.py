@@ -43,7 +43,7 @@ import time
 from typing import Any
 
 import torch
-from harness import QUIET_TRAINER  # benchmarks/ is on sys.path when run as a script
+from harness import QUIET_TRAINER, on_device  # benchmarks/ is on sys.path when run as a script
 from reporting import emit, header, load
 
 MIB = 2**20
@@ -110,8 +110,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         max_epochs=args.rounds,
         client_executor=args.executor,
         max_batched_clients=args.max_batched_clients,
-        accelerator="gpu" if device.type == "cuda" else "cpu",
-        devices=1,
+        **on_device(device),
         **QUIET_TRAINER,
     )
     rss_setup, peak_setup = current_rss(), peak_rss()

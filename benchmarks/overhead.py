@@ -61,7 +61,9 @@ from harness import (  # benchmarks/ is on sys.path as a script
     CLOCKS,
     QUIET_TRAINER,
     RoundTimer,
+    max_abs_diff,
     now,
+    on_device,
     plain_fedavg,
     select_clients,
 )
@@ -116,11 +118,6 @@ class Workload:
     init: dict[str, Tensor]  # initial weights, shared by every method
     partitioner: Partitioner | None = None  # None: IID
     device: torch.device = torch.device("cpu")  # where the samples, the models and the Trainers live
-
-    @property
-    def accelerator(self) -> dict[str, Any]:
-        """The Trainer arguments that put a client's training on ``device``."""
-        return {"accelerator": "gpu" if self.device.type == "cuda" else "cpu", "devices": 1}
 
     def datamodule(self) -> FederatedDataModule:
         dm = FederatedDataModule(
@@ -198,7 +195,7 @@ def federated_trainer(
         seed=SEED,
         max_epochs=total_rounds,
         callbacks=callbacks,
-        **work.accelerator,
+        **on_device(work.device),
         **QUIET_TRAINER,
         **kwargs,
     )
@@ -247,7 +244,7 @@ def run_trainer_per_client(work: Workload, steps: int, total_rounds: int) -> np.
                 shuffle=True,
                 generator=torch.Generator().manual_seed(derive_seed(SEED, "client", r, cid)),
             )
-            trainer = pl.Trainer(max_steps=steps, **work.accelerator, **QUIET_TRAINER)
+            trainer = pl.Trainer(max_steps=steps, **on_device(work.device), **QUIET_TRAINER)
             trainer.fit(module, train_dataloaders=loader)
             assert trainer.global_step == steps
             with torch.no_grad():
@@ -285,10 +282,6 @@ class Series:
     def quartiles(self, clock: str) -> tuple[float, float]:
         q = np.percentile(self.values[clock], [25, 75])
         return float(q[0]), float(q[1])
-
-
-def max_abs_diff(a: dict[str, Tensor], b: dict[str, Tensor]) -> float:
-    return max(float((a[k].float().cpu() - b[k].float().cpu()).abs().max()) for k in a)
 
 
 def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 import lightning.pytorch as pl
 import numpy as np
 import torch
-from harness import CLOCKS, QUIET_TRAINER, RoundTimer, now, plain_fedavg, select_clients  # benchmarks/ is on sys.path
+from harness import CLOCKS, QUIET_TRAINER, RoundTimer, max_abs_diff, now, on_device, plain_fedavg, select_clients  # benchmarks/ is on sys.path
 from reporting import emit, header, load, mean_std
 from torch import Tensor
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, TensorDataset
@@ -91,7 +91,7 @@ class Workload:
         return module.to(self.device)
 
     def trainer_kwargs(self) -> dict:
-        return {"accelerator": "gpu" if self.device.type == "cuda" else "cpu", "devices": 1, **QUIET_TRAINER}
+        return {**on_device(self.device), **QUIET_TRAINER}
 
 
 def make_workload(args: argparse.Namespace) -> Workload:
@@ -182,10 +182,6 @@ class Row:
         measured = rounds[warmup:]
         for i, clock in enumerate(CLOCKS):
             self.rates[clock].append(len(measured) * clients_per_round / float(measured[:, i].sum()))
-
-
-def max_abs_diff(a: dict[str, Tensor], b: dict[str, Tensor]) -> float:
-    return max(float((a[k].float().cpu() - b[k].float().cpu()).abs().max()) for k in a)
 
 
 def bench(work: Workload, args: argparse.Namespace, log: Callable[[str], None]) -> tuple[list[Row], dict[str, float]]:
