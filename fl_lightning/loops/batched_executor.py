@@ -199,7 +199,9 @@ class BatchedExecutor(ClientExecutor):
         for members in group_clients([len(stream) for stream in streams], self.max_clients):
             for i in sorted(members):
                 self.start_client(clients[i], global_state)
-            state, loss_sums = self._train_group(optimizer, [streams[i] for i in members])
+            with logging_skipped(self.runtime.module) as logged:  # the group's steps, mean-step check included
+                state, loss_sums = self._train_group(optimizer, [streams[i] for i in members])
+            self._warn_skipped_logging(logged)
             for j, i in sorted(enumerate(members), key=lambda member: member[1]):
                 client = clients[i]
                 client.completed_steps = len(streams[i])
@@ -226,9 +228,8 @@ class BatchedExecutor(ClientExecutor):
             trained = {name: t[:active] for name, t in state.trained.items()}
             others = {name: t[:active] for name, t in state.others.items()}
             step = self._step(state.tied, structure, padded=mask is not None)
-            with precision.train_step_context(), logging_skipped(self.runtime.module) as logged:
+            with precision.train_step_context():
                 grads, losses = self._run(step, trained, others, inputs, batch_idx, *(() if mask is None else (mask,)))
-            self._warn_skipped_logging(logged)
             for group, params in state.groups:
                 sgd_step(params, grads, momenta, group, active)
             loss_sums[:active] += losses.detach().float()
@@ -271,8 +272,7 @@ class BatchedExecutor(ClientExecutor):
     def _check_mean_step(self, leaves: list[Tensor], structure: type | TreeSpec) -> None:
         """:func:`check_mean_step` once per executor, on the first padded step's first batch."""
         if not self._mean_checked:
-            with logging_skipped(self.runtime.module):
-                check_mean_step(self.runtime.module, self._on_device(leaves), structure)
+            check_mean_step(self.runtime.module, self._on_device(leaves), structure)
             self._mean_checked = True
 
     def _warn_skipped_logging(self, names: set[str]) -> None:
