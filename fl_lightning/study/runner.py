@@ -20,6 +20,7 @@ study refuses it, and the run's process dies with its study (on Linux).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -103,10 +104,8 @@ class RunState:
     @classmethod
     def load(cls, run: Run) -> RunState:
         if run.state_file.is_file():
-            try:
+            with contextlib.suppress(json.JSONDecodeError, TypeError):  # cut short by a crash: the run is not finished
                 return cls(**json.loads(run.state_file.read_text()))
-            except (json.JSONDecodeError, TypeError):
-                pass  # a state file cut short by a crash: the run counts as not finished
         return cls(arm=run.arm.name, seed=run.seed)
 
     def save(self, run: Run) -> None:
