@@ -1,6 +1,6 @@
 """fl_lightning: federated learning research as a first-class citizen of PyTorch Lightning."""
 
-from fl_lightning._quiet import silence_leafspec_warning
+from fl_lightning._quiet import silence_leafspec_warning, silence_lightning_tips
 from fl_lightning.algorithms import (
     AllClients,
     Algorithm,
@@ -39,6 +39,8 @@ from fl_lightning.update_bounds import MedianNormFilter, NormClip, UpdateBound
 
 # Lightning's pytree helper warns while a fit runs, not on import.
 silence_leafspec_warning()
+# Lightning's product tips are logged by every Trainer, whichever way it is built (Python, any LightningCLI).
+silence_lightning_tips()
 
 __version__ = "0.1.0"
 

@@ -7,12 +7,15 @@ release changes one of the names or behaviours relied on here.
 from __future__ import annotations
 
 from collections import OrderedDict
+import importlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
 from contextlib import contextmanager
 from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.cli import _InstantiatorFn
+from lightning.pytorch.core.mixins import HyperparametersMixin
 import torch
 from lightning.pytorch.loops.evaluation_loop import _EvaluationLoop
 from lightning.pytorch.loops.fetchers import _DataFetcher
@@ -33,6 +36,8 @@ from fl_lightning._quiet import sync_dist_advice_silenced
 __all__ = [
     "ClientEpochLoop",
     "FitLoopBase",
+    "adopt_hparams",
+    "give_cli_hparams_only_to_configured_classes",
     "count_steps",
     "call_epoch_start_hooks",
     "checkpoints_only_at_epoch_ends",
@@ -327,3 +332,44 @@ def evaluation_metric_names(trainer: pl.Trainer, stage: str) -> list[str]:
     # follows trainer.state.fn), so every evaluation loop's results are read, by hook name.
     loops = (trainer.fit_loop.epoch_loop.val_loop, trainer.validate_loop, trainer.test_loop)
     return list(dict.fromkeys(m.meta.name for loop in loops for m in loop._results.values() if hook in m.meta.fx))
+
+
+def give_cli_hparams_only_to_configured_classes() -> None:
+    """Makes LightningCLI hand a ``model``/``data`` block's hyper-parameters to the class that block names
+    only, not to a LightningModule or LightningDataModule nested in its arguments.
+
+    Lightning's instantiator applies to every ``LightningDataModule`` jsonargparse builds, so the user's
+    datamodule inside ``fl_lightning.data.Federated`` got ``Federated``'s arguments as its ``hparams``
+    (``self.hparams.batch_size`` failed). A nested module now records its own arguments, as in Python.
+    Idempotent; applies to any LightningCLI in the process (``FederatedCLI`` or the user's own).
+    """
+    if getattr(_InstantiatorFn.__call__, "_fl_lightning", False):
+        return
+    instantiate = _InstantiatorFn.__call__
+
+    def __call__(self: _InstantiatorFn, class_type: type, *args: Any, applied_instantiation_links: dict, **kwargs: Any) -> Any:
+        if class_type is not _configured_class(self):
+            return class_type(*args, **kwargs)
+        return instantiate(self, class_type, *args, applied_instantiation_links=applied_instantiation_links, **kwargs)
+
+    __call__._fl_lightning = True  # type: ignore[attr-defined]
+    _InstantiatorFn.__call__ = __call__  # type: ignore[method-assign]
+
+
+def _configured_class(instantiator: _InstantiatorFn) -> type | None:
+    """The class the instantiator's config block names: its ``class_path``, else the CLI's own class."""
+    cli = instantiator.cli
+    cli._dump_config()
+    class_path = cli.config_dump.get(instantiator.key, {}).get("class_path")
+    if class_path is None:
+        return cli.model_class if instantiator.key == "model" else cli.datamodule_class
+    module, _, name = class_path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def adopt_hparams(target: HyperparametersMixin, source: HyperparametersMixin) -> None:
+    """Gives ``target`` the ``hparams`` of ``source``, and Lightning logs them as it would ``source``'s
+    (only if ``source`` called ``save_hyperparameters(logger=True)``)."""
+    target._set_hparams(source.hparams)
+    target._hparams_initial = source.hparams_initial
+    target._log_hyperparams = source._log_hyperparams

@@ -21,13 +21,13 @@ from rich.console import Console
 from rich.table import Table
 from typing_extensions import override
 
-from fl_lightning._quiet import silence_lightning_tips
 from fl_lightning.checkpointing import run_directory
 from fl_lightning.cli_errors import DEBUG_ENV, ConsoleParser, RunStarted, configuration_errors
 from fl_lightning.cli_help import PlainHelpParser
 from fl_lightning.trainer import FederatedTrainer
 from fl_lightning.utils.metric_names import logged_test_metrics, logged_validation_metrics, monitored_metrics, require_logged
 from fl_lightning.utils.run_names import stamp_wandb_names
+from fl_lightning.utils.working_directory import import_from_working_directory
 
 
 class LoggerSaveConfigCallback(SaveConfigCallback):
@@ -159,8 +159,9 @@ _DESCRIPTION = (
 
 
 def main(args: list[str] | None = None) -> None:
-    """Console-script entry point: configuration errors as one line (:mod:`fl_lightning.cli_errors`)."""
-    silence_lightning_tips()
+    """Console-script entry point: configuration errors as one line (:mod:`fl_lightning.cli_errors`);
+    ``class_path``\ s import from the working directory, as under ``python -m``."""
+    import_from_working_directory()
     started = RunStarted()
     with configuration_errors(started):
         FederatedCLI(args=args, trainer_defaults={"callbacks": [started]}, parser_class=ConsoleParser)

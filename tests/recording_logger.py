@@ -8,13 +8,14 @@ from lightning.pytorch.loggers import Logger
 
 
 class RecordingLogger(Logger):
-    """Records every ``log_metrics`` call as ``(step, metrics)`` and every ``log_table`` call
-    (a logger that takes tables, like ``WandbLogger``)."""
+    """Records every ``log_metrics`` call as ``(step, metrics)``, every ``log_table`` call
+    (a logger that takes tables, like ``WandbLogger``) and the hyper-parameters it was sent."""
 
     def __init__(self) -> None:
         super().__init__()
         self.records: list[tuple[int | None, dict[str, float]]] = []
         self.tables: list[dict[str, Any]] = []
+        self.hyperparameters: dict[str, Any] = {}
 
     @property
     def name(self) -> str:
@@ -25,7 +26,7 @@ class RecordingLogger(Logger):
         return 0
 
     def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
-        pass
+        self.hyperparameters.update(params)
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         self.records.append((step, dict(metrics)))

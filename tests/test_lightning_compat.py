@@ -262,3 +262,13 @@ def test_evaluation_results_record_each_metrics_hook_and_name() -> None:
     assert compat.evaluation_metric_names(trainer, "validate") == ["val_loss", "val_acc"]
     assert compat.evaluation_metric_names(trainer, "test") == []
     assert isinstance(trainer.test_loop.verbose, bool), REVIEW  # run_test_during_fit silences it
+
+
+def test_lightning_cli_instantiator_and_hparams_shape() -> None:
+    from lightning.pytorch.cli import LightningCLI, _InstantiatorFn
+    from lightning.pytorch.core.mixins import HyperparametersMixin
+
+    assert _params(_InstantiatorFn.__call__) == ["self", "class_type", "args", "applied_instantiation_links", "kwargs"], REVIEW
+    assert callable(LightningCLI._dump_config), REVIEW
+    mixin = HyperparametersMixin()
+    assert mixin._log_hyperparams is False and callable(mixin._set_hparams), REVIEW

@@ -12,6 +12,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch.utils.data import DataLoader, Dataset, Subset
 from typing_extensions import override
 
+from fl_lightning import _lightning_compat as compat
 from fl_lightning.data import partition_io
 from fl_lightning.data._checks import check_bool, check_int
 from fl_lightning.data.batches import ClientBatches, client_batches
@@ -207,12 +208,14 @@ class FederatedDataModule(RecordsInitArgs, LightningDataModule):
         """
         arguments = datamodule_arguments(datamodule)
         federated = cls(**{**arguments, **kwargs}, partitioner=partitioner, num_clients=num_clients, seed=seed)
-        federated.adopt_batch_hooks(datamodule)
+        federated.adopt(datamodule)
         return federated
 
-    def adopt_batch_hooks(self, datamodule: LightningDataModule) -> None:
-        """Runs ``datamodule``'s batch-transfer hooks on this datamodule's batches, and records it as :attr:`datamodule`."""
+    def adopt(self, datamodule: LightningDataModule) -> None:
+        """Runs ``datamodule``'s batch-transfer hooks on this datamodule's batches, takes its ``hparams``
+        untouched (Lightning logs them as it would ``datamodule``'s), and records it as :attr:`datamodule`."""
         self.datamodule = datamodule
+        compat.adopt_hparams(self, datamodule)
         for hook in _BATCH_HOOKS:
             if _overrides(datamodule, hook):
                 # An instance attribute: Lightning's is_overridden then sees the user's hook, and only

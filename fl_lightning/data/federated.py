@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from lightning.pytorch import LightningDataModule
 
+from fl_lightning import _lightning_compat as compat
 from fl_lightning.data.datamodule import FederatedDataModule, datamodule_arguments
 from fl_lightning.data.partitioners import Partitioner
+
+# In a config, the datamodule nested in ``Federated`` keeps its own hparams, under any LightningCLI.
+compat.give_cli_hparams_only_to_configured_classes()
 
 
 class Federated(FederatedDataModule):
@@ -85,4 +89,4 @@ class Federated(FederatedDataModule):
             holdout_fraction=holdout_fraction,
             partition_file=partition_file,
         )
-        self.adopt_batch_hooks(datamodule)
+        self.adopt(datamodule)

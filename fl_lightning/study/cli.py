@@ -21,6 +21,7 @@ from jsonargparse import auto_cli
 
 from fl_lightning.study.compare import StudyResult, run_study
 from fl_lightning.study.spec import WandbSpec, load_study
+from fl_lightning.utils.working_directory import import_from_working_directory
 
 
 def compare(
@@ -63,7 +64,11 @@ def compare(
 
 
 def main(args: list[str] | None = None) -> None:
-    """Console-script entry point: exit status 0 if no run failed or was refused, 1 if one did, 130 if stopped."""
+    """Console-script entry point: exit status 0 if no run failed or was refused, 1 if one did, 130 if stopped.
+
+    The study's ``class_path``\ s import from the working directory, as its runs' do (``python -m``).
+    """
+    import_from_working_directory()
     # Stopped by SIGTERM (a scheduler, `kill`), a study stops its runs too, as on Ctrl-C.
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
