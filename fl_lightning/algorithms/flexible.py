@@ -10,6 +10,7 @@ from typing import Any, ClassVar, Literal
 import lightning.pytorch as pl
 import numpy as np
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+from typing_extensions import override
 
 from fl_lightning.algorithms.shared.aggregation import apply_delta, weighted_sum
 from fl_lightning.algorithms.shared.base import Algorithm, ClientContext, ClientUpdate
@@ -136,6 +137,16 @@ class FlexibleParticipation(Algorithm):
             self._active_rounds = np.zeros(federation.num_clients, dtype=np.int64)
             self._present_rounds = np.zeros(federation.num_clients, dtype=np.int64)
         self._evaluated = None
+
+    @override
+    def overridden_settings(self) -> dict[str, str]:
+        federation = self.federation
+        if federation.clients_per_round >= federation.num_clients:
+            return {}
+        return {
+            "clients_per_round": f"every present device trains each round (the paper's C_tau), not "
+            f"clients_per_round={federation.clients_per_round} of {federation.num_clients}"
+        }
 
     def weights(self, round_idx: int) -> dict[int, float]:
         r""":math:`p^k = n_k / \sum_{j \in C_\tau} n_j` over the objective at ``round_idx``."""

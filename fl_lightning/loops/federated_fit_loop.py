@@ -216,6 +216,8 @@ class FederatedFitLoop(compat.FitLoopBase):
             saved = self._loaded.get("fingerprint")
             check_resume(saved, self._fingerprint, path=trainer.ckpt_path, allow_changes=self.allow_resume_changes)
         self.algorithm.setup(federation)
+        for setting, instead in self.algorithm.overridden_settings().items():
+            rank_zero_warn(f"{type(self.algorithm).__name__} overrides the trainer's `{setting}`: {instead}.")
         self.global_state = snapshot(self._live)
         for logger in trainer.loggers:
             logger.log_hyperparams(self.hparams())

@@ -84,6 +84,11 @@ class Algorithm(RecordsInitArgs, ABC):
         """Binds the algorithm to its federation once, before the first round."""
         self.federation = federation
 
+    def overridden_settings(self) -> dict[str, str]:
+        """Trainer settings the user gave (after :meth:`setup`) that this algorithm replaces, each with what
+        it does instead; the loop warns once per setting, naming it. None by default."""
+        return {}
+
     def select_clients(self, round_idx: int) -> list[int]:
         """Clients for this round: ``clients_per_round`` drawn uniformly without replacement."""
         fed = self.federation

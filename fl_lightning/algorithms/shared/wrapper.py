@@ -34,6 +34,10 @@ class AlgorithmWrapper(Algorithm):
         return self.inner.select_clients(round_idx)
 
     @override
+    def overridden_settings(self) -> dict[str, str]:
+        return self.inner.overridden_settings()
+
+    @override
     def configure_client(self, client: ClientContext, module: pl.LightningModule, global_state: State) -> None:
         self.inner.configure_client(client, module, global_state)
 
