@@ -3,16 +3,18 @@ r"""FedMRN (Li et al., "Masked Random Noise for Communication-Efficient Federate
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from fl_lightning.algorithms.shared.base import ClientContext
 from fl_lightning.algorithms.compressed import CompressedFedAvg
 from fl_lightning.algorithms.shared.server_optimizers import ServerOptimizer
 from fl_lightning.compression.masked_noise import MaskedNoiseCodec, MaskType, NoiseType
-from fl_lightning.compression.wire import device_generator
+from fl_lightning.compression.wire import Layout, TensorSpec, device_generator
 from fl_lightning.federation import Federation
 from fl_lightning.mixins.required import require_mixin
 from fl_lightning.mixins.masked_noise import MaskedNoiseMixin
@@ -30,6 +32,37 @@ def final_mask_seed(client: ClientContext) -> int:
     return derive_seed(client.seed, "masked_noise", "mask")
 
 
+#: Below this fraction of the model's values masked, FedMRN warns: most of an upload is full precision.
+MOST_OF_THE_MODEL = 0.5
+#: Names listed in the set-up report, per group; the rest are counted.
+_LISTED = 8
+
+
+def report_masking(algorithm: str, layout: Layout) -> None:
+    """Says at set-up which tensors go up as 1-bit masks and which in full precision, and warns when
+    less than most of the model's values (:data:`MOST_OF_THE_MODEL`) are masked."""
+    dense = [spec for spec in layout.dense if spec.dtype.is_floating_point]  # integer counters are not "the model"
+    masked_values, dense_values = sum(s.numel for s in layout.compressed), sum(s.numel for s in dense)
+    fraction = masked_values / max(masked_values + dense_values, 1)
+    rank_zero_info(
+        f"{algorithm} masks {len(layout.compressed)} tensors ({masked_values:,} values, {fraction:.1%} of the model): "
+        f"{_listed(layout.compressed)}; in full precision: {_listed(dense) or 'nothing'} ({dense_values:,} values)."
+    )
+    if fraction < MOST_OF_THE_MODEL:
+        # 1 bit per masked value against 32 per value under FedAvg (headers and seeds aside).
+        ratio = 32 * (masked_values + dense_values) / (masked_values + 32 * dense_values)
+        rank_zero_warn(
+            f"{algorithm} masks only {fraction:.1%} of the model's values ({_listed(layout.compressed)}); the rest go up "
+            f"in full precision, so an upload is about {ratio:.1f}x smaller than FedAvg's, not ~32x. Override the "
+            "module's maskable_parameter_names() to mask more."
+        )
+
+
+def _listed(specs: Sequence[TensorSpec]) -> str:
+    names = ", ".join(spec.name for spec in specs[:_LISTED])
+    return names + (f" and {len(specs) - _LISTED} more" if len(specs) > _LISTED else "")
+
+
 class FedMRN(CompressedFedAvg):
     r"""Federated Masked Random Noise: clients learn 1-bit masks over seeded noise (Algorithm 1).
 
@@ -43,7 +76,10 @@ class FedMRN(CompressedFedAvg):
 
     with :math:`p_k` the client's sample count (:class:`~fl_lightning.algorithms.fedavg_sm.FedAvgSM` is the
     paper's post-training-masking ablation "FedAvg w. SM"); tensors that are not masked (BatchNorm affine
-    and statistics, biases) are sent in full precision and FedAvg-averaged.
+    and statistics, biases) are sent in full precision and FedAvg-averaged. The masked tensors are the
+    module's ``maskable_parameter_names()`` (by default every Linear, convolution, Embedding and recurrent
+    weight); the set-up says which go up masked and which in full precision, and warns when less than half
+    of the model's values are masked.
 
     Choices where the paper is silent: the seed is derived from ``(run seed, round, client)`` but
     still uploaded (8 bytes) and read back by the server; the mask draws during training and
@@ -84,6 +120,7 @@ class FedMRN(CompressedFedAvg):
         require_mixin(module, MaskedNoiseMixin, self)
         module.install_masked_noise()  # type: ignore[attr-defined]
         super().setup(federation)
+        report_masking(type(self).__name__, self.layout)
 
     def compressible_names(self, module: pl.LightningModule) -> list[str]:
         return module.masked_parameter_names  # type: ignore[attr-defined,no-any-return]

@@ -51,10 +51,14 @@ def decode_and_screen(algorithm: Algorithm, round_idx: int, received: Sequence[C
             rank_zero_warn(f"Round {round_idx}: client {update.client_id} sent an undecodable payload ({err}); it is rejected.")
             screened.rejected.append(update.client_id)
             continue
-        if all_finite(decoded.payload):
+        # A diverged client's upload can look finite (FedMRN's mask of a NaN latent update is all zeros),
+        # so the loss it reports is screened too.
+        diverged = not math.isfinite(update.metrics.get("train_loss", 0.0))
+        if not diverged and all_finite(decoded.payload):
             screened.finite.append(decoded)
         else:
-            rank_zero_warn(f"Round {round_idx}: client {update.client_id} sent a non-finite update (NaN/Inf); it is dropped.")
+            what = "reported a non-finite training loss" if diverged else "sent a non-finite update"
+            rank_zero_warn(f"Round {round_idx}: client {update.client_id} {what} (NaN/Inf); it is dropped.")
             screened.dropped.append(update.client_id)
     return screened
 

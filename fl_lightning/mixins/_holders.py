@@ -19,18 +19,29 @@ from typing import Any, TypeVar
 import lightning.pytorch as pl
 from torch import Tensor, nn
 
-_MASKABLE_MODULES = (nn.Linear, nn.modules.conv._ConvNd)
+_MASKABLE_MODULES = (nn.Linear, nn.modules.conv._ConvNd, nn.Embedding)
 
 Holder = TypeVar("Holder", bound="WeightSwap")
 
 
 def default_maskable_names(module: nn.Module) -> list[str]:
-    """``weight`` of every ``nn.Linear`` and convolution (1-3d, transposed), in ``state_dict`` order."""
-    return [
-        f"{prefix}.weight" if prefix else "weight"
-        for prefix, m in module.named_modules()
-        if isinstance(m, _MASKABLE_MODULES) and isinstance(m.weight, nn.Parameter)
-    ]
+    """The weight matrices: ``weight`` of every ``nn.Linear``, convolution (1-3d, transposed) and
+    ``nn.Embedding``, and every ``weight_*`` of a recurrent layer (``nn.RNN``, ``nn.GRU``, ``nn.LSTM``),
+    in ``state_dict`` order.
+
+    A recurrent layer reads its weights from ``_parameters`` on every forward (torch >= 2.15, as pinned), so
+    the holders' swap reaches them; ``tests/mixins/test_recurrent_masking.py`` guards that.
+    """
+    names = []
+    for prefix, m in module.named_modules():
+        if isinstance(m, _MASKABLE_MODULES):
+            local = ["weight"] if isinstance(m.weight, nn.Parameter) else []
+        elif isinstance(m, nn.RNNBase):
+            local = [name for name in m._flat_weights_names if name.startswith("weight_")]
+        else:
+            continue
+        names += [f"{prefix}.{name}" if prefix else name for name in local]
+    return names
 
 
 class Unsaved(nn.Module):

@@ -5,11 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import lightning.pytorch as pl
 import torch
-from torch import nn
+import torch.nn.functional as F
+from torch import Tensor, nn
 
 from fl_lightning import FederatedTrainer
-from fl_lightning.data import Digits, Dirichlet, FederatedDataModule
+from fl_lightning.data import Digits, Dirichlet, FederatedDataModule, InMemoryDataset
 from fl_lightning.mixins import MaskedNoiseMixin, ProbabilityMaskMixin
 from fl_lightning.models import ClassificationModule
 
@@ -78,3 +80,35 @@ def states_under_each_executor(make_model: Callable[[], nn.Module], make_algorit
         run.fit(model, datamodule=digits())
         states.append(model.state_dict())
     return states
+
+
+class SequenceModel(pl.LightningModule):
+    """Embedding (12 tokens) -> ``rnn`` (GRU or LSTM) -> linear head over 3 classes; ``poisoned`` makes its
+    training loss NaN (a diverged client)."""
+
+    def __init__(self, rnn: type[nn.RNNBase] = nn.GRU) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(12, 8)
+        self.rnn = rnn(8, 16, batch_first=True)
+        self.head = nn.Linear(16, 3)
+        self.poisoned = False
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        x, y = batch
+        loss = F.cross_entropy(self.head(self.rnn(self.embedding(x))[0][:, -1]), y)
+        return loss * float("nan") if self.poisoned else loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.5)
+
+
+class SequenceMasked(MaskedNoiseMixin, SequenceModel):
+    """:class:`SequenceModel` for FedMRN."""
+
+
+def sequence_data(num_clients: int = 3) -> FederatedDataModule:
+    """60 sequences of 6 tokens, labelled by their sum modulo 3."""
+    tokens = torch.randint(0, 12, (60, 6), generator=torch.Generator().manual_seed(0))
+    return FederatedDataModule(
+        InMemoryDataset(inputs=tokens, labels=tokens.sum(dim=1) % 3, num_classes=3), num_clients=num_clients, batch_size=10
+    )

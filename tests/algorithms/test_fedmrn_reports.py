@@ -1,0 +1,49 @@
+"""FedMRN leaves nothing silent: it says which tensors go up masked and which in full precision, warns when
+less than most of the model is masked, and drops a diverged client (its all-zero mask looks finite)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from torch import nn
+
+from fl_lightning import FedMRN
+
+from .fedmrn_fixtures import SequenceMasked, sequence_data, trainer
+
+
+def test_setup_reports_masked_and_full_precision_tensors(caplog: pytest.LogCaptureFixture, recwarn: pytest.WarningsRecorder) -> None:
+    with caplog.at_level(logging.INFO):
+        trainer(max_epochs=1, clients_per_round=1, local_steps=1, algorithm=FedMRN()).fit(SequenceMasked(nn.GRU), datamodule=sequence_data())
+    # Embedding 12x8 + GRU 3*16x8 and 3*16x16 + head 3x16 masked; GRU biases 2*48 and the head's 3 not.
+    expected = (
+        "FedMRN masks 4 tensors (1,296 values, 92.9% of the model): embedding.weight, rnn.weight_ih_l0, "
+        "rnn.weight_hh_l0, head.weight; in full precision: rnn.bias_ih_l0, rnn.bias_hh_l0, head.bias (99 values)."
+    )
+    assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("FedMRN masks")] == [expected]
+    assert not [w for w in recwarn if "masks only" in str(w.message)]
+
+
+def test_a_mostly_unmasked_model_warns_with_its_compression() -> None:
+    model = SequenceMasked(nn.GRU)
+    model.maskable_parameter_names = lambda: ["head.weight"]  # type: ignore[method-assign]
+    # 48 of 1,395 values masked: (32 * 1,395) / (48 + 32 * 1,347) = 1.03x.
+    with pytest.warns(UserWarning, match=r"FedMRN masks only 3\.4% of the model's values \(head\.weight\).* about 1\.0x smaller"):
+        trainer(max_epochs=1, clients_per_round=1, local_steps=1, algorithm=FedMRN()).fit(model, datamodule=sequence_data())
+
+
+class PoisonsClientZero(FedMRN):
+    """FedMRN whose client 0 diverges (NaN training loss)."""
+
+    def configure_client(self, client, module, global_state):
+        module.poisoned = client.client_id == 0
+        super().configure_client(client, module, global_state)
+
+
+def test_a_client_whose_loss_went_nan_is_dropped_and_counted() -> None:
+    run = trainer(max_epochs=1, clients_per_round=3, local_steps=2, algorithm=PoisonsClientZero())
+    with pytest.warns(UserWarning, match="Round 0: client 0 reported a non-finite training loss .*; it is dropped"):
+        run.fit(SequenceMasked(nn.GRU), datamodule=sequence_data())
+    assert run.callback_metrics["round/dropped_clients"] == 1
+    assert run.callback_metrics["round/aggregated_clients"] == 2
