@@ -63,12 +63,13 @@ def debugging() -> bool:
 
 
 @contextmanager
-def configuration_errors(run: RunStarted) -> Iterator[None]:
-    """Turns a configuration error raised before ``run`` started into one ``error:`` line and exit status 2."""
+def configuration_errors(run: RunStarted | None = None) -> Iterator[None]:
+    """Turns a configuration error raised before ``run`` started (``None``: a block that only reads and checks
+    the configuration) into one ``error:`` line and exit status 2."""
     try:
         yield
     except CONFIG_ERRORS as error:
-        if run.started or debugging():
+        if (run is not None and run.started) or debugging():
             raise
         print(f"error: {one_line(error)}", file=sys.stderr)
         raise SystemExit(EXIT_STATUS) from None

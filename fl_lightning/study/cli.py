@@ -19,6 +19,7 @@ from typing import Literal
 
 from jsonargparse import auto_cli
 
+from fl_lightning.cli_errors import configuration_errors
 from fl_lightning.study.compare import StudyResult, run_study
 from fl_lightning.study.spec import WandbSpec, load_study
 from fl_lightning.utils.working_directory import import_from_working_directory
@@ -49,22 +50,24 @@ def compare(
         plots: draw the PNG plots (needs matplotlib, the `plots` extra).
         report_only: run nothing; rewrite the tables and plots from the runs so far.
     """
-    spec = load_study(study)
-    wandb = spec.wandb
-    if wandb_project is not None:
-        wandb = replace(wandb, project=wandb_project) if wandb is not None else WandbSpec(project=wandb_project)
-    if wandb_mode is not None:
-        if wandb is None:
-            raise ValueError("`--wandb_mode` needs W&B on: add `wandb: {project: ...}` to the study or pass `--wandb_project`.")
-        wandb = replace(wandb, mode=wandb_mode)
-        os.environ["WANDB_MODE"] = wandb_mode  # over WANDB_MODE, for the runs and the summary run
-    spec = spec.with_options(arms=arms, workers=workers, seeds=seeds, directory=directory, plots=plots)
-    spec = replace(spec, wandb=wandb)
+    with configuration_errors():  # a bad study file or option: one line, exit status 2
+        spec = load_study(study)
+        wandb = spec.wandb
+        if wandb_project is not None:
+            wandb = replace(wandb, project=wandb_project) if wandb is not None else WandbSpec(project=wandb_project)
+        if wandb_mode is not None:
+            if wandb is None:
+                raise ValueError("`--wandb_mode` needs W&B on: add `wandb: {project: ...}` to the study or pass `--wandb_project`.")
+            wandb = replace(wandb, mode=wandb_mode)
+            os.environ["WANDB_MODE"] = wandb_mode  # over WANDB_MODE, for the runs and the summary run
+        spec = spec.with_options(arms=arms, workers=workers, seeds=seeds, directory=directory, plots=plots)
+        spec = replace(spec, wandb=wandb)
     return run_study(spec, report_only=report_only)
 
 
 def main(args: list[str] | None = None) -> None:
-    """Console-script entry point: exit status 0 if no run failed or was refused, 1 if one did, 130 if stopped.
+    """Console-script entry point: exit status 0 if no run failed or was refused, 1 if one did, 2 for a bad
+    study file or option (one ``error:`` line), 130 if stopped.
 
     The study's ``class_path``\ s import from the working directory, as its runs' do (``python -m``).
     """

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -77,7 +78,8 @@ class StudySpec:
             (a name the module logs, e.g. ``val_acc``); default: the runs' ``ModelCheckpoint``/``EarlyStopping``
             monitor, else none (every validation metric's final value only).
         mode: ``"max"`` or ``"min"``: how ``monitor`` improves; required with ``monitor``.
-        target_accuracy: the value of ``monitor`` whose first crossing the table reports as "rounds to target".
+        target_accuracy: the value of ``monitor`` whose first crossing the table reports as "rounds to target":
+            reached at ``>=`` with ``mode: max``, ``<=`` with ``mode: min`` (any finite number, e.g. a perplexity).
         metrics: extra table columns: logged metric name -> reduction over rounds (one of :data:`REDUCTIONS`).
         workers: runs in flight at once (each its own process).
         directory: the study directory (default ``studies/<name>``, relative to the working directory).
@@ -130,8 +132,9 @@ class StudySpec:
                 f"got monitor={self.monitor!r}, mode={self.mode!r}."
             )
         target = self.target_accuracy
-        if target is not None and (isinstance(target, bool) or not isinstance(target, (int, float)) or not 0 < target <= 1):
-            raise ValueError(f"`target_accuracy` must be in (0, 1], got {target!r}.")
+        if target is not None and (isinstance(target, bool) or not isinstance(target, (int, float)) or not math.isfinite(target)):
+            # Any finite value of the monitored metric: an accuracy with `mode: max`, a loss or perplexity with `min`.
+            raise ValueError(f"`target_accuracy` must be a finite number (a value of `monitor`), got {target!r}.")
         if target is not None and self.monitor is None:
             raise ValueError(f"`target_accuracy: {target}` needs `monitor` (the metric to reach it) and `mode`.")
         for metric, reduction in self.metrics.items():

@@ -25,13 +25,24 @@ def test_report_only_rewrites_the_tables_for_the_chosen_arms(tmp_path, monkeypat
     assert not (spec.study_dir / "plots").exists()
 
 
-def test_a_wandb_mode_needs_a_wandb_project(tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    ("study", "options", "message"),
+    [
+        ("", ["--wandb_mode", "offline"], "`--wandb_mode` needs W&B on"),
+        ("monitor: val/acc\nmode: max\ntarget_accuracy: .nan\n", [], "`target_accuracy` must be a finite number"),
+    ],
+)
+def test_a_bad_study_or_option_is_one_error_line_and_exit_status_2(tmp_path, monkeypatch, capsys, study, options, message):
     monkeypatch.setattr(sys, "argv", ["fl-lightning-compare"])
+    monkeypatch.delenv("FL_LIGHTNING_DEBUG", raising=False)
     fake_study(tmp_path)
-    study = tmp_path / "study.yaml"
-    study.write_text("name: fake\nbase: base.yaml\nseeds: [0]\narms: {a: {}}\n")
-    with pytest.raises(ValueError, match="needs W&B on"):
-        main([str(study), "--wandb_mode", "offline", "--report_only", "true"])
+    path = tmp_path / "study.yaml"
+    path.write_text("name: fake\nbase: base.yaml\nseeds: [0]\narms: {a: {}}\n" + study)
+    with pytest.raises(SystemExit) as exit_:
+        main([str(path), *options, "--report_only", "true"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
 
 
 @pytest.mark.parametrize("columns", ["80", "200"])

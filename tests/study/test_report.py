@@ -69,6 +69,15 @@ def arm_table(spec) -> dict[str, dict[str, str]]:
     return {row["arm"]: row for row in csv.DictReader((spec.study_dir / "summary.csv").read_text().splitlines())}
 
 
+def test_a_min_mode_target_is_reached_from_above(tmp_path):
+    # val/nll = 1 - val/acc: a 0.8 0.5 0.4 | 0.7 0.6 0.2, b 0.9 0.8 0.7 | 0.9 0.8 0.6.
+    spec = fake_study(tmp_path, monitor="val/nll", mode="min", target_accuracy=0.6)
+    write_tables(spec, spec.study_dir, collect(spec, plan(spec)))
+    a, b = arm_table(spec)["a"], arm_table(spec)["b"]
+    assert float(a["rounds_to_target_mean"]) == 2 and a["rounds_to_target_reached"] == "2"
+    assert float(b["rounds_to_target_mean"]) == 3 and b["rounds_to_target_reached"] == "1"
+
+
 def test_the_table_gives_mean_and_std_over_seeds_with_algorithm_and_study_columns(tmp_path):
     spec = fake_study(tmp_path, monitor="val/acc", mode="max", target_accuracy=0.5, metrics={"round/accepted_clients": "max"})
     records = collect(spec, plan(spec))

@@ -102,7 +102,8 @@ def test_options_pick_arms_and_seeds_and_the_fingerprint_follows_the_config(fold
         ({"arms": {"a/b": {}}}, "Arm names"),
         ({"seeds": [0, 0]}, "distinct"),
         ({"seeds": [-1]}, "integers >= 0"),
-        ({"target_accuracy": 1.5}, "target_accuracy"),
+        ({"target_accuracy": "high", "monitor": "val/acc", "mode": "max"}, r"`target_accuracy` must be a finite number.*'high'"),
+        ({"target_accuracy": float("nan"), "monitor": "val/acc", "mode": "max"}, r"must be a finite number.*nan"),
         ({"metrics": {"round/x": "median"}}, "reduction must be one of"),
         ({"workers": 0}, "workers"),
         ({"base": "missing.yaml"}, "does not exist"),
@@ -119,6 +120,12 @@ def test_invalid_studies_fail_naming_the_value(folder, change, message):
     data = {"name": "s", "base": "base.yaml", "seeds": [0], "arms": {"a": {}}, **change}
     with pytest.raises(ValueError, match=message):
         study_from_dict(data, root=folder)
+
+
+def test_a_target_follows_the_mode_a_perplexity_above_one_included(folder):
+    data = {"name": "s", "base": "base.yaml", "seeds": [0], "arms": {"a": {}}}
+    spec = study_from_dict({**data, "monitor": "val/ppl", "mode": "min", "target_accuracy": 30}, root=folder)
+    assert (spec.mode, spec.target_accuracy) == ("min", 30.0)
 
 
 def test_a_study_needs_name_arms_and_seeds(folder):
