@@ -4,7 +4,8 @@ A value that a constructor refuses (``ValueError``/``TypeError`` raised when Lig
 trainer, model, data or one of their parts), or that ``fit`` refuses before its first client trains (a
 missing file included), is the user's configuration, not a bug: the traceback says nothing the message does not.
 Errors raised once the run has started (a bug in a ``training_step``, a diverging run) keep their
-traceback. ``FL_LIGHTNING_DEBUG=1`` keeps every traceback.
+traceback, except a :class:`~fl_lightning.data._checks.ClientDataError` (a client's data the configuration
+cannot train, such as a 1-sample batch under BatchNorm). ``FL_LIGHTNING_DEBUG=1`` keeps every traceback.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing_extensions import override
 
 from fl_lightning.algorithms import ClientContext
 from fl_lightning.cli_help import PlainHelpParser
+from fl_lightning.data._checks import ClientDataError
 from fl_lightning.callbacks.federated_callback import FederatedCallback
 
 #: Set to anything but ``""`` or ``"0"`` to see full tracebacks.
@@ -69,7 +71,8 @@ def configuration_errors(run: RunStarted | None = None) -> Iterator[None]:
     try:
         yield
     except CONFIG_ERRORS as error:
-        if (run is not None and run.started) or debugging():
+        mid_run = run is not None and run.started and not isinstance(error, ClientDataError)
+        if mid_run or debugging():
             raise
         print(f"error: {one_line(error)}", file=sys.stderr)
         raise SystemExit(EXIT_STATUS) from None

@@ -7,6 +7,11 @@ from collections.abc import Sequence
 import numpy as np
 
 
+class ClientDataError(ValueError):
+    """A client's data that the model cannot train on as configured (e.g. a 1-sample batch under BatchNorm):
+    the configuration's fault, so ``fl-lightning`` reports it as one ``error:`` line even mid-run."""
+
+
 def check_int(name: str, value: object, *, minimum: int) -> int:
     """Returns ``value`` as an ``int``, or raises ``ValueError`` naming it and the allowed range."""
     # bool is an int subclass, but ``num_clients=True`` is always a mistake.

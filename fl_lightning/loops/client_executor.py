@@ -17,7 +17,11 @@ from typing_extensions import override
 from fl_lightning.algorithms.shared.base import Algorithm, ClientContext, ClientUpdate
 from fl_lightning.callbacks.client_loss import ClientLossRecorder
 from fl_lightning.callbacks.federated_callback import call_federated_hook
+from fl_lightning.data._checks import ClientDataError
 from fl_lightning.model_state import State, compute_delta, load_into
+
+#: PyTorch's refusal to batch-normalise one value per channel in training (a batch of one sample).
+_ONE_VALUE_PER_CHANNEL = "Expected more than 1 value per channel when training"
 
 
 @dataclass(frozen=True)
@@ -94,7 +98,16 @@ class SequentialExecutor(ClientExecutor):
     def train_client(self, client: ClientContext, global_state: State) -> ClientUpdate:
         self.start_client(client, global_state)
         batches = self.runtime.batches(client)  # after configure_client, which may change the local work
-        client.completed_steps = self.run_steps(batches) if len(batches) else 0
+        try:
+            client.completed_steps = self.run_steps(batches) if len(batches) else 0
+        except ValueError as error:
+            if _ONE_VALUE_PER_CHANNEL not in str(error):
+                raise
+            raise ClientDataError(
+                f"Client {client.client_id} ({client.num_samples} samples) has a batch of 1 sample in round "
+                f"{client.round_idx}, which BatchNorm cannot normalise in training: set the data's drop_last=True, "
+                "or a batch_size that leaves no client a last batch of 1."
+            ) from error
         client.metrics.update(self.runtime.recorder.pop_means())
         return self.finish_client(client, global_state)
 

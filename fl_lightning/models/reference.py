@@ -28,6 +28,8 @@ class MLP(ProximalMixin, ClassificationModule):
         self, *, in_features: int = 784, hidden: tuple[int, ...] = (200, 200), num_classes: int = 10, **kwargs: Any
     ) -> None:
         super().__init__(num_classes=num_classes, **kwargs)
+        if any(isinstance(width, bool) or not isinstance(width, int) or width < 1 for width in hidden):
+            raise ValueError(f"`hidden` must be layer widths >= 1 (empty for no hidden layer), got {list(hidden)}.")
         layers: list[nn.Module] = [nn.Flatten()]
         for width_in, width_out in zip((in_features, *hidden), hidden):
             layers += [nn.Linear(width_in, width_out), nn.ReLU()]

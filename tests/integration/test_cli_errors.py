@@ -124,3 +124,9 @@ def test_an_offline_download_is_one_line_and_leaves_no_folder(
     assert "copy its files to data/MNIST/raw/" in line and "set download=False" in line
     assert not (tmp_path / "data").exists()
     assert not (tmp_path / "logs").exists()  # it failed while building the data, before any logger wrote
+
+
+@pytest.mark.parametrize(("hidden", "shown"), [("[0]", "[0]"), ("[64, -1]", "[64, -1]")])
+def test_a_zero_or_negative_hidden_width_is_one_error_line(hidden: str, shown: str, capsys: pytest.CaptureFixture[str]) -> None:
+    line = one_line_error(["fit", "--config", QUICKSTART, *FAST, "--trainer.logger", "false", "--model.init_args.hidden", hidden], capsys)
+    assert line == f"error: MLP: `hidden` must be layer widths >= 1 (empty for no hidden layer), got {shown}."
