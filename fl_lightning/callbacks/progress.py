@@ -31,6 +31,9 @@ class FederatedProgressBar(ProgressBar, FederatedCallback):
 
         rounds 12/40  val_loss=1.031  val_acc=0.7083  round/train_loss=0.9214  elapsed 0:00:05  eta 0:00:11
 
+    Under an asynchronous algorithm (FedBuff, FedStaleWeight, FedAsync) a Lightning epoch is one
+    aggregation, and the bar counts ``aggregations`` instead of ``rounds``.
+
     Installed by :class:`~fl_lightning.FederatedTrainer` unless ``enable_progress_bar=False`` or
     another progress bar is given.
 
@@ -53,6 +56,7 @@ class FederatedProgressBar(ProgressBar, FederatedCallback):
         self._total: int | None = None
         self._done = self._first = 0
         self._started = 0.0
+        self._unit = "rounds"
 
     @override
     def disable(self) -> None:
@@ -74,6 +78,8 @@ class FederatedProgressBar(ProgressBar, FederatedCallback):
         self._total = trainer.max_epochs if trainer.max_epochs and trainer.max_epochs > 0 else None
         self._done = self._first = trainer.current_epoch
         self._started = time.monotonic()
+        # An asynchronous algorithm's Lightning epoch is one aggregation of buffered updates, not a round.
+        self._unit = "aggregations" if getattr(getattr(trainer, "algorithm", None), "asynchronous", False) else "rounds"
         if not (console.is_interactive or console.is_jupyter):
             self._lines = console
             return
@@ -89,7 +95,7 @@ class FederatedProgressBar(ProgressBar, FederatedCallback):
             console=console,
         )
         self._progress.start()
-        self._rounds = self._progress.add_task("rounds", total=self._total, completed=self._done, info="")
+        self._rounds = self._progress.add_task(self._unit, total=self._total, completed=self._done, info="")
         self._clients = self._progress.add_task("clients", total=None, info="")
 
     @override
@@ -129,10 +135,11 @@ class FederatedProgressBar(ProgressBar, FederatedCallback):
             self._print_line(self._lines, info)
 
     def _print_line(self, console: Console, info: str) -> None:
-        """``rounds <done>/<total>  <metrics>  elapsed <h:mm:ss>  eta <h:mm:ss>``, never wrapped."""
+        """``rounds <done>/<total>  <metrics>  elapsed <h:mm:ss>  eta <h:mm:ss>`` (``aggregations`` for an
+        asynchronous algorithm), never wrapped."""
         elapsed = time.monotonic() - self._started
         total = "?" if self._total is None else str(self._total)
-        parts = [f"rounds {self._done}/{total}", info, f"elapsed {_clock(elapsed)}"]
+        parts = [f"{self._unit} {self._done}/{total}", info, f"elapsed {_clock(elapsed)}"]
         if self._total is not None:
             parts.append(f"eta {_clock(elapsed / (self._done - self._first) * (self._total - self._done))}")
         line = "  ".join(part for part in parts if part)

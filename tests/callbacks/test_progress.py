@@ -14,7 +14,7 @@ from lightning.pytorch.loggers import CSVLogger
 from rich.console import Console
 from rich.progress import Progress
 
-from fl_lightning import FederatedTrainer
+from fl_lightning import FedBuff, FederatedTrainer
 from fl_lightning.callbacks import FederatedProgressBar
 from tests.integration.conftest import QUIET
 from tests.slash_named import SlashNamedMLP, blob_federation
@@ -77,6 +77,13 @@ def test_off_a_terminal_prints_one_plain_line_per_round(monkeypatch: pytest.Monk
     assert all(matches), lines
     assert [int(m.group(1)) for m in matches] == [1, 2, 3]
     assert matches[-1].group(2) == "0:00:00"  # nothing left after the last round
+
+
+def test_an_asynchronous_algorithm_counts_aggregations(monkeypatch: pytest.MonkeyPatch) -> None:
+    log = Console(file=io.StringIO(), width=200)
+    fit(FederatedProgressBar(console=log), rounds=2, algorithm=FedBuff(buffer_size=2))
+    lines = log.file.getvalue().splitlines()
+    assert [line.split()[:2] for line in lines] == [["aggregations", "1/2"], ["aggregations", "2/2"]], lines
 
 
 @pytest.mark.parametrize("width", [80, 60])
