@@ -10,11 +10,14 @@ cannot train, such as a 1-sample batch under BatchNorm). ``FL_LIGHTNING_DEBUG=1`
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib
 import os
 import re
+import shutil
 import sys
+import time
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,6 +31,7 @@ from fl_lightning.algorithms import ClientContext
 from fl_lightning.cli_help import PlainHelpParser
 from fl_lightning.data._checks import ClientDataError
 from fl_lightning.callbacks.federated_callback import FederatedCallback
+from fl_lightning.checkpointing import run_directory
 
 #: Set to anything but ``""`` or ``"0"`` to see full tracebacks.
 DEBUG_ENV = "FL_LIGHTNING_DEBUG"
@@ -38,7 +42,8 @@ CONFIG_ERRORS = (ValueError, TypeError, FileNotFoundError)
 
 
 class RunStarted(FederatedCallback):
-    """Records whether the run got past its set-up: an error before that is a configuration error.
+    """Records whether the run got past its set-up: an error before that is a configuration error, and the
+    log folder it leaves is removed (:meth:`remove_unstarted_run_directory`).
 
     In ``fit`` the set-up ends when the first client starts training: the federated loop checks
     what it can only check then (clients per round against the federation, whether the client
@@ -48,6 +53,9 @@ class RunStarted(FederatedCallback):
 
     def __init__(self) -> None:
         self.started = False
+        # A margin for file systems whose timestamps are coarser than time.time().
+        self._created_since = time.time() - 2
+        self._unstarted_directory: str | None = None
 
     @override
     def on_client_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, client: ClientContext) -> None:
@@ -57,6 +65,24 @@ class RunStarted(FederatedCallback):
         self.started = self.started or not trainer.sanity_checking
 
     on_validation_start = on_test_start = on_predict_start = override(_evaluation_start)
+
+    @override
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        if not self.started and trainer.is_global_zero:
+            self._unstarted_directory = run_directory(trainer)
+
+    def remove_unstarted_run_directory(self) -> None:
+        """Removes the log folder (``logs/<name>/version_<n>``) of a run that failed before it started, if
+        every file in it was written by this run and none is a checkpoint; then its parent, if left empty."""
+        directory = self._unstarted_directory
+        if directory is None or not os.path.isdir(directory):
+            return
+        files = [os.path.join(root, name) for root, _, names in os.walk(directory) for name in names]
+        if any(path.endswith(".ckpt") or os.path.getmtime(path) < self._created_since for path in files):
+            return
+        shutil.rmtree(directory)
+        with contextlib.suppress(OSError):  # not empty: other runs' folders
+            os.rmdir(os.path.dirname(directory))
 
 
 def debugging() -> bool:
@@ -75,6 +101,8 @@ def configuration_errors(run: RunStarted | None = None) -> Iterator[None]:
         if mid_run or debugging():
             raise
         print(f"error: {one_line(error)}", file=sys.stderr)
+        if run is not None:
+            run.remove_unstarted_run_directory()
         raise SystemExit(EXIT_STATUS) from None
 
 

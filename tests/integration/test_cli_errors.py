@@ -130,3 +130,13 @@ def test_an_offline_download_is_one_line_and_leaves_no_folder(
 def test_a_zero_or_negative_hidden_width_is_one_error_line(hidden: str, shown: str, capsys: pytest.CaptureFixture[str]) -> None:
     line = one_line_error(["fit", "--config", QUICKSTART, *FAST, "--trainer.logger", "false", "--model.init_args.hidden", hidden], capsys)
     assert line == f"error: MLP: `hidden` must be layer widths >= 1 (empty for no hidden layer), got {shown}."
+
+
+def test_a_failed_start_leaves_no_run_folder_and_keeps_earlier_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    earlier = tmp_path / "logs" / "quickstart" / "version_0"
+    (earlier / "checkpoints").mkdir(parents=True)
+    (earlier / "checkpoints" / "last.ckpt").write_bytes(b"")
+    line = one_line_error(["fit", "--config", QUICKSTART, *FAST, "--trainer.clients_per_round", "50"], capsys)
+    assert line.startswith("error: `clients_per_round=50` is not allowed")
+    assert sorted(p.name for p in (tmp_path / "logs" / "quickstart").iterdir()) == ["version_0"]  # version_1 is gone
+    assert (earlier / "checkpoints" / "last.ckpt").exists()
