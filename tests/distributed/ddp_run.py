@@ -117,7 +117,7 @@ def fit(
         accelerator="cpu",
         devices=devices,
         num_nodes=num_nodes,
-        strategy=FederatedDDPStrategy(timeout=timedelta(seconds=120)) if devices * num_nodes > 1 else "auto",
+        strategy=FederatedDDPStrategy(timeout=timedelta(seconds=600)) if devices * num_nodes > 1 else "auto",
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,

@@ -20,6 +20,7 @@ from lightning.pytorch.loggers import CSVLogger, Logger
 from fl_lightning import FederatedTrainer
 from fl_lightning.cli import fit_summary, main
 from tests.distributed.launch import run_together
+from tests.waiting import CEILING
 
 QUICKSTART = str(Path(__file__).resolve().parents[2] / "configs" / "quickstart.yaml")
 #: The quickstart, small: 2 rounds of 5 of 10 clients (an uneven 3/2 split over 2 ranks), one local epoch.
@@ -29,7 +30,7 @@ TINY = [
     "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
 ]  # fmt: skip
 #: Lightning's DDP strategy with a finite process-group timeout, so that a hang fails.
-DDP = {"class_path": "fl_lightning.distributed.FederatedDDPStrategy", "init_args": {"timeout": "0:02:00"}}
+DDP = {"class_path": "fl_lightning.distributed.FederatedDDPStrategy", "init_args": {"timeout": "0:10:00"}}
 
 
 def logged_rows(save_dir: Path) -> list[dict[str, str]]:
@@ -46,7 +47,7 @@ def cli_argv(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_two_process_fit_exits_cleanly_and_logs_the_metrics_of_one(tmp_path):
     main([*TINY, "--trainer.logger.init_args.save_dir", str(tmp_path / "one")])
     command = [sys.executable, "-m", "fl_lightning.cli", *TINY, "--trainer.devices", "2", "--trainer.strategy", json.dumps(DDP)]
-    (output,) = run_together([[*command, "--trainer.logger.init_args.save_dir", "two"]], cwd=tmp_path, timeout=300)
+    (output,) = run_together([[*command, "--trainer.logger.init_args.save_dir", "two"]], cwd=tmp_path, timeout=CEILING)
 
     assert "Traceback" not in output  # rank 1 too: its exit status is not rank 0's
     assert "sync_dist=True" not in output  # Lightning's advice, which federated DDP does not need

@@ -15,6 +15,7 @@ import torch
 
 from tests.distributed.ddp_run import fit
 from tests.distributed.launch import run_together
+from tests.waiting import CEILING
 
 SCRIPT = Path(__file__).with_name("ddp_run.py")
 TOLERANCE = 1e-6
@@ -22,7 +23,7 @@ TOLERANCE = 1e-6
 
 def run(out: Path, *args: str) -> None:
     """Runs ``ddp_run.py`` (with ``--devices 2``, as 2 processes)."""
-    run_together([[sys.executable, str(SCRIPT), "--out", str(out), *args]], timeout=600)
+    run_together([[sys.executable, str(SCRIPT), "--out", str(out), *args]], timeout=CEILING)
 
 
 def result(out: Path, rank: int = 0) -> dict:

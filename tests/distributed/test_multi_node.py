@@ -2,7 +2,7 @@
 
 Each "node" is a ``torchrun --nnodes 2 --node-rank n`` launch of ``ddp_run.py --num-nodes 2``,
 exactly as on two machines (static rendezvous at ``127.0.0.1`` on a free port, gloo). The
-process group's 120 s timeout and the launch deadline make a hang fail instead of waiting.
+process group's 600 s timeout and the launch deadline make a hang fail instead of waiting.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import sys
 
 from tests.distributed.ddp_run import fit
 from tests.distributed.launch import free_port, run_together
+from tests.waiting import CEILING
 from tests.distributed.test_ddp_equivalence import SCRIPT, TOLERANCE, max_diff, result
 
 
@@ -25,7 +26,7 @@ def torchrun(node_rank: int, port: int, *script_args: str) -> list[str]:
 def test_two_nodes_match_one_process(tmp_path):
     # 5 clients per round over 2 ranks: an uneven 3/2 split across the nodes.
     port, out = free_port(), tmp_path / "two_nodes"
-    run_together([torchrun(node, port, "--num-nodes", "2", "--out", str(out)) for node in (0, 1)], timeout=300)
+    run_together([torchrun(node, port, "--num-nodes", "2", "--out", str(out)) for node in (0, 1)], timeout=CEILING)
     fit(tmp_path / "one")
     one, rank0, rank1 = result(tmp_path / "one"), result(out, 0), result(out, 1)
 

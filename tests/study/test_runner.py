@@ -191,19 +191,17 @@ def test_a_run_is_done_only_if_it_exits_0_and_wrote_its_marker(monkeypatch, tmp_
 
 def test_stopping_the_launcher_stops_its_runs(monkeypatch, tmp_path):
     import threading
-    import time
 
-    spec, launcher = fake_runs(monkeypatch, tmp_path, {"slow": "import time; time.sleep(60)"})
+    from ..waiting import CEILING, wait_for
+
+    # The run would sleep for the whole ceiling: return code -15 shows the launcher stopped it.
+    spec, launcher = fake_runs(monkeypatch, tmp_path, {"slow": f"import time; time.sleep({CEILING})"})
     states = []
     thread = threading.Thread(target=launcher.run_all, args=(plan(spec), lambda run, state: states.append(state)))
     thread.start()
-    deadline = time.monotonic() + 20
-    while not launcher.running and time.monotonic() < deadline:
-        time.sleep(0.05)
-    started = time.monotonic()
+    wait_for(lambda: bool(launcher.running), "the run to start")
     launcher.stop()
-    thread.join(timeout=30)
-    assert time.monotonic() - started < 10
+    thread.join(timeout=CEILING)
     assert [(s.status, s.attempts[0]["returncode"]) for s in states] == [("interrupted", -15)]
 
 
