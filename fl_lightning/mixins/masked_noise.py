@@ -194,6 +194,12 @@ class MaskedNoiseMixin:
         return {name: holder.get_parameter(local) for name, (_, local, holder) in (self._masked_owners or {}).items()}
 
     @property
+    def masked_noise_batches(self) -> int:
+        """Batches of this round whose effective weights the mixin drew (0 outside a round): 0 after training
+        means the module's own ``training_step`` bypassed the mixin's (the mixin is not first among the bases)."""
+        return self._masked_round.batches if self._masked_round is not None else 0
+
+    @property
     def masking_probability(self) -> float:
         r"""PM's :math:`p = \tau/S` at the current step (1 without progressive masking; 0 outside a round)."""
         state = self._masked_round

@@ -1,5 +1,6 @@
 """FedMRN leaves nothing silent: it says which tensors go up masked and which in full precision, warns when
-less than most of the model is masked, and drops a diverged client (its all-zero mask looks finite)."""
+less than most of the model is masked, drops a diverged client (its all-zero mask looks finite) and refuses a
+``training_step`` that bypasses the mixin's (its masks would be noise)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from torch import nn
 
 from fl_lightning import FedMRN
 
-from .fedmrn_fixtures import SequenceMasked, sequence_data, trainer
+from fl_lightning.mixins import MaskedNoiseMixin
+
+from .fedmrn_fixtures import SequenceMasked, SequenceModel, sequence_data, trainer
 
 
 def test_setup_reports_masked_and_full_precision_tensors(caplog: pytest.LogCaptureFixture, recwarn: pytest.WarningsRecorder) -> None:
@@ -47,3 +50,16 @@ def test_a_client_whose_loss_went_nan_is_dropped_and_counted() -> None:
         run.fit(SequenceMasked(nn.GRU), datamodule=sequence_data())
     assert run.callback_metrics["round/dropped_clients"] == 1
     assert run.callback_metrics["round/aggregated_clients"] == 2
+
+
+class MixinBypassed(MaskedNoiseMixin, SequenceModel):
+    """Defines training_step below the mixin without calling super(): the mixin never draws a weight."""
+
+    def training_step(self, batch, batch_idx):
+        return SequenceModel.training_step(self, batch, batch_idx)
+
+
+def test_a_training_step_that_bypasses_the_mixin_is_refused_naming_the_fix() -> None:
+    # Its masks would be random: the latent updates never enter the forward, so they never train.
+    with pytest.raises(TypeError, match=r"MixinBypassed.training_step bypasses MaskedNoiseMixin.training_step.*mixin first"):
+        trainer(max_epochs=1, clients_per_round=1, local_steps=1, algorithm=FedMRN()).fit(MixinBypassed(), datamodule=sequence_data())
