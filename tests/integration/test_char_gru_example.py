@@ -5,11 +5,13 @@ Walkthrough: ``docs/walkthrough_sequence_model.md``."""
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -33,9 +35,22 @@ def char_gru() -> ModuleType:
     return load_example("char_gru")
 
 
-def test_two_rounds_through_the_python_api_learn_and_log_every_hyperparameter(char_gru: ModuleType) -> None:
+@pytest.fixture
+def lightning_info() -> Iterator[list[str]]:
+    """What Lightning's ``rank_zero_info`` lets through (its "💡 Tip" lines included, unless filtered)."""
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    logger.addHandler(handler)
+    yield records
+    logger.removeHandler(handler)
+
+
+def test_two_rounds_through_the_python_api_learn_and_log_every_hyperparameter(char_gru: ModuleType, lightning_info: list[str]) -> None:
     logger = RecordingLogger()
     metrics = char_gru.main(rounds=2, **{**QUIET, "logger": logger})
+    assert lightning_info and not [line for line in lightning_info if "💡" in line]
     assert set(metrics) == {"val/char_acc", "val/ppl"}
     assert 1 < metrics["val/ppl"] < char_gru.VOCAB  # better than a uniform guess over the characters
     logged = logger.hyperparameters
@@ -62,7 +77,7 @@ def test_fl_lightning_fit_imports_the_project_from_its_folder(tmp_path: Path) ->
 
 
 def test_a_users_own_lightning_cli_hands_the_datamodule_its_own_hparams(
-    char_gru: ModuleType, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    char_gru: ModuleType, lightning_info: list[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.chdir(tmp_path)  # LightningCLI saves config.yaml in the working directory
     datamodule = {"class_path": "example_char_gru.DocstringLines", "init_args": {"seq_len": 32}}
@@ -80,4 +95,4 @@ def test_a_users_own_lightning_cli_hands_the_datamodule_its_own_hparams(
     assert dict(inner.hparams) == {**DATA_HPARAMS, "seq_len": 32}  # its own, not Federated's
     assert dict(cli.datamodule.hparams) == dict(inner.hparams)
     assert math.isfinite(cli.trainer.callback_metrics["val/ppl"])
-    assert "💡" not in "".join(capsys.readouterr())
+    assert lightning_info and not [line for line in lightning_info if "💡" in line]
