@@ -360,7 +360,8 @@ def _configured_class(instantiator: _InstantiatorFn) -> type | None:
     """The class the instantiator's config block names: its ``class_path``, else the CLI's own class."""
     cli = instantiator.cli
     cli._dump_config()
-    class_path = cli.config_dump.get(instantiator.key, {}).get("class_path")
+    block = cli.config_dump.get(instantiator.key)  # None without a `data:` block (a datamodule nested elsewhere)
+    class_path = block.get("class_path") if isinstance(block, dict) else None
     if class_path is None:
         return cli.model_class if instantiator.key == "model" else cli.datamodule_class
     module, _, name = class_path.rpartition(".")
