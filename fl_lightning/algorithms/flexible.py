@@ -75,7 +75,7 @@ class FlexibleParticipation(Algorithm):
 
     Choices where the paper is silent: a scheme-A round with no complete device leaves the
     model unchanged but still counts as a round; all present devices train each round
-    (``clients_per_round`` is not used); :math:`N` in scheme A is :math:`|C_\tau|`.
+    (a ``clients_per_round`` below all is overridden, with a warning); :math:`N` in scheme A is :math:`|C_\tau|`.
 
     ``debias_inactivity`` (an extension, not in the paper, notes §2.2): divides a device's
     coefficient by its empirical frequency of being active, which removes the residual bias of
