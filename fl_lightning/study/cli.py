@@ -57,7 +57,9 @@ def compare(
             wandb = replace(wandb, project=wandb_project) if wandb is not None else WandbSpec(project=wandb_project)
         if wandb_mode is not None:
             if wandb is None:
-                raise ValueError("`--wandb_mode` needs W&B on: add `wandb: {project: ...}` to the study or pass `--wandb_project`.")
+                raise ValueError(
+                    "`--wandb_mode` needs W&B on: add `wandb: {project: ...}` to the study or pass `--wandb_project`."
+                )
             wandb = replace(wandb, mode=wandb_mode)
             os.environ["WANDB_MODE"] = wandb_mode  # over WANDB_MODE, for the runs and the summary run
         spec = spec.with_options(arms=arms, workers=workers, seeds=seeds, directory=directory, plots=plots)

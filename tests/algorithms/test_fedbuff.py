@@ -77,6 +77,7 @@ def test_clients_are_dispatched_not_selected():
 
 def test_clients_per_round_is_overridden_by_concurrency_with_one_warning_naming_it():
     trainer = quadratic_trainer(max_epochs=1, algorithm=FedBuff(buffer_size=1, concurrency=2), clients_per_round=3)
-    with pytest.warns(UserWarning, match=r"FedBuff overrides the trainer's `clients_per_round`: .*concurrency=2 .* not clients_per_round=3") as caught:
+    message = r"FedBuff overrides the trainer's `clients_per_round`: .*concurrency=2 .* not clients_per_round=3"
+    with pytest.warns(UserWarning, match=message) as caught:
         trainer.fit(Quadratic(lr=LR), datamodule=quadratic_data())
     assert sum("clients_per_round" in str(w.message) for w in caught) == 1

@@ -9,16 +9,22 @@ import logging
 import pytest
 from torch import nn
 
-from fl_lightning import FedMRN
+from fl_lightning import FedMRN, FederatedTrainer
 
 from fl_lightning.mixins import MaskedNoiseMixin
 
 from .fedmrn_fixtures import SequenceMasked, SequenceModel, sequence_data, trainer
 
 
-def test_setup_reports_masked_and_full_precision_tensors(caplog: pytest.LogCaptureFixture, recwarn: pytest.WarningsRecorder) -> None:
+def one_client_step() -> FederatedTrainer:
+    return trainer(max_epochs=1, clients_per_round=1, local_steps=1, algorithm=FedMRN())
+
+
+def test_setup_reports_masked_and_full_precision_tensors(
+    caplog: pytest.LogCaptureFixture, recwarn: pytest.WarningsRecorder
+) -> None:
     with caplog.at_level(logging.INFO):
-        trainer(max_epochs=1, clients_per_round=1, local_steps=1, algorithm=FedMRN()).fit(SequenceMasked(nn.GRU), datamodule=sequence_data())
+        one_client_step().fit(SequenceMasked(nn.GRU), datamodule=sequence_data())
     # Embedding 12x8 + GRU 3*16x8 and 3*16x16 + head 3x16 masked; GRU biases 2*48 and the head's 3 not.
     expected = (
         "FedMRN masks 4 tensors (1,296 values, 92.9% of the model): embedding.weight, rnn.weight_ih_l0, "
@@ -33,7 +39,7 @@ def test_a_mostly_unmasked_model_warns_with_its_compression() -> None:
     model.maskable_parameter_names = lambda: ["head.weight"]  # type: ignore[method-assign]
     # 48 of 1,395 values masked: (32 * 1,395) / (48 + 32 * 1,347) = 1.03x.
     with pytest.warns(UserWarning, match=r"FedMRN masks only 3\.4% of the model's values \(head\.weight\).* about 1\.0x smaller"):
-        trainer(max_epochs=1, clients_per_round=1, local_steps=1, algorithm=FedMRN()).fit(model, datamodule=sequence_data())
+        one_client_step().fit(model, datamodule=sequence_data())
 
 
 class PoisonsClientZero(FedMRN):
@@ -62,4 +68,4 @@ class MixinBypassed(MaskedNoiseMixin, SequenceModel):
 def test_a_training_step_that_bypasses_the_mixin_is_refused_naming_the_fix() -> None:
     # Its masks would be random: the latent updates never enter the forward, so they never train.
     with pytest.raises(TypeError, match=r"MixinBypassed.training_step bypasses MaskedNoiseMixin.training_step.*mixin first"):
-        trainer(max_epochs=1, clients_per_round=1, local_steps=1, algorithm=FedMRN()).fit(MixinBypassed(), datamodule=sequence_data())
+        one_client_step().fit(MixinBypassed(), datamodule=sequence_data())

@@ -107,7 +107,8 @@ def test_clients_per_round_is_overridden_with_one_warning_naming_it():
     # The quadratic federation has 4 devices; all present ones train whatever clients_per_round says.
     model = Quadratic(lr=LR)
     trainer = quadratic_trainer(max_epochs=2, algorithm=FlexibleParticipation(), clients_per_round=2)
-    with pytest.warns(UserWarning, match=r"overrides the trainer's `clients_per_round`: .* not clients_per_round=2 of 4") as caught:
+    message = r"overrides the trainer's `clients_per_round`: .* not clients_per_round=2 of 4"
+    with pytest.warns(UserWarning, match=message) as caught:
         trainer.fit(model, datamodule=quadratic_data())
     assert sum("clients_per_round" in str(w.message) for w in caught) == 1
     assert [len(round_) for round_ in trainer.fit_loop.history] == [4, 4]

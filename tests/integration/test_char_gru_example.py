@@ -47,7 +47,9 @@ def lightning_info() -> Iterator[list[str]]:
     logger.removeHandler(handler)
 
 
-def test_two_rounds_through_the_python_api_learn_and_log_every_hyperparameter(char_gru: ModuleType, lightning_info: list[str]) -> None:
+def test_two_rounds_through_the_python_api_learn_and_log_every_hyperparameter(
+    char_gru: ModuleType, lightning_info: list[str]
+) -> None:
     logger = RecordingLogger()
     metrics = char_gru.main(rounds=2, **{**QUIET, "logger": logger})
     assert lightning_info and not [line for line in lightning_info if "💡" in line]
@@ -72,7 +74,8 @@ def test_fl_lightning_fit_imports_the_project_from_its_folder(tmp_path: Path) ->
     assert result.returncode == 0, output
     assert "validation val/ppl" in output and "💡" not in output
     logged = load_hparams_from_yaml(str(tmp_path / "logs" / "char_gru" / "version_0" / "hparams.yaml"))
-    assert {key: logged[key] for key in ("seq_len", "batch_size", "val_every")} == {"seq_len": 64, "batch_size": 16, "val_every": 10}
+    own = ("seq_len", "batch_size", "val_every")  # `modules`, a tuple, is written as a YAML python/tuple
+    assert {key: logged[key] for key in own} == {key: DATA_HPARAMS[key] for key in own}
     assert logged["fl/data.num_clients"] == 8
 
 

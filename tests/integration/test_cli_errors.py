@@ -128,7 +128,8 @@ def test_an_offline_download_is_one_line_and_leaves_no_folder(
 
 @pytest.mark.parametrize(("hidden", "shown"), [("[0]", "[0]"), ("[64, -1]", "[64, -1]")])
 def test_a_zero_or_negative_hidden_width_is_one_error_line(hidden: str, shown: str, capsys: pytest.CaptureFixture[str]) -> None:
-    line = one_line_error(["fit", "--config", QUICKSTART, *FAST, "--trainer.logger", "false", "--model.init_args.hidden", hidden], capsys)
+    args = ["fit", "--config", QUICKSTART, *FAST, "--trainer.logger", "false", "--model.init_args.hidden", hidden]
+    line = one_line_error(args, capsys)
     assert line == f"error: MLP: `hidden` must be layer widths >= 1 (empty for no hidden layer), got {shown}."
 
 

@@ -26,11 +26,14 @@ def test_a_one_sample_batch_under_batch_norm_names_the_client(executor: str) -> 
     data.setup("fit")
     client = next(c for c in range(2) if data.client_num_samples(c) == 11)
     run = trainer(max_epochs=1, clients_per_round=2, local_epochs=1, client_executor=executor)
-    with pytest.raises(ClientDataError, match=rf"^Client {client} \(11 samples\) has a batch of 1 sample in round 0, .* drop_last=True"):
+    message = rf"^Client {client} \(11 samples\) has a batch of 1 sample in round 0, .* drop_last=True"
+    with pytest.raises(ClientDataError, match=message):
         run.fit(Tiny(batch_norm=True), datamodule=data)
 
 
-def test_the_cli_reports_it_as_one_line_although_the_run_started(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_cli_reports_it_as_one_line_although_the_run_started(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("FL_LIGHTNING_DEBUG", raising=False)
     started = RunStarted()
     started.started = True
