@@ -147,6 +147,7 @@ _NOT_A_REASON = re.compile(
     r"Problem with given class_path )"
 )
 _MISSING_ATTRIBUTE = re.compile(r"module '([\w.]+)' has no attribute '(\w+)'")
+_MISSING_MODULE = re.compile(r"No module named '([\w.]+)'")
 
 
 def condense_parse_error(message: str) -> str:
@@ -185,6 +186,8 @@ def condense_parse_error(message: str) -> str:
         module, name = missing.groups()
         close = difflib.get_close_matches(name, dir(importlib.import_module(module)), n=1)
         reason += f" (did you mean {module}.{close[0]}?)" if close else ""
+    if _MISSING_MODULE.search(reason):
+        reason += f" (modules are imported from the working directory {os.getcwd()} and the installed packages)"
     return f"{keys}: {reason}" if keys else reason
 
 

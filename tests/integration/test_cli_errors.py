@@ -141,3 +141,11 @@ def test_a_failed_start_leaves_no_run_folder_and_keeps_earlier_runs(tmp_path: Pa
     assert line.startswith("error: `clients_per_round=50` is not allowed")
     assert sorted(p.name for p in (tmp_path / "logs" / "quickstart").iterdir()) == ["version_0"]  # version_1 is gone
     assert (earlier / "checkpoints" / "last.ckpt").exists()
+
+
+def test_a_module_that_is_not_found_says_where_it_was_looked_for(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    line = one_line_error(["fit", "--config", QUICKSTART, *FAST, "--model", "charlm.CharLM"], capsys)
+    assert line == (
+        f"error: model: charlm.CharLM: No module named 'charlm' (modules are imported from the working directory {tmp_path} "
+        "and the installed packages)"
+    )
