@@ -57,8 +57,8 @@ def decode_and_screen(algorithm: Algorithm, round_idx: int, received: Sequence[C
         if not diverged and all_finite(decoded.payload):
             screened.finite.append(decoded)
         else:
-            what = "reported a non-finite training loss" if diverged else "sent a non-finite update"
-            rank_zero_warn(f"Round {round_idx}: client {update.client_id} {what} (NaN/Inf); it is dropped.")
+            why = "its training loss is NaN/Inf" if diverged else "NaN/Inf"
+            rank_zero_warn(f"Round {round_idx}: client {update.client_id} sent a non-finite update ({why}); it is dropped.")
             screened.dropped.append(update.client_id)
     return screened
 

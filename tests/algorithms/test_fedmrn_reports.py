@@ -52,7 +52,7 @@ class PoisonsClientZero(FedMRN):
 
 def test_a_client_whose_loss_went_nan_is_dropped_and_counted() -> None:
     run = trainer(max_epochs=1, clients_per_round=3, local_steps=2, algorithm=PoisonsClientZero())
-    with pytest.warns(UserWarning, match="Round 0: client 0 reported a non-finite training loss .*; it is dropped"):
+    with pytest.warns(UserWarning, match=r"Round 0: client 0 sent a non-finite update \(its training loss is NaN/Inf\); it is dropped"):
         run.fit(SequenceMasked(nn.GRU), datamodule=sequence_data())
     assert run.callback_metrics["round/dropped_clients"] == 1
     assert run.callback_metrics["round/aggregated_clients"] == 2
