@@ -160,7 +160,7 @@ _DESCRIPTION = (
 
 def main(args: list[str] | None = None) -> None:
     """Console-script entry point: configuration errors as one line (:mod:`fl_lightning.cli_errors`);
-    ``class_path``\ s import from the working directory, as under ``python -m``."""
+    the config's class paths import from the working directory, as under ``python -m``."""
     import_from_working_directory()
     started = RunStarted()
     with configuration_errors(started):

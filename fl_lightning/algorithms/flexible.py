@@ -141,12 +141,10 @@ class FlexibleParticipation(Algorithm):
     @override
     def overridden_settings(self) -> dict[str, str]:
         federation = self.federation
-        if federation.clients_per_round >= federation.num_clients:
-            return {}
-        return {
-            "clients_per_round": f"every present device trains each round (the paper's C_tau), not "
+        return self.clients_per_round_overridden(
+            f"every present device trains each round (the paper's C_tau), not "
             f"clients_per_round={federation.clients_per_round} of {federation.num_clients}"
-        }
+        )
 
     def weights(self, round_idx: int) -> dict[int, float]:
         r""":math:`p^k = n_k / \sum_{j \in C_\tau} n_j` over the objective at ``round_idx``."""

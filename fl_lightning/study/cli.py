@@ -71,7 +71,7 @@ def main(args: list[str] | None = None) -> None:
     """Console-script entry point: exit status 0 if no run failed or was refused, 1 if one did, 2 for a bad
     study file or option (one ``error:`` line), 130 if stopped.
 
-    The study's ``class_path``\ s import from the working directory, as its runs' do (``python -m``).
+    The study's class paths import from the working directory, as its runs' do (``python -m``).
     """
     import_from_working_directory()
     # Stopped by SIGTERM (a scheduler, `kill`), a study stops its runs too, as on Ctrl-C.

@@ -85,13 +85,10 @@ class AsyncAlgorithm(Algorithm):
 
     @override
     def overridden_settings(self) -> dict[str, str]:
-        federation = self.federation
-        if federation.clients_per_round >= federation.num_clients:
-            return {}
-        return {
-            "clients_per_round": f"an asynchronous algorithm has no rounds; concurrency={self.concurrency} clients are in "
-            f"flight at once, not clients_per_round={federation.clients_per_round} (set `concurrency` instead)"
-        }
+        return self.clients_per_round_overridden(
+            f"an asynchronous algorithm has no rounds; concurrency={self.concurrency} clients are in flight at "
+            f"once, not clients_per_round={self.federation.clients_per_round} (set `concurrency` instead)"
+        )
 
     def client_groups(self) -> dict[str, list[int]]:
         """The speed groups of ``delays`` (:class:`~fl_lightning.participation.DelayGroups`), for

@@ -89,6 +89,12 @@ class Algorithm(RecordsInitArgs, ABC):
         it does instead; the loop warns once per setting, naming it. None by default."""
         return {}
 
+    def clients_per_round_overridden(self, instead: str) -> dict[str, str]:
+        """``{"clients_per_round": instead}`` for :meth:`overridden_settings` when the trainer's
+        ``clients_per_round`` asks for fewer than all clients (the default, all, overrides nothing)."""
+        federation = self.federation
+        return {"clients_per_round": instead} if federation.clients_per_round < federation.num_clients else {}
+
     def select_clients(self, round_idx: int) -> list[int]:
         """Clients for this round: ``clients_per_round`` drawn uniformly without replacement."""
         fed = self.federation
