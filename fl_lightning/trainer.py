@@ -6,9 +6,10 @@ import os
 from typing import Any, Literal
 
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint, Timer
 from lightning.pytorch.callbacks.progress import ProgressBar
 from lightning.pytorch.strategies import DDPStrategy, Strategy
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from typing_extensions import override
 
@@ -24,6 +25,7 @@ from fl_lightning.distributed.strategy import FederatedDDPStrategy
 from fl_lightning.federation import FederatedDataSource, require_federated_data
 from fl_lightning.loops.async_fit_loop import AsyncFitLoop
 from fl_lightning.loops.federated_fit_loop import FederatedFitLoop
+from fl_lightning.trainer_arguments import check_trainer_arguments
 from fl_lightning.update_bounds import UpdateBound
 
 
@@ -181,16 +183,26 @@ class FederatedTrainer(pl.Trainer):
                 "the loop shards clients over the processes itself, and a DistributedSampler would split the "
                 "server's evaluation data across ranks (metrics would differ from one process's)."
             )
+        check_trainer_arguments(kwargs)
         algorithm = algorithm if algorithm is not None else FedAvg()
 
         kwargs["strategy"] = _federated_strategy(kwargs.get("strategy", "auto"))
         callbacks = [callbacks] if isinstance(callbacks, Callback) else list(callbacks or [])
         if kwargs.get("enable_progress_bar", True) is not False and not any(isinstance(c, ProgressBar) for c in callbacks):
             callbacks.append(FederatedProgressBar())
-        if kwargs.get("enable_checkpointing", True) is not False and not any(isinstance(c, ModelCheckpoint) for c in callbacks):
+        # Not under fast_dev_run, which writes nothing: Lightning's on_train_end would still save its `last.ckpt`.
+        writes = kwargs.get("enable_checkpointing", True) is not False and not kwargs.get("fast_dev_run", False)
+        if writes and not any(isinstance(c, ModelCheckpoint) for c in callbacks):
             callbacks.append(round_checkpoint())
         callbacks.append(GlobalModelCheckpoint())
-        super().__init__(callbacks=callbacks, use_distributed_sampler=False, **kwargs)
+        if kwargs.get("max_time") is not None:
+            # Lightning's own Timer checks after every batch, which only the Lightning executor runs, and
+            # would stop inside a round: checked at round ends, the fit stops after the round that reached it.
+            callbacks.append(Timer(duration=kwargs.pop("max_time"), interval="epoch"))
+        try:
+            super().__init__(callbacks=callbacks, use_distributed_sampler=False, **kwargs)
+        except MisconfigurationException as err:  # a configuration error like any other: one ValueError
+            raise ValueError(str(err)) from None
         # A truncated or foreign checkpoint then fails with one error naming the file.
         self.strategy.checkpoint_io = CheckedCheckpointIO(self.strategy.checkpoint_io)
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
-from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 import lightning.pytorch as pl
@@ -21,15 +21,17 @@ from fl_lightning.callbacks.federated_callback import call_federated_hook
 from fl_lightning.checkpoint_io import CheckpointError, validate_federated_state
 from fl_lightning.distributed.sharding import ClientSharding
 from fl_lightning.distributed.strategy import FederatedDDPStrategy
-from fl_lightning.federation import Federation, require_federated_data
+from fl_lightning.federation import FederatedDataSource, Federation, require_federated_data
 from fl_lightning.fingerprint import check_resume, federation_fingerprint
 from fl_lightning.loops.client_executor import ClientExecutor, ClientRuntime
 from fl_lightning.loops.executor_choice import make_executor
 from fl_lightning.loops.guards import aggregate_or_roll_back, apply_bound, bound_updates, decode_and_screen
 from fl_lightning.loops.round_log import log_round
 from fl_lightning.loops.services import LoopServices
+from fl_lightning.loops.stop_reason import failure_reason, stop_reason
 from fl_lightning.model_state import State, live_tensors, load_into, snapshot
 from fl_lightning.secure.secure_aggregation import SecureAggregation
+from fl_lightning.trainer_arguments import batches_per_round
 from fl_lightning.update_bounds import UpdateBound, update_norm
 from fl_lightning.utils.init_args import RecordsInitArgs, flat_hparams
 from fl_lightning.utils.seeding import derive_seed
@@ -59,6 +61,22 @@ def client_means(updates: list[ClientUpdate], keys: tuple[str, ...]) -> dict[str
         if values:
             means[f"round/{key}"] = sum(values) / len(values)
     return means
+
+
+def round_batches(data: FederatedDataSource, client: ClientContext, trainer: pl.Trainer) -> Sized:
+    """``client``'s batch stream for its round from ``data``, cut to the trainer's ``limit_train_batches``."""
+    accumulate = trainer.accumulate_grad_batches
+
+    def stream(num_epochs: int | None, num_batches: int | None) -> Sized:
+        batches = data.client_batches(
+            client.client_id, num_epochs=num_epochs, num_batches=num_batches, generator=torch.Generator().manual_seed(client.seed)
+        )
+        return batches if isinstance(batches, Sized) else list(batches)
+
+    batches = stream(client.num_epochs, None if client.num_steps is None else client.num_steps * accumulate)
+    limit = batches_per_round(len(batches), trainer.limit_train_batches)
+    # The same generator seed, so the cut stream is the first `limit` batches of the uncut one.
+    return stream(None, limit) if limit < len(batches) else batches
 
 
 class FederatedFitLoop(compat.FitLoopBase):
@@ -150,6 +168,8 @@ class FederatedFitLoop(compat.FitLoopBase):
         self._loaded: dict[str, Any] | None = None
         self._sharding: ClientSharding | None = None
         self._fingerprint: dict[str, Any] = {}
+        #: How the last fit ended (:mod:`~fl_lightning.loops.stop_reason`); ``None`` before one has.
+        self.stop_reason: str | None = None
 
     @property
     def federation(self) -> Federation:
@@ -171,6 +191,29 @@ class FederatedFitLoop(compat.FitLoopBase):
     def global_module_state(self) -> State:
         """The global model as the module's ``state_dict``: its keys and dtypes, detached copies."""
         return {name: self.global_state[name].to(t.dtype, copy=True) for name, t in self._live.items()}
+
+    @override
+    def run(self) -> None:
+        """Lightning's ``run``. However the fit ends (a limit, ``EarlyStopping``, ``KeyboardInterrupt``, an
+        exception inside a client), the module then holds the global model of the last completed round, never
+        a client's weights; :attr:`stop_reason` and the fit's last log line say how it ended."""
+        self.stop_reason = None
+        try:
+            super().run()
+        except BaseException as error:
+            self.stop_reason = failure_reason(error, self.epoch_progress.current.processed)
+            raise
+        finally:
+            if self._in_round:
+                load_into(self._live, self.global_state)
+                self._in_round = False
+            if self.stop_reason is not None:
+                rank_zero_info(f"Federated fit ended: {self.stop_reason}.")
+
+    @override
+    def on_run_end(self) -> None:
+        self.stop_reason = stop_reason(self.trainer, self._rounds_done)
+        super().on_run_end()
 
     @override
     def setup_data(self) -> None:
@@ -463,15 +506,10 @@ class FederatedFitLoop(compat.FitLoopBase):
 
     def client_batches(self, client: ClientContext) -> Sized:
         """The client's local batch stream for this round, ordered by ``client.seed`` (an iterable
-        without a length, such as a generator, is read into a list)."""
-        num_batches = None if client.num_steps is None else client.num_steps * self.trainer.accumulate_grad_batches
-        batches = self.federation.data.client_batches(
-            client.client_id,
-            num_epochs=client.num_epochs,
-            num_batches=num_batches,
-            generator=torch.Generator().manual_seed(client.seed),
-        )
-        return batches if isinstance(batches, Sized) else list(batches)
+        without a length, such as a generator, is read into a list): its first
+        ``limit_train_batches`` batches (which ``overfit_batches`` and ``fast_dev_run`` set) when that is
+        fewer (:func:`~fl_lightning.trainer_arguments.batches_per_round`)."""
+        return round_batches(self.federation.data, client, self.trainer)
 
     @override
     def on_save_checkpoint(self) -> dict:
