@@ -1,4 +1,5 @@
-"""Learning-rate schedules of the papers, as ordinary ``torch`` schedulers stepped once per round."""
+"""Learning-rate schedulers under federation: the papers' schedules (ordinary ``torch`` schedulers stepped
+once per round) and :class:`RoundStepSchedules`, which gives step-interval schedulers a per-round meaning."""
 
 from __future__ import annotations
 
@@ -40,3 +41,48 @@ def restart_staircases(trainer: pl.Trainer, round_idx: int) -> int:
     for scheduler in staircases:
         scheduler.restart(round_idx)
     return len(staircases)
+
+
+class RoundStepSchedules:
+    """``interval="step"`` LR schedulers across clients and rounds: every client of round ``r`` trains with
+    the schedule from the round's start, so at its local step ``k`` it sees the LR of schedule step
+    ``r * steps_per_round + k``, whatever order the clients train in and on however many processes; at the
+    end of the round the schedule moves on by ``steps_per_round`` steps (``trainer.estimated_stepping_batches``
+    is then ``rounds * steps_per_round``: one client's schedule over the whole fit, so a cosine sized by it
+    reaches its end at the last step of the last round, never before). ``interval="epoch"`` schedulers step
+    once per round, after aggregation (:func:`~fl_lightning._lightning_compat.step_epoch_schedulers`).
+
+    Args:
+        trainer: the trainer whose ``lr_scheduler_configs`` and optimizers are managed.
+        steps_per_round: the most optimizer steps a client takes in a round.
+    """
+
+    def __init__(self, trainer: pl.Trainer, steps_per_round: int) -> None:
+        self.trainer = trainer
+        self.steps_per_round = steps_per_round
+        self._configs = [c for c in trainer.lr_scheduler_configs if c.interval == "step" and not c.reduce_on_plateau]
+        self._start: list[tuple[dict[str, Any], list[float]]] = []
+        self.mark_round_start()
+
+    def mark_round_start(self) -> None:
+        """The schedulers' current state is where the next round's clients start."""
+        self._start = [(c.scheduler.state_dict(), [g["lr"] for g in c.scheduler.optimizer.param_groups]) for c in self._configs]
+
+    def start_client(self) -> None:
+        """Back to the round's start: the client's local steps follow the same LR sequence as every other's."""
+        for config, (state, lrs) in zip(self._configs, self._start):
+            config.scheduler.load_state_dict(state)
+            for group, lr in zip(config.scheduler.optimizer.param_groups, lrs):
+                group["lr"] = lr
+
+    def end_round(self) -> None:
+        """Moves the schedule on by one round, from the round's start, through the module's ``lr_scheduler_step``."""
+        if not self._configs:
+            return
+        self.start_client()
+        module = self.trainer.lightning_module
+        for config in self._configs:
+            for step in range(1, self.steps_per_round + 1):
+                if step % config.frequency == 0:
+                    module.lr_scheduler_step(config.scheduler, None)
+        self.mark_round_start()

@@ -70,8 +70,8 @@ class FederatedTrainer(pl.Trainer):
             directly, for speed, with the same weights; it skips the per-batch hooks of callbacks
             and module (``on_train_batch_start/end``, ``on_before/after_backward``,
             ``on_before_optimizer_step``, ``on_before_zero_grad``, ``on_before_batch_transfer``),
-            gradient clipping and accumulation, step-interval LR schedulers and per-step
-            (``on_step``) logging, and warns once naming those it finds; it needs one optimizer,
+            gradient clipping and accumulation and per-step (``on_step``) logging, and warns once
+            naming those it finds (it steps ``interval="step"`` LR schedulers as Lightning does); it needs one optimizer,
             automatic optimization and a precision without gradient scaling.
             ``self.log(on_epoch=True)`` still works, and ``trainer.global_step`` counts its steps.
             ``"batched"`` trains a round's clients together with ``torch.func.vmap``
@@ -225,6 +225,20 @@ class FederatedTrainer(pl.Trainer):
             min_steps=previous.epoch_loop.min_steps,
             max_steps=previous.epoch_loop.max_steps,
         )
+
+    @property
+    @override
+    def estimated_stepping_batches(self) -> int | float:
+        """The optimizer steps of one client's step-interval LR schedule over the whole fit: ``max_epochs``
+        rounds times the most steps a client takes in a round (``inf`` with ``max_epochs=-1``). Every client
+        of a round starts from the round's point of the schedule, which moves on one round at its end
+        (:class:`~fl_lightning.schedulers.RoundStepSchedules`), so
+        ``CosineAnnealingLR(optimizer, T_max=trainer.estimated_stepping_batches)`` with ``interval="step"``
+        ends at the last step of the last round."""
+        rounds = self.fit_loop.max_epochs
+        if rounds is None or rounds == -1:
+            return float("inf")
+        return max(rounds, 1) * self.fit_loop.steps_per_round()
 
     @property
     def algorithm(self) -> Algorithm:

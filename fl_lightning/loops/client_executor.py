@@ -18,6 +18,7 @@ from fl_lightning.algorithms.shared.base import Algorithm, ClientContext, Client
 from fl_lightning.callbacks.client_loss import ClientLossRecorder
 from fl_lightning.callbacks.federated_callback import call_federated_hook
 from fl_lightning.model_state import State, compute_delta, load_into
+from fl_lightning.schedulers import RoundStepSchedules
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,7 @@ class ClientRuntime:
         batches: a client's local batch stream for its round, ordered by ``client.seed``.
         recorder: the loss recorder whose means become ``client.metrics``.
         reset_optimizer: clear the optimizer state before each client.
+        schedules: puts ``interval="step"`` LR schedulers back at the round's start before each client.
     """
 
     trainer: pl.Trainer
@@ -39,6 +41,7 @@ class ClientRuntime:
     batches: Callable[[ClientContext], Sized]
     recorder: ClientLossRecorder
     reset_optimizer: bool
+    schedules: RoundStepSchedules
 
     @property
     def module(self) -> pl.LightningModule:
@@ -65,7 +68,8 @@ class ClientExecutor(ABC):
         left holding the last client's weights."""
 
     def start_client(self, client: ClientContext, global_state: State) -> None:
-        """The module holds the global weights, the optimizer is fresh, the algorithm has configured
+        """The module holds the global weights, the optimizer is fresh, step LR schedulers are at the round's
+        start, the algorithm has configured
         the client and the callbacks know it started."""
         runtime = self.runtime
         load_into(runtime.live, global_state)
@@ -73,6 +77,7 @@ class ClientExecutor(ABC):
         if runtime.reset_optimizer:
             for optimizer in runtime.trainer.optimizers:
                 optimizer.state.clear()
+        runtime.schedules.start_client()
         runtime.algorithm.configure_client(client, runtime.module, global_state)
         call_federated_hook(runtime.trainer, "on_client_start", client)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sized
 from dataclasses import replace
@@ -30,6 +31,7 @@ from fl_lightning.loops.round_log import log_round
 from fl_lightning.loops.services import LoopServices
 from fl_lightning.loops.stop_reason import failure_reason, stop_reason
 from fl_lightning.model_state import State, live_tensors, load_into, snapshot
+from fl_lightning.schedulers import RoundStepSchedules
 from fl_lightning.secure.secure_aggregation import SecureAggregation
 from fl_lightning.trainer_arguments import batches_per_round
 from fl_lightning.update_bounds import UpdateBound, update_norm
@@ -88,12 +90,12 @@ class FederatedFitLoop(compat.FitLoopBase):
             clients = algorithm.select_clients(round)
             for client in clients:
                 module <- global weights (in place)               # param.copy_
-                reset optimizer state
+                reset optimizer state; step LR schedulers <- the round's start
                 algorithm.configure_client(client, module, global)
                 ClientEpochLoop over the client's batches         # training_step, hooks, callbacks
                 update = algorithm.client_update(client, module, local - global)
             algorithm.aggregate(round, global, finite updates)   # >= float32 master copy
-            module <- global weights; epoch LR schedulers step
+            module <- global weights; epoch LR schedulers step; step LR schedulers move on one round
             algorithm.evaluate(round, module); validation loop    # server evaluation
             log the round's row (round metrics + validation)       # on_train_epoch_end, checkpoints
 
@@ -168,6 +170,7 @@ class FederatedFitLoop(compat.FitLoopBase):
         self._loaded: dict[str, Any] | None = None
         self._sharding: ClientSharding | None = None
         self._fingerprint: dict[str, Any] = {}
+        self._schedules: RoundStepSchedules | None = None
         #: How the last fit ended (:mod:`~fl_lightning.loops.stop_reason`); ``None`` before one has.
         self.stop_reason: str | None = None
 
@@ -236,8 +239,10 @@ class FederatedFitLoop(compat.FitLoopBase):
         data = require_federated_data(trainer.datamodule)
         self._check_update_bound()
         self._live = live_tensors(module)
+        # Built after Lightning restored a checkpoint's schedulers: their state is the next round's start.
+        self._schedules = RoundStepSchedules(trainer, self.steps_per_round())
         runtime = ClientRuntime(
-            trainer, self.algorithm, self._live, self.client_batches, self.loss_recorder, self.reset_optimizer
+            trainer, self.algorithm, self._live, self.client_batches, self.loss_recorder, self.reset_optimizer, self._schedules
         )
         self._executor = make_executor(self.client_executor, runtime, max_batched_clients=self.max_batched_clients)
         federation = Federation(
@@ -450,6 +455,7 @@ class FederatedFitLoop(compat.FitLoopBase):
         self.total_upload_bytes += upload_bytes
         self.total_download_bytes += download_bytes
         compat.step_epoch_schedulers(self)
+        self._schedules.end_round()
         metrics.update(self.algorithm.evaluate(round_idx, self.trainer.lightning_module))
         validation = compat.run_server_validation(self) or {}
         metrics = {
@@ -492,6 +498,22 @@ class FederatedFitLoop(compat.FitLoopBase):
         """
         assert self._executor is not None, "clients train once the fit has set up the federation"
         return self._executor.train([self.client_context(round_idx, cid, seed=seed)], self.global_state)[0]
+
+    def steps_per_round(self) -> int:
+        """The most optimizer steps a client takes in a round (its local work, cut to ``limit_train_batches``,
+        over ``accumulate_grad_batches``): one round of a step-interval LR schedule
+        (:class:`~fl_lightning.schedulers.RoundStepSchedules`)."""
+        trainer = self.trainer
+        data = require_federated_data(trainer.datamodule)
+
+        def steps(cid: int) -> int:
+            client = ClientContext(
+                round_idx=0, client_id=cid, num_samples=data.client_num_samples(cid), num_epochs=self.local_epochs,
+                num_steps=self.local_steps, seed=0,
+            )
+            return math.ceil(len(round_batches(data, client, trainer)) / trainer.accumulate_grad_batches)
+
+        return max(steps(cid) for cid in range(data.num_clients))
 
     def client_context(self, round_idx: int, cid: int, *, seed: int | None = None) -> ClientContext:
         """The context of client ``cid`` in round ``round_idx``; its data seed defaults to one derived from both."""
