@@ -6,12 +6,14 @@ every client executor that runs the scheduler."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import numpy as np
 import pytest
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 
 from fl_lightning import FedAvg, FederatedTrainer
 from fl_lightning.algorithms.shared.base import ClientContext
@@ -126,6 +128,18 @@ def test_the_schedule_does_not_depend_on_the_order_clients_train_in() -> None:
     reverse = _ReversedSelection()
     second, _ = _fit("step", _data(), local_steps=3, clients_per_round=NUM_CLIENTS, algorithm=reverse)
     assert list(first.lrs) != list(second.lrs) and first.lrs == second.lrs
+
+
+def test_a_resumed_fit_continues_the_schedule_where_the_round_ended(tmp_path: Path) -> None:
+    every_round = ModelCheckpoint(dirpath=tmp_path, filename="round_{epoch}", save_top_k=-1, every_n_epochs=1)
+    whole, _ = _fit("step", _data(), local_steps=3, enable_checkpointing=True, callbacks=[_ClientTracker(), every_round])
+    torch.manual_seed(0)
+    resumed = _Scheduled("step")
+    trainer = FederatedTrainer(**{**QUIET, "max_epochs": ROUNDS, "clients_per_round": CLIENTS_PER_ROUND, "local_steps": 3})
+    trainer.callbacks.append(_ClientTracker())  # type: ignore[attr-defined]
+    trainer.fit(resumed, datamodule=_data(), ckpt_path=tmp_path / "round_epoch=1.ckpt")
+    assert {key: lrs for key, lrs in whole.lrs.items() if key[0] == 2} == resumed.lrs
+    assert all(torch.equal(a, b) for a, b in zip(whole.state_dict().values(), resumed.state_dict().values()))
 
 
 def test_estimated_stepping_batches_is_infinite_without_a_round_limit() -> None:
