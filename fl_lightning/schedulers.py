@@ -55,34 +55,45 @@ class RoundStepSchedules:
     Args:
         trainer: the trainer whose ``lr_scheduler_configs`` and optimizers are managed.
         steps_per_round: the most optimizer steps a client takes in a round.
+        first_round: the round whose start the schedulers' current state is (the rounds a checkpoint holds).
     """
 
-    def __init__(self, trainer: pl.Trainer, steps_per_round: int) -> None:
+    def __init__(self, trainer: pl.Trainer, steps_per_round: int, first_round: int) -> None:
         self.trainer = trainer
         self.steps_per_round = steps_per_round
         self._configs = [c for c in trainer.lr_scheduler_configs if c.interval == "step" and not c.reduce_on_plateau]
-        self._start: list[tuple[dict[str, Any], list[float]]] = []
-        self.mark_round_start()
+        self._round = first_round
+        self._start = self._state()
 
-    def mark_round_start(self) -> None:
-        """The schedulers' current state is where the next round's clients start."""
-        self._start = [(c.scheduler.state_dict(), [g["lr"] for g in c.scheduler.optimizer.param_groups]) for c in self._configs]
+    def _state(self) -> list[tuple[dict[str, Any], list[float]]]:
+        return [(c.scheduler.state_dict(), [g["lr"] for g in c.scheduler.optimizer.param_groups]) for c in self._configs]
 
-    def start_client(self) -> None:
-        """Back to the round's start: the client's local steps follow the same LR sequence as every other's."""
+    def _restore(self) -> None:
         for config, (state, lrs) in zip(self._configs, self._start):
             config.scheduler.load_state_dict(state)
             for group, lr in zip(config.scheduler.optimizer.param_groups, lrs):
                 group["lr"] = lr
 
-    def end_round(self) -> None:
-        """Moves the schedule on by one round, from the round's start, through the module's ``lr_scheduler_step``."""
-        if not self._configs:
-            return
-        self.start_client()
+    def start_client(self, round_idx: int) -> None:
+        """Puts the schedulers at round ``round_idx``'s start, so the client's local steps follow the same LR
+        sequence as every other client's of that round (an asynchronous client may start the next round's)."""
+        if self._configs:
+            self._move_to(round_idx)
+            self._restore()
+
+    def end_round(self, round_idx: int) -> None:
+        """Leaves the schedulers at the next round's start: the state a round-end checkpoint saves."""
+        if self._configs:
+            self._move_to(round_idx + 1)
+            self._restore()
+
+    def _move_to(self, round_idx: int) -> None:
+        """Moves the round's start on, a round at a time, through the module's ``lr_scheduler_step``."""
         module = self.trainer.lightning_module
-        for config in self._configs:
-            for step in range(1, self.steps_per_round + 1):
-                if step % config.frequency == 0:
-                    module.lr_scheduler_step(config.scheduler, None)
-        self.mark_round_start()
+        while self._round < round_idx:
+            self._restore()
+            for config in self._configs:
+                for step in range(1, self.steps_per_round + 1):
+                    if step % config.frequency == 0:
+                        module.lr_scheduler_step(config.scheduler, None)
+            self._start, self._round = self._state(), self._round + 1

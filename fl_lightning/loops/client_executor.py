@@ -77,7 +77,7 @@ class ClientExecutor(ABC):
         if runtime.reset_optimizer:
             for optimizer in runtime.trainer.optimizers:
                 optimizer.state.clear()
-        runtime.schedules.start_client()
+        runtime.schedules.start_client(client.round_idx)
         runtime.algorithm.configure_client(client, runtime.module, global_state)
         call_federated_hook(runtime.trainer, "on_client_start", client)
 

@@ -240,7 +240,7 @@ class FederatedFitLoop(compat.FitLoopBase):
         self._check_update_bound()
         self._live = live_tensors(module)
         # Built after Lightning restored a checkpoint's schedulers: their state is the next round's start.
-        self._schedules = RoundStepSchedules(trainer, self.steps_per_round())
+        self._schedules = RoundStepSchedules(trainer, self.steps_per_round(), first_round=self._rounds_done)
         runtime = ClientRuntime(
             trainer, self.algorithm, self._live, self.client_batches, self.loss_recorder, self.reset_optimizer, self._schedules
         )
@@ -455,7 +455,8 @@ class FederatedFitLoop(compat.FitLoopBase):
         self.total_upload_bytes += upload_bytes
         self.total_download_bytes += download_bytes
         compat.step_epoch_schedulers(self)
-        self._schedules.end_round()
+        assert self._schedules is not None, "rounds end once the fit has set up the federation"
+        self._schedules.end_round(round_idx)
         metrics.update(self.algorithm.evaluate(round_idx, self.trainer.lightning_module))
         validation = compat.run_server_validation(self) or {}
         metrics = {

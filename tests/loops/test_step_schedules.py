@@ -15,11 +15,12 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from fl_lightning import FedAvg, FederatedTrainer
+from fl_lightning import FedAvg, FedBuff, FederatedTrainer
 from fl_lightning.algorithms.shared.base import ClientContext
 from fl_lightning.callbacks.federated_callback import FederatedCallback
 from fl_lightning.data import FederatedDataModule, InMemoryDataset, Natural
 from fl_lightning.models import LogisticRegression
+from fl_lightning.participation import UniformDelay
 
 from ..quiet import QUIET
 
@@ -115,6 +116,15 @@ def test_an_epoch_schedule_steps_once_per_round(executor: str) -> None:
     model, _ = _fit("epoch", _data(), client_executor=executor, local_steps=2)
     for (round_idx, _), lrs in model.lrs.items():
         assert lrs == [LR * 0.5**round_idx] * 2
+
+
+def test_an_asynchronous_client_follows_the_schedule_of_the_version_it_trains_on() -> None:
+    buffered = FedBuff(buffer_size=2, concurrency=3, delays=UniformDelay(1.0, 3.0))
+    model, _ = _fit("step", _data(), local_steps=3, algorithm=buffered, client_executor="lean")
+    reference = _plain_lrs(lambda opt: torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=ROUNDS * 3), (ROUNDS + 1) * 3)
+    assert model.estimated == ROUNDS * 3 and len({version for version, _ in model.lrs}) > 1
+    for (version, _), lrs in model.lrs.items():  # a client dispatched twice at one version: twice the 3 steps
+        assert lrs == pytest.approx(reference[version * 3 : version * 3 + 3] * (len(lrs) // 3), rel=1e-12, abs=0)
 
 
 def test_the_batched_executor_refuses_a_step_schedule_naming_it() -> None:
