@@ -15,7 +15,8 @@ from lightning.pytorch.accelerators import AcceleratorRegistry
 
 Meaning = Literal["honoured", "per round", "refused"]
 
-#: How ``FederatedTrainer`` treats each ``Trainer.__init__`` argument ("refused": for the values :func:`check_trainer_arguments` names).
+#: How ``FederatedTrainer`` treats each ``Trainer.__init__`` argument ("refused": the values that
+#: :func:`check_trainer_arguments` names).
 MEANINGS: dict[str, Meaning] = {
     "accelerator": "honoured",
     "strategy": "honoured",

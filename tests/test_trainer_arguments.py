@@ -112,7 +112,7 @@ REFUSALS = [
 ]
 
 
-@pytest.mark.parametrize(("kwargs", "match"), REFUSALS, ids=[next(iter(k)) + f"={next(iter(k.values()))!r}" for k, _ in REFUSALS])
+@pytest.mark.parametrize(("kwargs", "match"), REFUSALS, ids=[f"{n}={v!r}" for k, _ in REFUSALS for n, v in k.items()])
 def test_a_refused_argument_is_one_value_error_at_construction(kwargs: dict[str, Any], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         FederatedTrainer(**{**QUIET, **kwargs})
@@ -135,7 +135,7 @@ STOPS = {
     "max_steps": ({"max_steps": 3}, "max_steps=3 reached in round 0 (global step 8); stopped at its end"),
     "max_time": ({"max_time": {"microseconds": 1}, "max_epochs": -1}, "time limit (max_time or a Timer) reached in round 0"),
     "step-timer": ({"callbacks": [Timer(duration={"microseconds": 1}, interval="step")]}, "time limit (max_time or a Timer)"),
-    "should_stop": ({"callbacks": [_StopAfterFirstStep()]}, "trainer.should_stop set (by a callback or the algorithm) in round 0"),
+    "should_stop": ({"callbacks": [_StopAfterFirstStep()]}, "should_stop set (by a callback or the algorithm) in round 0"),
     "early-stopping": (
         {"callbacks": [EarlyStopping(monitor="val_loss", stopping_threshold=1e9)]},
         "EarlyStopping on 'val_loss' after round 0 (stopping_threshold)",

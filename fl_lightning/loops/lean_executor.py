@@ -20,8 +20,8 @@ from fl_lightning.loops.client_executor import SequentialExecutor
 
 class LeanExecutor(SequentialExecutor):
     """Per batch: precision conversion, ``batch_to_device``, ``zero_grad``, ``training_step`` (in the
-    precision plugin's context), ``backward``, ``optimizer.step``, ``interval="step"`` LR schedulers. ``self.log(on_epoch=True)`` still
-    aggregates into the round; each step's output goes to the loss recorder."""
+    precision plugin's context), ``backward``, ``optimizer.step``, ``interval="step"`` LR schedulers.
+    ``self.log(on_epoch=True)`` still aggregates into the round; each step's output goes to the loss recorder."""
 
     name = "lean"
 

@@ -102,7 +102,8 @@ def test_a_step_schedule_gives_every_client_of_a_round_the_same_lrs(
 ) -> None:
     model, trainer = _fit("step", _data(sizes), client_executor=executor, **work)
     assert model.estimated == ROUNDS * steps_per_round
-    reference = _plain_lrs(lambda opt: torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=ROUNDS * steps_per_round), ROUNDS * steps_per_round)
+    total = ROUNDS * steps_per_round
+    reference = _plain_lrs(lambda opt: torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total), total)
     assert len(model.lrs) == ROUNDS * CLIENTS_PER_ROUND
     for (round_idx, _), lrs in model.lrs.items():
         start = round_idx * steps_per_round
@@ -128,7 +129,8 @@ def test_an_asynchronous_client_follows_the_schedule_of_the_version_it_trains_on
 
 
 def test_the_batched_executor_refuses_a_step_schedule_naming_it() -> None:
-    with pytest.raises(ValueError, match=r"does not support an interval='step' LR scheduler \(got <torch.optim.lr_scheduler.CosineAnnealingLR"):
+    refusal = r"does not support an interval='step' LR scheduler \(got <torch.optim.lr_scheduler.CosineAnnealingLR"
+    with pytest.raises(ValueError, match=refusal):
         _fit("step", _data(), client_executor="batched", local_steps=2)
 
 
