@@ -183,24 +183,43 @@ def test_fast_dev_run_is_one_round_of_one_batch_per_client_with_validation_and_w
     assert (trainer.current_epoch, model.steps, model.val_batches) == (1, 2 * NUM_CLIENTS, 2)
 
 
-@pytest.mark.parametrize(
-    ("kwargs", "per_client", "val_per_round"),
-    [
-        ({"overfit_batches": 1}, 1, 1),
-        ({"limit_train_batches": 1}, 1, 3),
-        ({"limit_train_batches": 0.5}, 1, 3),
-        ({"limit_train_batches": 3, "local_epochs": 2}, 3, 3),  # per round, local epochs included
-        ({"limit_train_batches": 1.0, "local_epochs": 2}, 4, 3),
-        ({"limit_val_batches": 1}, 2, 1),
-        ({"accumulate_grad_batches": 2, "client_executor": "lightning"}, 2, 3),  # 2 batches, 1 optimizer step
-    ],
-)
+LIMITS = [
+    ({"overfit_batches": 1}, 1, 1),
+    ({"limit_train_batches": 1}, 1, 3),
+    ({"limit_train_batches": 0.5}, 1, 3),
+    ({"limit_train_batches": 3, "local_epochs": 2}, 3, 3),  # per round, local epochs included
+    ({"limit_train_batches": 1.0, "local_epochs": 2}, 4, 3),
+    ({"limit_val_batches": 1}, 2, 1),
+    ({"accumulate_grad_batches": 2, "client_executor": "lightning"}, 2, 3),  # 2 batches, 1 optimizer step
+]
+
+
+@pytest.mark.parametrize(("kwargs", "per_client", "val_per_round"), LIMITS)
 def test_batch_limits_apply_per_client_per_round(kwargs: dict[str, Any], per_client: int, val_per_round: int) -> None:
     model, trainer = _fit(**kwargs)
     assert model.steps == 3 * NUM_CLIENTS * per_client
     assert model.val_batches == 3 * val_per_round
     steps_per_batch = 1 / kwargs.get("accumulate_grad_batches", 1)
     assert trainer.global_step == model.steps * steps_per_batch
+
+
+class _FirstBatches(Callback):
+    """Records the inputs of every client's first batch, by round."""
+
+    def __init__(self) -> None:
+        self.seen: dict[int, list[torch.Tensor]] = {}
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
+        if batch_idx == 0:
+            self.seen.setdefault(trainer.current_epoch, []).append(batch[0].clone())
+
+
+def test_overfit_batches_gives_each_client_the_same_batches_every_round() -> None:
+    overfit, limited = _FirstBatches(), _FirstBatches()
+    _fit(overfit_batches=1, callbacks=[overfit], client_executor="lightning")
+    _fit(limit_train_batches=1, callbacks=[limited], client_executor="lightning")
+    same = [all(map(torch.equal, recorder.seen[0], recorder.seen[r])) for recorder in (overfit, limited) for r in (1, 2)]
+    assert same == [True, True, False, False]  # limit_train_batches draws a fresh order every round
 
 
 def test_validation_every_n_rounds_and_the_sanity_check_of_the_initial_global_model() -> None:
@@ -249,3 +268,20 @@ def test_an_honoured_argument_reaches_lightning_and_the_fit_completes(kwargs: di
             assert getattr(trainer, name) == kwargs[name]
     if "precision" in kwargs:
         assert all(p.dtype == torch.float64 for p in model.parameters())
+
+
+#: Walked by the tests above without a parametrised list of their own.
+WALKED_ABOVE = {"fast_dev_run", "check_val_every_n_epoch", "num_sanity_val_steps", "min_epochs", "min_steps", "max_epochs"}
+#: Walked by other modules: the distributed strategy (tests/distributed), loggers and checkpoints
+#: (tests/integration, tests/test_checkpointing.py), callbacks (tests/callbacks), the default root (tests/integration).
+WALKED_ELSEWHERE = {"strategy", "logger", "callbacks", "enable_checkpointing", "default_root_dir", "accelerator"}
+#: Passed to Lightning unchanged, with nothing federated about them: not exercised here.
+PASSED_THROUGH = {"plugins", "model_registry"}
+
+
+def test_every_row_of_the_table_is_walked() -> None:
+    walked = {name for kwargs, _ in REFUSALS for name in kwargs}
+    walked |= {name for kwargs, _ in STOPS.values() for name in kwargs}
+    walked |= {name for kwargs, _, _ in LIMITS for name in kwargs} | {name for kwargs in HONOURED for name in kwargs}
+    assert walked | WALKED_ABOVE | WALKED_ELSEWHERE | PASSED_THROUGH >= set(MEANINGS)
+    assert all(MEANINGS[name] != "refused" for name in PASSED_THROUGH | WALKED_ELSEWHERE)

@@ -531,7 +531,11 @@ class FederatedFitLoop(compat.FitLoopBase):
         """The client's local batch stream for this round, ordered by ``client.seed`` (an iterable
         without a length, such as a generator, is read into a list): its first
         ``limit_train_batches`` batches (which ``overfit_batches`` and ``fast_dev_run`` set) when that is
-        fewer (:func:`~fl_lightning.trainer_arguments.batches_per_round`)."""
+        fewer (:func:`~fl_lightning.trainer_arguments.batches_per_round`). With ``overfit_batches``, as
+        Lightning overfits the same batches every epoch, a client's order is drawn from a seed of its
+        own, the same every round."""
+        if self.trainer.overfit_batches:
+            client = replace(client, seed=derive_seed(self.seed, "overfit", client.client_id))
         return round_batches(self.federation.data, client, self.trainer)
 
     @override
