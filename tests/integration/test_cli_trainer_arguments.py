@@ -87,3 +87,15 @@ def test_fast_dev_run_through_the_cli_writes_nothing(tmp_path: Path, capsys: pyt
     out = capsys.readouterr().out
     assert "max_steps=1 reached in round 0" in out
     assert list(tmp_path.iterdir()) == []
+
+
+def test_max_time_stops_at_the_end_of_a_round() -> None:
+    cli = _fit("--trainer.max_time", '{"microseconds": 1}', "--trainer.max_epochs", "3")
+    assert cli.trainer.current_epoch == 1
+    assert cli.trainer.fit_loop.stop_reason == "time limit (max_time or a Timer) reached in round 0; stopped at its end"
+
+
+def test_check_val_every_n_epoch_counts_rounds() -> None:
+    skipped = _fit("--trainer.check_val_every_n_epoch", "2")  # FAST: 1 round, so no validation is due
+    validated = _fit("--trainer.check_val_every_n_epoch", "1")
+    assert "val_acc" not in skipped.trainer.callback_metrics and "val_acc" in validated.trainer.callback_metrics
