@@ -62,8 +62,8 @@ class LoggerSaveConfigCallback(SaveConfigCallback):
 
 
 def fit_summary(trainer: Trainer, wall_time_s: float) -> Table:
-    """Rounds run and how the fit ended, the global model's final validation (and, if run, test) metrics under the
-    module's own names, bytes moved, wall time and log location."""
+    """Rounds run and how the fit ended, the global model's final validation (and, if run, test)
+    metrics under the module's own names, bytes moved, wall time and log location."""
     loop = trainer.fit_loop
     table = Table(title="Federated fit summary", show_header=False)
     table.add_column()

@@ -68,9 +68,8 @@ class ClientExecutor(ABC):
         left holding the last client's weights."""
 
     def start_client(self, client: ClientContext, global_state: State) -> None:
-        """The module holds the global weights, the optimizer is fresh, step LR schedulers are at the round's
-        start, the algorithm has configured
-        the client and the callbacks know it started."""
+        """The module holds the global weights, the optimizer is fresh, step LR schedulers are at the
+        round's start, the algorithm has configured the client and the callbacks know it started."""
         runtime = self.runtime
         load_into(runtime.live, global_state)
         # Reset before configure_client, so that an algorithm may install per-client optimizer state.

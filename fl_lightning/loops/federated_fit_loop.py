@@ -200,23 +200,20 @@ class FederatedFitLoop(compat.FitLoopBase):
         """Lightning's ``run``. However the fit ends (a limit, ``EarlyStopping``, ``KeyboardInterrupt``, an
         exception inside a client), the module then holds the global model of the last completed round, never
         a client's weights; :attr:`stop_reason` and the fit's last log line say how it ended."""
-        self.stop_reason = None
+        self.stop_reason, rounds_before = None, self._rounds_done
         try:
             super().run()
+            self.stop_reason = stop_reason(self.trainer, self._rounds_done)
         except BaseException as error:
             self.stop_reason = failure_reason(error, self.epoch_progress.current.processed)
             raise
         finally:
+            trained = self._in_round or self._rounds_done > rounds_before  # else a set-up error: its own message only
             if self._in_round:
                 load_into(self._live, self.global_state)
                 self._in_round = False
-            if self.stop_reason is not None:
+            if trained:
                 rank_zero_info(f"Federated fit ended: {self.stop_reason}.")
-
-    @override
-    def on_run_end(self) -> None:
-        self.stop_reason = stop_reason(self.trainer, self._rounds_done)
-        super().on_run_end()
 
     @override
     def setup_data(self) -> None:
