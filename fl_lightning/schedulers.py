@@ -3,6 +3,8 @@ once per round) and :class:`RoundStepSchedules`, which gives step-interval sched
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import cached_property
 from typing import Any
 
 import lightning.pytorch as pl
@@ -54,13 +56,14 @@ class RoundStepSchedules:
 
     Args:
         trainer: the trainer whose ``lr_scheduler_configs`` and optimizers are managed.
-        steps_per_round: the most optimizer steps a client takes in a round.
+        steps_per_round: the most optimizer steps a client takes in a round; called once, and only with a
+            step-interval scheduler (it reads every client's batch count).
         first_round: the round whose start the schedulers' current state is (the rounds a checkpoint holds).
     """
 
-    def __init__(self, trainer: pl.Trainer, steps_per_round: int, first_round: int) -> None:
+    def __init__(self, trainer: pl.Trainer, steps_per_round: Callable[[], int], first_round: int) -> None:
         self.trainer = trainer
-        self.steps_per_round = steps_per_round
+        self._steps_per_round = steps_per_round
         self._configs = [c for c in trainer.lr_scheduler_configs if c.interval == "step" and not c.reduce_on_plateau]
         self._round = first_round
         self._start = self._state()
@@ -86,6 +89,11 @@ class RoundStepSchedules:
         if self._configs:
             self._move_to(round_idx + 1)
             self._restore()
+
+    @cached_property
+    def steps_per_round(self) -> int:
+        """The schedule steps of one round."""
+        return self._steps_per_round()
 
     def _move_to(self, round_idx: int) -> None:
         """Moves the round's start on, a round at a time, through the module's ``lr_scheduler_step``."""

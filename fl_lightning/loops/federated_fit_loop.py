@@ -237,7 +237,7 @@ class FederatedFitLoop(compat.FitLoopBase):
         self._check_update_bound()
         self._live = live_tensors(module)
         # Built after Lightning restored a checkpoint's schedulers: their state is the next round's start.
-        self._schedules = RoundStepSchedules(trainer, self.steps_per_round(), first_round=self._rounds_done)
+        self._schedules = RoundStepSchedules(trainer, self.steps_per_round, first_round=self._rounds_done)
         runtime = ClientRuntime(
             trainer, self.algorithm, self._live, self.client_batches, self.loss_recorder, self.reset_optimizer, self._schedules
         )

@@ -112,6 +112,12 @@ def test_a_step_schedule_gives_every_client_of_a_round_the_same_lrs(
     assert trainer.global_step == sum(len(lrs) for lrs in model.lrs.values())
 
 
+def test_lean_and_lightning_executors_train_the_same_weights_under_a_step_schedule() -> None:
+    lightning, _ = _fit("step", _data([4, 8, 12, 24]), client_executor="lightning", local_epochs=2)
+    lean, _ = _fit("step", _data([4, 8, 12, 24]), client_executor="lean", local_epochs=2)
+    assert all(torch.equal(a, b) for a, b in zip(lightning.state_dict().values(), lean.state_dict().values()))
+
+
 @pytest.mark.parametrize("executor", ["lightning", "lean", "batched"])
 def test_an_epoch_schedule_steps_once_per_round(executor: str) -> None:
     model, _ = _fit("epoch", _data(), client_executor=executor, local_steps=2)
