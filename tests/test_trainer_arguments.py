@@ -179,6 +179,7 @@ def test_fast_dev_run_is_one_round_of_one_batch_per_client_with_validation_and_w
     model, trainer = _fit(fast_dev_run=True, **writes)
     assert (trainer.current_epoch, model.steps, model.val_batches) == (1, NUM_CLIENTS, 1)
     assert list(tmp_path.iterdir()) == []
+    assert trainer.fit_loop.stop_reason == "fast_dev_run: one round of 1 batch(es) per client, nothing written"
     model, trainer = _fit(fast_dev_run=2, **writes)
     assert (trainer.current_epoch, model.steps, model.val_batches) == (1, 2 * NUM_CLIENTS, 2)
 

@@ -9,9 +9,12 @@ from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 
 def stop_reason(trainer: pl.Trainer, rounds_done: int) -> str:
     """Why a fit that returned normally stopped after ``rounds_done`` rounds: the first limit that holds,
-    in the order Lightning's fit loop checks them (``max_steps``, ``max_epochs``, then ``should_stop``)."""
+    in the order Lightning's fit loop checks them (``max_steps``, ``max_epochs``, then ``should_stop``), after
+    ``fast_dev_run``, which sets ``max_steps``."""
     loop = trainer.fit_loop
     last = f"round {rounds_done - 1}" if rounds_done else "no round"
+    if trainer.fast_dev_run:
+        return f"fast_dev_run: one round of {int(trainer.fast_dev_run)} batch(es) per client, nothing written"
     if loop.max_steps != -1 and trainer.global_step >= loop.max_steps:
         return f"max_steps={loop.max_steps} reached in {last} (global step {trainer.global_step}); stopped at its end"
     if loop.max_epochs not in (None, -1) and rounds_done >= loop.max_epochs:
