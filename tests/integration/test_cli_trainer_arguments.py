@@ -99,3 +99,22 @@ def test_check_val_every_n_epoch_counts_rounds() -> None:
     skipped = _fit("--trainer.check_val_every_n_epoch", "2")  # FAST: 1 round, so no validation is due
     validated = _fit("--trainer.check_val_every_n_epoch", "1")
     assert "val_acc" not in skipped.trainer.callback_metrics and "val_acc" in validated.trainer.callback_metrics
+
+
+HONOURED = [
+    ("gradient_clip_val", "0.5", 0.5),
+    ("accumulate_grad_batches", "2", 2),
+    ("limit_val_batches", "1", 1),
+    ("num_sanity_val_steps", "1", 1),
+    ("log_every_n_steps", "1", 1),
+    ("min_epochs", "1", 1),
+    ("min_steps", "1", 1),
+    ("precision", "64-true", "64-true"),
+]
+
+
+@pytest.mark.parametrize(("name", "value", "parsed"), HONOURED, ids=[name for name, _, _ in HONOURED])
+def test_an_honoured_trainer_argument_reaches_the_trainer_and_the_round_completes(name: str, value: str, parsed: object) -> None:
+    cli = _fit(f"--trainer.{name}", value)
+    assert getattr(cli.trainer, name) == parsed
+    assert cli.trainer.current_epoch == 1 and cli.trainer.fit_loop.stop_reason == "all max_epochs=1 rounds done"
