@@ -63,11 +63,12 @@ def test_fit_loop_shape(trainer: pl.Trainer) -> None:
     for name in ("_data_fetcher", "_combined_loader"):
         assert name in vars(loop) and getattr(loop, name) is None, f"_FitLoop.{name}: {REVIEW}"
     assert loop.max_batches == float("inf"), REVIEW
-    for name in ("setup_data", "reset", "on_run_start", "on_advance_start", "advance", "on_advance_end",
+    for name in ("setup_data", "reset", "run", "on_run_start", "on_advance_start", "advance", "on_advance_end",
                  "on_save_checkpoint", "on_load_checkpoint"):
         assert callable(getattr(_FitLoop, name, None)), f"_FitLoop.{name}: {REVIEW}"
         assert _params(getattr(_FitLoop, name))[0] == "self"
     assert _params(_FitLoop.setup_data) == ["self"], REVIEW
+    assert _params(_FitLoop.run) == ["self"], REVIEW  # FederatedFitLoop.run restores the global model however it ends
     assert _params(_FitLoop.on_advance_end) == ["self"], REVIEW
     # FederatedTrainer installs its loops by plain assignment; trainer.current_epoch reads the progress.
     trainer.fit_loop = _FitLoop(trainer, min_epochs=0, max_epochs=2)
