@@ -16,9 +16,10 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback, EarlyStopping, Timer
 
-from fl_lightning import FederatedTrainer
+from fl_lightning import FedBuff, FederatedTrainer
 from fl_lightning.data import FederatedDataModule, InMemoryDataset
 from fl_lightning.models import LogisticRegression
+from fl_lightning.participation import UniformDelay
 from fl_lightning.trainer_arguments import MEANINGS
 
 from .quiet import QUIET
@@ -172,6 +173,16 @@ def test_a_fit_that_fails_inside_a_client_leaves_the_global_model_of_the_last_co
     assert reason.endswith("in round 1; the module holds the global model of round 0")
     assert reason.startswith("interrupted (KeyboardInterrupt)" if error is KeyboardInterrupt else "RuntimeError: client failure")
     _assert_same(_weights(model), _global_after(1))
+
+
+def test_an_asynchronous_fit_stops_at_the_end_of_an_aggregation_with_the_global_model() -> None:
+    def buffered() -> FedBuff:
+        return FedBuff(buffer_size=2, concurrency=3, delays=UniformDelay(1.0, 3.0))
+
+    reference, _ = _fit(algorithm=buffered(), max_epochs=1)
+    stopped, trainer = _fit(algorithm=buffered(), max_steps=1)
+    assert trainer.current_epoch == 1 and trainer.fit_loop.stop_reason.startswith("max_steps=1 reached in round 0")
+    _assert_same(_weights(stopped), _weights(reference))
 
 
 def test_fast_dev_run_is_one_round_of_one_batch_per_client_with_validation_and_writes_nothing(tmp_path: Path) -> None:
