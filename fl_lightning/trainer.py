@@ -36,6 +36,10 @@ class FederatedTrainer(pl.Trainer):
     Everything else is Lightning's: accelerator, precision, callbacks (``on_train_epoch_end``,
     ``EarlyStopping`` and ``ModelCheckpoint(every_n_epochs)`` count rounds), loggers (the
     logging step is the round). Validation runs on the global model at the end of each round.
+    Each Lightning argument is honoured, reinterpreted per round or refused with one ``ValueError``
+    (:mod:`fl_lightning.trainer_arguments`, ``docs/lightning_integration.md``): ``max_steps``,
+    ``max_time``, ``fast_dev_run`` and ``EarlyStopping`` end the fit at the end of a round, and however
+    the fit ends the module holds the global model of the last completed round.
 
     ``fit`` takes a :class:`~fl_lightning.data.FederatedDataModule`, or any ``LightningDataModule``,
     which it federates as :class:`~fl_lightning.data.Federated` does: ``partitioner`` (default
