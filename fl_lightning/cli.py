@@ -62,13 +62,14 @@ class LoggerSaveConfigCallback(SaveConfigCallback):
 
 
 def fit_summary(trainer: Trainer, wall_time_s: float) -> Table:
-    """Rounds run, the global model's final validation (and, if run, test) metrics under the
-    module's own names, bytes moved, wall time and log location."""
+    """Rounds run and how the fit ended, the global model's final validation (and, if run, test)
+    metrics under the module's own names, bytes moved, wall time and log location."""
     loop = trainer.fit_loop
     table = Table(title="Federated fit summary", show_header=False)
     table.add_column()
     table.add_column(overflow="fold")  # a long checkpoint path wraps whole, so it can be copied; never "…"
     table.add_row("rounds run", str(trainer.current_epoch))
+    table.add_row("ended", getattr(loop, "stop_reason", None) or "unknown")
     for label, value in evaluation_rows(trainer):
         table.add_row(label, value)
     table.add_row("uploaded", _human_bytes(loop.total_upload_bytes))

@@ -80,6 +80,15 @@ class CorruptUploads(FederatedCallback):
 
 FAULTS = {"none": list, "corrupt": lambda: [CorruptUploads()]}
 
+
+class StepCosineMLP(MLP):
+    """The standard per-step recipe: a cosine over ``trainer.estimated_stepping_batches``, ``interval="step"``."""
+
+    def configure_optimizers(self) -> dict:
+        optimizer = super().configure_optimizers()
+        scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=self.trainer.estimated_stepping_batches)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
 UPDATE_BOUNDS = {
     "none": lambda: None,
     "median": lambda: MedianNormFilter(factor=1.2),  # rejects some clients every round
@@ -98,10 +107,11 @@ def fit(
     resume: Path | None = None,
     update_bound: str = "none",
     fault: str = "none",
+    step_schedule: bool = False,
 ) -> None:
     """Runs the federated fit; every rank saves its final global state, round metrics and history."""
     pl.seed_everything(0, verbose=False)
-    model = MODELS.get(algorithm, MLP)(in_features=64, hidden=(32,), lr=0.1)
+    model = (StepCosineMLP if step_schedule else MODELS.get(algorithm, MLP))(in_features=64, hidden=(32,), lr=0.1)
     data = FederatedDataModule(
         Digits(split="train"), Digits(split="test"), partitioner=Dirichlet(alpha=0.5), num_clients=12, batch_size=16
     )
@@ -148,6 +158,7 @@ def main() -> None:
     parser.add_argument("--resume", type=Path, default=None, help="checkpoint to resume from")
     parser.add_argument("--update-bound", choices=sorted(UPDATE_BOUNDS), default="none")
     parser.add_argument("--fault", choices=sorted(FAULTS), default="none")
+    parser.add_argument("--step-schedule", action="store_true", help="a per-step cosine LR schedule")
     args = parser.parse_args()
     torch.set_num_threads(1)
     fit(
@@ -161,6 +172,7 @@ def main() -> None:
         resume=args.resume,
         update_bound=args.update_bound,
         fault=args.fault,
+        step_schedule=args.step_schedule,
     )
 
 
