@@ -387,7 +387,9 @@ class FederatedFitLoop(compat.FitLoopBase):
         self, round_idx: int, metrics: dict[str, float], *, aggregated: int, dropped: int, rejected: int, rolled_back: bool
     ) -> dict[str, float]:
         if not aggregated:
-            rank_zero_warn(f"Round {round_idx}: no client update to aggregate; the global model is unchanged.")
+            empty = self.algorithm.aggregates_empty_rounds  # e.g. DP releases its noise all the same
+            outcome = f"{type(self.algorithm).__name__} aggregates the empty round" if empty else "the global model is unchanged"
+            rank_zero_warn(f"Round {round_idx}: no client update to aggregate; {outcome}.")
         load_into(self._live, self.global_state)
         self._rounds_done = round_idx + 1
         return {

@@ -15,6 +15,8 @@ from fl_lightning.algorithms.shared.summable import can_shard
 from fl_lightning.algorithms.shared.wrapper import AlgorithmWrapper
 from fl_lightning.federation import Federation
 from fl_lightning.model_state import State
+from fl_lightning.privacy.dp_fedavg import DPFedAvg
+from fl_lightning.privacy.dp_fedbuff import DPFedBuff
 from fl_lightning.robust import rules
 
 
@@ -38,6 +40,7 @@ class RobustAggregation(AlgorithmWrapper, ABC):
 
     def __init__(self, *, algorithm: Algorithm | None = None) -> None:
         super().__init__(algorithm)
+        _refuse_central_dp(type(self).__name__, self.inner)
         if not can_combine(self.inner):
             raise ValueError(
                 f"{type(self).__name__} replaces the average of a group of client updates, but {type(self.inner).__name__} "
@@ -87,6 +90,20 @@ class RobustAggregation(AlgorithmWrapper, ABC):
             out[name] = vector[offset : offset + t.numel()].view(t.shape).to(accumulator_dtype(t.dtype))
             offset += t.numel()
         return out
+
+
+def _refuse_central_dp(rule: str, algorithm: Algorithm) -> None:
+    """Raises ValueError if ``algorithm`` (or one it wraps) is DPFedAvg or DPFedBuff: a robust statistic of the
+    unclipped updates in place of their clipped sum would release far more than the noise was scaled for."""
+    inner: Algorithm | None = algorithm
+    while inner is not None:
+        if isinstance(inner, (DPFedAvg, DPFedBuff)):
+            raise ValueError(
+                f"{rule} would replace {type(inner).__name__}'s clipped sum by a statistic that depends on every "
+                "client's update, so one client could move the release by more than the clip norm the noise is "
+                f"scaled to: {rule} and {type(inner).__name__} cannot be combined (use an update_bound=NormClip instead)."
+            )
+        inner = inner.inner if isinstance(inner, AlgorithmWrapper) else None
 
 
 def _flatten(payloads: list[State], names: list[str]) -> Tensor:
