@@ -34,9 +34,10 @@ class DPFedAvg(AlgorithmWrapper):
 
     the *fixed-denominator* estimator :math:`\tilde f_f` of McMahan et al. 2018 (§2, Algorithm 1,
     :math:`\sum_k w_k\Delta_k / (qW)` with weights :math:`w_k = 1`, so :math:`qW = m`, the configured
-    ``clients_per_round``): the denominator never depends on who took part, so the sensitivity stays
-    :math:`C`. The wrapped algorithm then applies :math:`\Delta_t` (``apply_weighted_sum`` with weight
-    :math:`m`: its server optimizer, FedProx's client term). Its client weighting is replaced by
+    ``clients_per_round``): the denominator never depends on who took part, so one client moves the
+    clipped sum by at most :math:`C` (added or removed) or :math:`2C` (replaced). The wrapped algorithm
+    then applies :math:`\Delta_t` (``apply_weighted_sum`` with weight :math:`m`: its server optimizer,
+    FedProx's client term). Its client weighting is replaced by
     these uniform weights; integer buffers (BatchNorm's ``num_batches_tracked``) are not released.
 
     Clients are sampled uniformly (``sampling="fixed"``: ``clients_per_round`` without replacement)
@@ -197,8 +198,8 @@ class DPFedAvg(AlgorithmWrapper):
 
     @override
     def aggregate(self, round_idx: int, global_state: State, updates: list[ClientUpdate]) -> dict[str, float]:
-        if not updates:  # nothing survived: release the noise on an empty sum all the same (if the budget allows)
-            return self.apply_weighted_sum(round_idx, global_state, zero_sum(global_state), 0.0) if self.budget_left else {}
+        if not updates:  # nothing survived: release the noise on an empty sum all the same
+            return self.apply_weighted_sum(round_idx, global_state, zero_sum(global_state), 0.0)
         return aggregate_weighted_sum(self, round_idx, global_state, updates)
 
     @override
@@ -212,7 +213,11 @@ class DPFedAvg(AlgorithmWrapper):
     @override
     def apply_weighted_sum(self, round_idx: int, global_state: State, total: State, weight: float) -> dict[str, float]:
         """Adds the round's seeded Gaussian noise to the clipped sum ``total`` and lets the wrapped algorithm
-        apply its mean over the expected clients; ``weight`` is the centred unclipped count (:meth:`weighted_delta_sum`)."""
+        apply its mean over the expected clients; ``weight`` is the centred unclipped count (:meth:`weighted_delta_sum`).
+        Nothing is released once the budget is spent (a resumed run's round selects no client, and would else
+        still release noise)."""
+        if not self.budget_left:
+            return {}
         clip_norm, expected = self.clip_norm, float(self.federation.clients_per_round)
         multiplier = self.update_noise_multiplier()
         noise_std = multiplier * clip_norm if multiplier > 0 else 0.0  # no noise stays 0 with C = inf

@@ -8,9 +8,12 @@ import math
 
 import dp_accounting as dp
 import pytest
+import torch
 
 from fl_lightning import DPFedAvg, FedBuff
+from fl_lightning.checkpoint_io import CheckpointError
 from fl_lightning.privacy import DPFedBuff, LocalDP
+from tests.algorithms.quadratic import CENTRES, Quadratic, quadratic_data, quadratic_trainer
 from tests.privacy import reference
 from tests.privacy.conftest import global_state, make_federation, updates_with_norms
 
@@ -125,3 +128,18 @@ def test_tampered_dp_fedbuff_and_local_dp_state_is_refused_naming_the_entry(buil
     algorithm, state = _tampered(build)
     with pytest.raises(ValueError, match=message):
         algorithm.load_state_dict({**state, entry: value})
+
+
+def test_a_tampered_checkpoint_is_one_checkpoint_error_naming_the_file(tmp_path):
+    """Through the loop: a DP ledger reset to a negative count is refused on resume, naming the file and the entry."""
+    def run(max_epochs, ckpt_path=None):
+        trainer = quadratic_trainer(max_epochs=max_epochs, algorithm=DPFedAvg(noise_multiplier=1.0, clip_norm=1.0), local_steps=1)
+        trainer.fit(Quadratic(), datamodule=quadratic_data(CENTRES), ckpt_path=ckpt_path)
+        return trainer
+
+    run(2).save_checkpoint(tmp_path / "dp.ckpt")
+    state = torch.load(tmp_path / "dp.ckpt", weights_only=False)
+    state["loops"]["fit_loop"]["state_dict"]["federated"]["algorithm"]["spent"] = [[[1.0, 4.0, 4.0], -2]]
+    torch.save(state, tmp_path / "tampered.ckpt")
+    with pytest.raises(CheckpointError, match=r"tampered\.ckpt: DPFedAvg cannot load .*`spent` must be a list"):
+        run(3, ckpt_path=tmp_path / "tampered.ckpt")
