@@ -97,8 +97,17 @@ class Byzantine(AlgorithmWrapper):
     def setup(self, federation: Federation) -> None:
         self.malicious = malicious_clients(federation.num_clients, self.fraction, federation.seed)
         if self.attack.poisons_data:
+            self._check_batches(federation)
             federation = replace(federation, data=_PoisonedData(federation.data, self.malicious, self.attack))
         super().setup(federation)
+
+    def _check_batches(self, federation: Federation) -> None:
+        """Poisons one batch of a malicious client now, so a batch the attack cannot read (e.g. ``LabelFlip``
+        on a batch without labels it can find) fails at set-up with the attack's error, not mid-run."""
+        if self.malicious:
+            batch = next(iter(federation.probe_batches(min(self.malicious), batch_size=2)), None)
+            if batch is not None:
+                self.attack.poison_batch(batch)
 
     @override
     def client_update(self, client: ClientContext, module: pl.LightningModule, delta: State) -> ClientUpdate:

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fl_lightning.robust import LabelFlip, malicious_clients
+from fl_lightning.robust import Byzantine, LabelFlip, malicious_clients
+from tests.algorithms.quadratic import CENTRES, Quadratic, quadratic_data, quadratic_trainer
 
 
 def test_every_label_flips_in_tuple_list_and_dict_batches():
@@ -63,3 +64,16 @@ def test_bad_arguments_are_named(kwargs, message):
 @pytest.mark.parametrize(("fraction", "count"), [(0.25, 3), (0.35, 4), (0.15, 2), (0.2, 2), (0.0, 0)])
 def test_the_malicious_count_is_fraction_times_n_rounded_half_up(fraction, count):
     assert len(malicious_clients(10, fraction, seed=0)) == count  # 2.5 -> 3 and 3.5 -> 4, not to even
+
+
+def test_an_unreadable_batch_is_refused_when_the_fit_starts():
+    """Byzantine poisons one batch of a malicious client at set-up: the attack's error comes before any client trains."""
+
+    class Unreadable(LabelFlip):
+        def poison_batch(self, batch):
+            raise TypeError(f"cannot read a {type(batch).__name__} batch")
+
+    trainer = quadratic_trainer(max_epochs=1, algorithm=Byzantine(attack=Unreadable(num_classes=2), fraction=0.5))
+    with pytest.raises(TypeError, match="cannot read a tuple batch"):
+        trainer.fit(Quadratic(), datamodule=quadratic_data(CENTRES))
+    assert trainer.fit_loop.history == []
