@@ -94,7 +94,7 @@ class LocalDP(AlgorithmWrapper):
         scale = min(1.0, self.clip_norm / norm) if (norm := update_norm(delta)) > 0 else 1.0
         std, source = self.noise_multiplier * self.clip_norm, noise_source(self._secret, client.seed, "local_dp")
         noised = {
-            name: t * scale + (source.normal(t.shape, torch.float32) * std).to(t)
+            name: t * scale + (source.normal(t.shape, torch.get_default_dtype()) * std).to(t)
             if t.is_floating_point()
             else torch.zeros_like(t)
             for name, t in delta.items()
