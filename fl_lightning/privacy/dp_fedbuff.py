@@ -44,8 +44,9 @@ class DPFedBuff(AlgorithmWrapper):
     buffer's step :math:`\eta_g \sum_j \alpha_j`, which the analysis does not cover.
 
     Accounting: under zero-out adjacency one user changes at most one clipped update of an
-    aggregation by at most :math:`C`, so each aggregation is a Gaussian mechanism of multiplier :math:`z`. Arrivals are not sampled (every client is in
-    flight and arrives when its job ends), so no amplification applies: ε at ``delta`` after
+    aggregation by at most :math:`C`, so each aggregation is a Gaussian mechanism of multiplier
+    :math:`z`. Arrivals are not sampled (every client is in flight and arrives when its job ends),
+    so no amplification applies: ε at ``delta`` after
     :math:`T` aggregations is that of :math:`T` composed Gaussian mechanisms (RDP, ``dp-accounting``),
     logged every aggregation as ``round/dp_epsilon`` — a bound for a client in every buffer; it composes
     what was released, so a run resumed with another ``noise_multiplier`` keeps the aggregations spent

@@ -138,6 +138,7 @@ class LocalDP(AlgorithmWrapper):
             rounds = check_count("rounds_done", state["rounds_done"])
             uploads = max(state.get("uploads", {}).values(), default=0)
             self.spent = Ledger(((setting, uploads if self.asynchronous else rounds),))
-        self.uploads = {check_count("uploads", cid): check_count(f"uploads[{cid}]", n) for cid, n in state.get("uploads", {}).items()}
+        uploads = state.get("uploads", {})
+        self.uploads = {check_count("uploads", cid): check_count(f"uploads[{cid}]", n) for cid, n in uploads.items()}
         if self.spent.entries and self.spent.entries[-1][0] != setting:
             self.uploads = {}  # a new noise multiplier starts a new count of uploads

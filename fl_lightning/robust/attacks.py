@@ -62,11 +62,15 @@ class LabelFlip(Attack):
         label_key: the key of a dict batch's labels.
     """
 
-    def __init__(self, *, num_classes: int, source: int | None = None, target: int | None = None, label_key: str | None = None) -> None:
+    def __init__(
+        self, *, num_classes: int, source: int | None = None, target: int | None = None, label_key: str | None = None
+    ) -> None:
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
             raise ValueError(f"`num_classes` must be an integer >= 2, got {num_classes!r}.")
         if (source is None) != (target is None):
-            raise ValueError(f"`source` and `target` go together (one class flipped to another), got source={source!r}, target={target!r}.")
+            raise ValueError(
+                f"`source` and `target` go together (one class flipped to another), got source={source!r}, target={target!r}."
+            )
         for name, value in (("source", source), ("target", target)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < num_classes):
                 raise ValueError(f"`{name}` must be a class in 0..{num_classes - 1}, got {value!r}.")
@@ -77,7 +81,8 @@ class LabelFlip(Attack):
     def flip(self, labels: torch.Tensor) -> torch.Tensor:
         """``labels`` flipped; values outside ``[0, C)`` unchanged."""
         if not isinstance(labels, torch.Tensor) or labels.is_floating_point() or labels.is_complex():
-            raise TypeError(f"LabelFlip flips integer class labels, got {type(labels).__name__} {getattr(labels, 'dtype', '')}".rstrip() + ".")
+            kind = f"{type(labels).__name__} {getattr(labels, 'dtype', '')}".rstrip()
+            raise TypeError(f"LabelFlip flips integer class labels, got {kind}.")
         if self.source is not None:
             return torch.where(labels == self.source, torch.full_like(labels, self.target), labels)  # type: ignore[arg-type]
         valid = (labels >= 0) & (labels < self.num_classes)
@@ -89,7 +94,9 @@ class LabelFlip(Attack):
             key = self.label_key if self.label_key is not None else next((k for k in LABEL_KEYS if k in batch), None)
             if key is None or key not in batch:
                 looked = repr(self.label_key) if self.label_key is not None else f"any of {list(LABEL_KEYS)}"
-                raise TypeError(f"LabelFlip found no labels under {looked} in a dict batch with keys {list(batch)}: set `label_key`.")
+                raise TypeError(
+                    f"LabelFlip found no labels under {looked} in a dict batch with keys {list(batch)}: set `label_key`."
+                )
             return {**batch, key: self.flip(batch[key])}
         if isinstance(batch, (tuple, list)) and len(batch) >= 2:
             inputs, labels, *rest = batch

@@ -24,7 +24,9 @@ GRID = [
 
 
 def _ours(num_clients, per_round, z, sampling, delta) -> RoundAccountant:
-    return RoundAccountant(noise_multiplier=z, num_clients=num_clients, clients_per_round=per_round, sampling=sampling, delta=delta)
+    return RoundAccountant(
+        noise_multiplier=z, num_clients=num_clients, clients_per_round=per_round, sampling=sampling, delta=delta
+    )
 
 
 @pytest.mark.parametrize(("num_clients", "per_round", "z", "rounds", "delta"), GRID)

@@ -114,13 +114,21 @@ def test_an_older_checkpoint_s_round_count_is_checked_and_accounted_at_the_curre
     assert algorithm.rounds_spent == 2
 
 
+def _dp_fedbuff(z: float) -> DPFedBuff:
+    return DPFedBuff(noise_multiplier=z, clip_norm=1.0, algorithm=FedBuff(buffer_size=2))
+
+
+def _local_dp(z: float) -> LocalDP:
+    return LocalDP(noise_multiplier=z, clip_norm=1.0)
+
+
 @pytest.mark.parametrize(
     ("build", "entry", "value", "message"),
     [
-        (lambda z: DPFedBuff(noise_multiplier=z, clip_norm=1.0, algorithm=FedBuff(buffer_size=2)), "spent", [[[1.0], -1]], "spent"),
-        (lambda z: DPFedBuff(noise_multiplier=z, clip_norm=1.0, algorithm=FedBuff(buffer_size=2)), "spent", [[[1.0, 2.0], 1]], "spent"),
-        (lambda z: LocalDP(noise_multiplier=z, clip_norm=1.0), "spent", [[[math.inf], 1]], "spent"),
-        (lambda z: LocalDP(noise_multiplier=z, clip_norm=1.0), "uploads", {0: -3}, r"uploads\[0\]"),
+        (_dp_fedbuff, "spent", [[[1.0], -1]], "spent"),
+        (_dp_fedbuff, "spent", [[[1.0, 2.0], 1]], "spent"),
+        (_local_dp, "spent", [[[math.inf], 1]], "spent"),
+        (_local_dp, "uploads", {0: -3}, r"uploads\[0\]"),
     ],
     ids=["dp-fedbuff-negative", "dp-fedbuff-width", "local-dp-inf", "local-dp-uploads"],
 )

@@ -86,7 +86,10 @@ def test_secure_local_dp_noise_is_not_the_client_seeds():
     ("build", "owner"),
     [
         (lambda mode: DPFedAvg(noise_multiplier=1.0, secure_mode=mode), "DPFedAvg"),
-        (lambda mode: DPFedBuff(noise_multiplier=1.0, clip_norm=1.0, secure_mode=mode, algorithm=FedBuff(buffer_size=2)), "DPFedBuff"),
+        (
+            lambda mode: DPFedBuff(noise_multiplier=1.0, clip_norm=1.0, secure_mode=mode, algorithm=FedBuff(buffer_size=2)),
+            "DPFedBuff",
+        ),
         (lambda mode: LocalDP(noise_multiplier=1.0, clip_norm=1.0, secure_mode=mode), "LocalDP"),
     ],
 )

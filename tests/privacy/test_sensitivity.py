@@ -22,7 +22,8 @@ def test_median_norm_filter_moves_the_sum_by_more_than_the_clip_norm():
     """Why it is refused: norms [1 x 5, 4 x 4] -> [1 x 4, 4 x 5] (one client changed) moves what the filter
     keeps by 19 units of norm, against a sensitivity of 2C = 8 for clip norm 4."""
     before, after = [1.0] * 5 + [4.0] * 4, [1.0] * 4 + [4.0] * 5
-    kept = [sum(n for n, s in zip(norms, MedianNormFilter(factor=3.0).scales(norms)) if s is not None) for norms in (before, after)]
+    bound = MedianNormFilter(factor=3.0)
+    kept = [sum(n for n, s in zip(norms, bound.scales(norms)) if s is not None) for norms in (before, after)]
     assert kept == [5.0, 24.0]
 
 
@@ -42,7 +43,8 @@ def test_a_bound_that_compares_clients_is_refused_under_dp_naming_both(build):
 
 
 def test_norm_clip_still_composes_with_dp():
-    trainer = quadratic_trainer(max_epochs=1, algorithm=DPFedAvg(noise_multiplier=1.0, clip_norm=1.0), update_bound=NormClip(max_norm=2.0))
+    algorithm = DPFedAvg(noise_multiplier=1.0, clip_norm=1.0)
+    trainer = quadratic_trainer(max_epochs=1, algorithm=algorithm, update_bound=NormClip(max_norm=2.0))
     trainer.fit(Quadratic(), datamodule=quadratic_data(CENTRES))
     assert float(trainer.callback_metrics["round/dp_epsilon"]) > 0
 
@@ -92,6 +94,7 @@ def test_a_round_with_no_usable_update_still_releases_noise_and_spends_budget():
         trainer.fit(model, datamodule=quadratic_data(CENTRES))
     assert float(trainer.callback_metrics["round/aggregated_clients"]) == 0.0
     assert algorithm.rounds_spent == 2
-    assert float(trainer.callback_metrics["round/dp_epsilon"]) == pytest.approx(algorithm.epsilon(), rel=1e-6)  # logged as float32
+    logged = float(trainer.callback_metrics["round/dp_epsilon"])
+    assert logged == pytest.approx(algorithm.epsilon(), rel=1e-6)  # logged as float32
     step = np.concatenate([(p.detach() - b).reshape(-1).numpy() for p, b in zip(model.parameters(), before)])
     assert np.isfinite(step).all() and (step != 0).all()  # the noise, divided by m = 2

@@ -18,7 +18,8 @@ def test_every_label_flips_in_tuple_list_and_dict_batches():
     assert inputs is x and labels.tolist() == [9, 6, 0, 4] and meta == "meta"
     assert isinstance(attack.poison_batch([x, y]), list) and attack.poison_batch([x, y])[1].tolist() == [9, 6, 0, 4]
     flipped = attack.poison_batch({"input_ids": x, "labels": y, "mask": y > 0})
-    assert flipped["labels"].tolist() == [9, 6, 0, 4] and flipped["input_ids"] is x and set(flipped) == {"input_ids", "labels", "mask"}
+    assert flipped["labels"].tolist() == [9, 6, 0, 4] and flipped["input_ids"] is x
+    assert set(flipped) == {"input_ids", "labels", "mask"}
 
 
 def test_sequence_labels_keep_their_padding_index():
@@ -35,7 +36,10 @@ def test_source_to_target_flips_one_class_only():
 @pytest.mark.parametrize(
     ("batch", "message"),
     [
-        ({"x": torch.zeros(2), "class_id": torch.tensor([1, 2])}, r"no labels under any of \['label', .*keys \['x', 'class_id'\]: set `label_key`"),
+        (
+            {"x": torch.zeros(2), "class_id": torch.tensor([1, 2])},
+            r"no labels under any of \['label', .*keys \['x', 'class_id'\]: set `label_key`",
+        ),
         (torch.zeros(3, 2), "got a Tensor batch"),
         ((torch.zeros(2),), "got a tuple batch"),
         ((torch.zeros(2), torch.tensor([0.5, 1.5])), "integer class labels, got Tensor torch.float32"),

@@ -51,8 +51,11 @@ def test_secure_aggregation_refuses_a_client_whose_value_could_wrap_the_round_s_
     algorithm.setup(federation)
     algorithm.select_clients(0)
     update = updates[0]
-    big = {n: torch.full_like(t, 2.0**27 / 3 / update.num_samples) if t.is_floating_point() else t for n, t in update.payload.items()}
-    context = ClientContext(round_idx=0, client_id=update.client_id, num_samples=update.num_samples, num_epochs=1, num_steps=None, seed=0)
+    value = 2.0**27 / 3 / update.num_samples  # times the client's weight: 2^27 / 3
+    big = {n: torch.full_like(t, value) if t.is_floating_point() else t for n, t in update.payload.items()}
+    context = ClientContext(
+        round_idx=0, client_id=update.client_id, num_samples=update.num_samples, num_epochs=1, num_steps=None, seed=0
+    )
     assert len(algorithm.round_clients) == 4  # one value is 2^27 / 3: it fits alone, not four times
     with pytest.raises(OverflowError, match="summed over 4 clients does not fit"):
         algorithm.client_update(context, federation.module, big)
