@@ -7,8 +7,10 @@ one client takes part), and Poisson sampling's membership is public, so it ampli
 :class:`SecretNoise` draws instead from SHAKE-256 (FIPS 202, an extendable-output function) keyed by
 256 bits from the operating system's CSPRNG (:func:`secrets.token_bytes`), drawn when a fit starts
 and never logged or saved; under client sharding rank 0 draws it and broadcasts it once, so every
-rank adds the same noise. Gaussians are formed from its 53-bit uniforms by Box–Muller; as in Opacus's
-secure mode, floating-point attacks on the sampler's low bits (Mironov 2012) are out of scope.
+rank adds the same noise. Gaussians are formed from its 53-bit uniforms by Box–Muller, each the sum of
+four draws over 2 (Holohan & Braghin 2021, "Secure Random Sampling in Differential Privacy", §5.1, as
+Opacus's secure mode does), so the low bits of a released float no longer give away the draw
+(the floating-point attacks of Mironov 2012 and Jin et al. 2022).
 """
 
 from __future__ import annotations
@@ -21,20 +23,9 @@ from abc import ABC, abstractmethod
 import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor
+from typing_extensions import override
 
 from fl_lightning.utils.seeding import make_generator
-
-_SECURE_MODE_OFF = (
-    "{owner}(secure_mode=False) draws its noise{what} from the run's seed, which is logged and checkpointed: "
-    "whoever knows the seed can regenerate the noise and strip it from the released models. Fine for reproducible "
-    "research; set secure_mode=True before publishing or deploying a privacy guarantee."
-)
-
-
-def secure_mode_warning(owner: str, what: str = "") -> str:
-    """The one warning a run without secure mode gives, naming ``owner`` and the option."""
-    return _SECURE_MODE_OFF.format(owner=owner, what=what)
-
 
 class NoiseSource(ABC):
     """A stream of random draws, consumed in order."""
@@ -54,9 +45,11 @@ class SeededNoise(NoiseSource):
     def __init__(self, generator: torch.Generator) -> None:
         self.generator = generator
 
+    @override
     def uniform(self, size: int) -> Tensor:
         return torch.rand(size, generator=self.generator, dtype=torch.float64)
 
+    @override
     def normal(self, shape: torch.Size | tuple[int, ...], dtype: torch.dtype = torch.float64) -> Tensor:
         return torch.randn(shape, generator=self.generator, dtype=dtype)
 
@@ -76,15 +69,22 @@ class SecretNoise(NoiseSource):
         self._draws += 1
         return torch.frombuffer(bytearray(block), dtype=torch.int64) & ((1 << 53) - 1)
 
+    @override
     def uniform(self, size: int) -> Tensor:
         return self._bits53(size).double() * 2.0**-53
 
+    @override
     def normal(self, shape: torch.Size | tuple[int, ...], dtype: torch.dtype = torch.float64) -> Tensor:
         size = math.prod(shape)
+        total = sum((self._box_muller(size) for _ in range(4)), torch.zeros(size, dtype=torch.float64))
+        return (total / 2).view(shape).to(dtype)  # four standard normals over 2: std 1
+
+    def _box_muller(self, size: int) -> Tensor:
+        """``size`` standard normals from ``2 * ceil(size / 2)`` uniforms in (0, 1)."""
         pairs = (size + 1) // 2
         u = (self._bits53(2 * pairs).double() + 0.5) * 2.0**-53  # in (0, 1): the log below is finite
         radius, angle = torch.sqrt(-2 * torch.log(u[:pairs])), 2 * math.pi * u[pairs:]
-        return torch.cat([radius * torch.cos(angle), radius * torch.sin(angle)])[:size].view(shape).to(dtype)
+        return torch.cat([radius * torch.cos(angle), radius * torch.sin(angle)])[:size]
 
 
 def start_noise(owner: str, secure_mode: bool, what: str = "") -> bytes | None:
@@ -92,7 +92,11 @@ def start_noise(owner: str, secure_mode: bool, what: str = "") -> bytes | None:
     the one warning that the seed determines the noise (``what`` says which draws besides the noise)."""
     if secure_mode:
         return draw_secret()
-    rank_zero_warn(secure_mode_warning(owner, what))
+    rank_zero_warn(
+        f"{owner}(secure_mode=False) draws its noise{what} from the run's seed, which is logged and checkpointed: "
+        "whoever knows the seed can regenerate the noise and strip it from the released models. Fine for reproducible "
+        "research; set secure_mode=True before publishing or deploying a privacy guarantee."
+    )
     return None
 
 
