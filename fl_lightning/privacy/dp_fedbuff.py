@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, ClassVar
+
+import torch
 
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
@@ -10,7 +13,7 @@ from typing_extensions import override
 from fl_lightning.algorithms.fedbuff import FedBuff
 from fl_lightning.algorithms.shared.base import Algorithm, ClientUpdate
 from fl_lightning.algorithms.shared.wrapper import AlgorithmWrapper
-from fl_lightning.model_state import State
+from fl_lightning.model_state import State, all_finite
 from fl_lightning.federation import Federation
 from fl_lightning.privacy.accountant import check_delta, composed_gaussian_epsilon
 from fl_lightning.privacy.dp_fedavg import add_noise, clipped_sum, refuse_relative_bound
@@ -39,9 +42,10 @@ class DPFedBuff(AlgorithmWrapper):
     Neighbouring relation: *zero-out* adjacency (a neighbouring run has one user's updates replaced by
     zero updates; who arrives when is the same in both runs, since the virtual clock, not the data,
     sets it). Add/remove-one would change the arrivals, hence every buffer, and is not covered; under
-    replace-one the sum moves by :math:`2C` and ε would be that of multiplier :math:`z/2`. A buffer
-    whose updates are all dropped (non-finite) releases nothing; a dropped update shortens that
-    buffer's step :math:`\eta_g \sum_j \alpha_j`, which the analysis does not cover.
+    replace-one the sum moves by :math:`2C` and ε would be that of multiplier :math:`z/2`. A non-finite
+    update is aggregated as a zero update (:meth:`decode_update`), its neighbour under zero-out, with
+    its weight :math:`\alpha_j`: dropping it would shorten the buffer's step
+    :math:`\eta_g \sum_j \alpha_j`, or leave a buffer empty and release nothing, both data-dependent.
 
     Accounting: under zero-out adjacency one user changes at most one clipped update of an
     aggregation by at most :math:`C`, so each aggregation is a Gaussian mechanism of multiplier
@@ -107,6 +111,19 @@ class DPFedBuff(AlgorithmWrapper):
     def check_update_bound(self, bound: UpdateBound) -> None:
         refuse_relative_bound("DPFedBuff", bound)
         super().check_update_bound(bound)
+
+    @override
+    def decode_update(self, update: ClientUpdate) -> ClientUpdate:
+        """The wrapped algorithm's decoded update, or, if it is not finite, a zero update in its place (with a
+        warning): the loop would drop it, changing the buffer's step with the client's data."""
+        decoded = super().decode_update(update)
+        if all_finite(decoded.payload):
+            return decoded
+        rank_zero_warn(
+            f"Client {update.client_id} sent a non-finite update (NaN/Inf); DPFedBuff aggregates a zero update in its "
+            "place, so the buffer's step does not depend on it."
+        )
+        return replace(decoded, payload={name: torch.zeros_like(t) for name, t in decoded.payload.items()})
 
     @property
     def aggregations(self) -> int:

@@ -13,9 +13,11 @@ from fl_lightning import DPFedAvg, FedBuff, MedianNormFilter, NormClip
 from fl_lightning.privacy import DPFedBuff, LocalDP
 from fl_lightning.privacy.dp_fedavg import clipped_sum
 from fl_lightning.robust import Bulyan, CoordinateMedian, Krum, TrimmedMean
+from fl_lightning.participation.speed import ConstantDelay
 from tests.algorithms.quadratic import CENTRES, Quadratic, quadratic_data, quadratic_trainer
 from tests.privacy import reference
 from tests.privacy.conftest import global_state, make_federation, updates_with_norms
+from tests.recording_logger import RecordingLogger
 
 
 def test_median_norm_filter_moves_the_sum_by_more_than_the_clip_norm():
@@ -98,3 +100,19 @@ def test_a_round_with_no_usable_update_still_releases_noise_and_spends_budget():
     assert logged == pytest.approx(algorithm.epsilon(), rel=1e-6)  # logged as float32
     step = np.concatenate([(p.detach() - b).reshape(-1).numpy() for p, b in zip(model.parameters(), before)])
     assert np.isfinite(step).all() and (step != 0).all()  # the noise, divided by m = 2
+
+
+def test_dp_fedbuff_aggregates_a_non_finite_update_as_a_zero_update():
+    """Zero-out adjacency: a NaN update becomes its neighbour, a zero update with its weight, so every buffer
+    releases noise and no buffer's step depends on whether an update was finite."""
+    algorithm = DPFedBuff(noise_multiplier=1.0, clip_norm=1.0, algorithm=FedBuff(buffer_size=2, delays=ConstantDelay(1.0)))
+    logger = RecordingLogger()
+    trainer = quadratic_trainer(max_epochs=3, algorithm=algorithm, local_steps=1, logger=logger)
+    model = Quadratic(lr=math.nan)
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.warns(UserWarning, match="DPFedBuff aggregates a zero update in its place"):
+        trainer.fit(model, datamodule=quadratic_data(CENTRES))
+    assert [m["round/dropped_clients"] for _, m in logger.records if "round/dropped_clients" in m] == [0.0] * 3
+    assert algorithm.aggregations == 3
+    step = np.concatenate([(p.detach() - b).reshape(-1).numpy() for p, b in zip(model.parameters(), before)])
+    assert np.isfinite(step).all() and (step != 0).all()  # the noise alone
