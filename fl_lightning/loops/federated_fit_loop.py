@@ -277,6 +277,8 @@ class FederatedFitLoop(compat.FitLoopBase):
                 f"{type(self.algorithm).__name__}'s uploads are not deltas (uploads_deltas is False): "
                 "remove the update bound for this algorithm."
             )
+        if self.update_bound is not None:
+            self.algorithm.check_update_bound(self.update_bound)
 
     def _client_sharding(self) -> ClientSharding:
         """Checks that this run can shard its clients over the trainer's processes."""
@@ -348,7 +350,7 @@ class FederatedFitLoop(compat.FitLoopBase):
         screened = decode_and_screen(self.algorithm, round_idx, received)
         updates, refused = self._bound(round_idx, [u.client_id for u in received], screened.finite)
         metrics, rolled_back = {}, False
-        if updates:
+        if updates or self.algorithm.aggregates_empty_rounds:
             metrics, rolled_back = aggregate_or_roll_back(
                 round_idx,
                 self.algorithm,
@@ -409,7 +411,7 @@ class FederatedFitLoop(compat.FitLoopBase):
             everyone = [replace(r, payload=payloads[r.client_id]) for r in combined.reports if r.client_id in payloads]
             return algorithm.aggregate(round_idx, self.global_state, everyone)
 
-        if aggregated:
+        if aggregated or algorithm.aggregates_empty_rounds:
             metrics, rolled_back = aggregate_or_roll_back(round_idx, algorithm, self.global_state, server_step)
         counts = {"dropped": combined.dropped, "rejected": combined.rejected, "rolled_back": rolled_back}
         return combined.reports, self._finish_aggregation(round_idx, metrics, aggregated=aggregated, **counts)
@@ -432,7 +434,9 @@ class FederatedFitLoop(compat.FitLoopBase):
         self, round_idx: int, metrics: dict[str, float], *, aggregated: int, dropped: int, rejected: int, rolled_back: bool
     ) -> dict[str, float]:
         if not aggregated:
-            rank_zero_warn(f"Round {round_idx}: no client update to aggregate; the global model is unchanged.")
+            empty = self.algorithm.aggregates_empty_rounds  # e.g. DP releases its noise all the same
+            outcome = f"{type(self.algorithm).__name__} aggregates the empty round" if empty else "the global model is unchanged"
+            rank_zero_warn(f"Round {round_idx}: no client update to aggregate; {outcome}.")
         load_into(self._live, self.global_state)
         self._rounds_done = round_idx + 1
         return {

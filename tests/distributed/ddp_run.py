@@ -46,6 +46,10 @@ ALGORITHMS = {
     "dpfedavg": lambda: DPFedAvg(
         noise_multiplier=0.5, clip_norm=0.5, adaptive_clipping=AdaptiveClipping(count_noise_std=1.0), algorithm=FedProx(mu=0.1)
     ),
+    # Secure mode: rank 0's secret, broadcast at set-up, gives every rank the same Poisson sample and noise.
+    "dpfedavg-secure": lambda: DPFedAvg(
+        noise_multiplier=0.5, clip_norm=0.5, sampling="poisson", secure_mode=True, algorithm=FedProx(mu=0.1)
+    ),
     # Robust rules need every update: the ranks gather the round's decoded updates and each applies the rule.
     "median": lambda: CoordinateMedian(algorithm=FedProx(mu=0.1)),
     "krum": lambda: Byzantine(
