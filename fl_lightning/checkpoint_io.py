@@ -1,12 +1,23 @@
-"""Reading checkpoints safely: a file that cannot be read, or holds no federated run, fails with
-one clear error naming it instead of a raw ``OSError``, ``KeyError`` or unpickling error."""
+"""Writing and reading checkpoints safely.
+
+* Writing is atomic (:func:`atomic_save`): a crash at any point leaves either the old file or the
+  new one, never a truncated one, and a full disk is one :class:`CheckpointWriteError` naming the folder.
+* Reading a file that cannot be read, or holds no federated run, fails with one clear error naming
+  it instead of a raw ``OSError``, ``KeyError`` or unpickling error.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import io
+import os
 from collections.abc import Mapping
 from typing import Any
 
-from lightning.fabric.plugins import CheckpointIO
+import torch
+from lightning.fabric.plugins import CheckpointIO, TorchCheckpointIO
+from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from typing_extensions import override
 
 #: Entries of the federated loop state that every checkpoint has, and their types.
@@ -23,8 +34,61 @@ class CheckpointError(ValueError):
     """A checkpoint file is unreadable (truncated, corrupt), foreign, or holds invalid federated state."""
 
 
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (a full disk, a quota); the previous checkpoint is intact."""
+
+
+#: The errors of a write that a full disk or quota causes.
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def atomic_save(checkpoint: dict[str, Any], path: str | os.PathLike[str]) -> None:
+    """Saves ``checkpoint`` to ``path`` so that a crash leaves the old file or the new one, whole.
+
+    The bytes go to a temporary file in the same folder (a rename across file systems would be a
+    copy), which is flushed to disk (``fsync``) and renamed over ``path``; the folder is then
+    synced so that the rename itself survives a power loss.
+
+    Raises:
+        CheckpointWriteError: one line naming the folder when the disk or quota is full.
+    """
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    buffer = io.BytesIO()
+    torch.save(checkpoint, buffer)  # serialized first: a write error is then a plain OSError
+    temp = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    try:
+        with open(temp, "wb") as file:
+            file.write(buffer.getbuffer())
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temp, path)
+    except BaseException as err:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(temp)
+        if isinstance(err, OSError) and err.errno in _NO_SPACE:
+            raise CheckpointWriteError(
+                err.errno,
+                f"Cannot write checkpoint {os.path.basename(path)}: no space left in {folder} "
+                f"({len(buffer.getbuffer())} bytes needed); the previous checkpoint there is intact",
+            ) from err
+        raise
+    sync_folder(folder)
+
+
+def sync_folder(folder: str) -> None:
+    """Makes the renames and links in ``folder`` durable (``fsync`` of the folder; no-op where unsupported)."""
+    with contextlib.suppress(OSError):
+        descriptor = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+
+
 class CheckedCheckpointIO(CheckpointIO):
-    """Delegates to ``inner``; loading raises :class:`CheckpointError` naming the file when it cannot
+    """Delegates to ``inner``, except that Lightning's own IO saves local files with
+    :func:`atomic_save`; loading raises :class:`CheckpointError` naming the file when it cannot
     be read or is not a Lightning checkpoint. :class:`~fl_lightning.FederatedTrainer` installs it.
 
     Args:
@@ -36,7 +100,11 @@ class CheckedCheckpointIO(CheckpointIO):
 
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
-        self.inner.save_checkpoint(checkpoint, path, storage_options=storage_options)
+        # Another IO (a cloud store, a user's own) keeps its own guarantees.
+        if type(self.inner) is TorchCheckpointIO and storage_options is None and _is_local_file_protocol(path):
+            atomic_save(checkpoint, path)
+        else:
+            self.inner.save_checkpoint(checkpoint, path, storage_options=storage_options)
 
     @override
     def load_checkpoint(self, path: Any, map_location: Any | None = None, weights_only: bool | None = None) -> dict[str, Any]:
