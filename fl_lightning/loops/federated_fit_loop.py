@@ -22,7 +22,7 @@ from fl_lightning.checkpoint_io import CheckpointError, validate_federated_state
 from fl_lightning.distributed.sharding import ClientSharding
 from fl_lightning.distributed.strategy import FederatedDDPStrategy
 from fl_lightning.federation import Federation, require_federated_data
-from fl_lightning.fingerprint import check_resume, federation_fingerprint
+from fl_lightning.fingerprint import check_resume, federation_fingerprint, training_fingerprint
 from fl_lightning.loops.client_executor import ClientExecutor, ClientRuntime
 from fl_lightning.loops.executor_choice import make_executor
 from fl_lightning.loops.guards import aggregate_or_roll_back, apply_bound, bound_updates, decode_and_screen
@@ -150,6 +150,8 @@ class FederatedFitLoop(compat.FitLoopBase):
         self._loaded: dict[str, Any] | None = None
         self._sharding: ClientSharding | None = None
         self._fingerprint: dict[str, Any] = {}
+        #: This run's model, optimizer, scheduler and data settings, read before a resume restores the optimizer.
+        self._training_fingerprint: dict[str, Any] | None = None
 
     @property
     def federation(self) -> Federation:
@@ -209,9 +211,11 @@ class FederatedFitLoop(compat.FitLoopBase):
             services=LoopServices(self),
         )
         # Checked before the algorithm's set-up, whose own errors a changed federation could trigger.
-        self._fingerprint = federation_fingerprint(
-            federation, self.algorithm, update_bound=self.update_bound, reset_optimizer=self.reset_optimizer
-        )
+        self._fingerprint = {
+            **federation_fingerprint(federation, self.algorithm, update_bound=self.update_bound, reset_optimizer=self.reset_optimizer),
+            **(self._training_fingerprint or training_fingerprint(trainer)),
+        }
+        self._training_fingerprint = None
         if self._loaded is not None:
             saved = self._loaded.get("fingerprint")
             check_resume(saved, self._fingerprint, path=trainer.ckpt_path, allow_changes=self.allow_resume_changes)
@@ -498,6 +502,8 @@ class FederatedFitLoop(compat.FitLoopBase):
         validate_federated_state(federated, path=self.trainer.ckpt_path, max_rounds=self.max_epochs)
         self._rounds_done = federated["rounds_done"]
         self._loaded = federated
+        # Lightning restores the loops before the optimizers, whose settings the checkpoint's would replace.
+        self._training_fingerprint = training_fingerprint(self.trainer)
 
     def _restore(self, federated: dict[str, Any]) -> None:
         if "global_state" in federated:
