@@ -68,9 +68,8 @@ def atomic_save(checkpoint: dict[str, Any], path: str | os.PathLike[str]) -> Non
             os.remove(temp)
         if isinstance(err, OSError) and err.errno in _NO_SPACE:
             raise CheckpointWriteError(
-                err.errno,
                 f"Cannot write checkpoint {os.path.basename(path)}: no space left in {folder} "
-                f"({len(buffer.getbuffer())} bytes needed); the previous checkpoint there is intact",
+                f"({len(buffer.getbuffer())} bytes needed); the checkpoints written before are intact."
             ) from err
         raise
     sync_folder(folder)

@@ -179,6 +179,13 @@ class FederatedFitLoop(compat.FitLoopBase):
         """Nothing to set up: each client's batches are prepared when it trains."""
 
     @override
+    def run(self) -> None:
+        if self._loaded is not None and self.skip:
+            # Resumed with no round left (a finished run): the checkpoint must still be this run's.
+            self._setup_federation()
+        super().run()
+
+    @override
     def reset(self) -> None:
         torch.set_grad_enabled(True)
         compat.set_completed_epochs(self.epoch_progress, self._rounds_done)
