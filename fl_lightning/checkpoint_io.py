@@ -133,6 +133,27 @@ class CheckedCheckpointIO(CheckpointIO):
         self.inner.teardown()
 
 
+def read_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The checkpoint at ``path`` (tensors on the CPU, no code run), checked as :class:`CheckedCheckpointIO`
+    checks what a resume reads: for the CLI, which reads a checkpoint before the trainer exists."""
+    return CheckedCheckpointIO(TorchCheckpointIO()).load_checkpoint(path, map_location="cpu", weights_only=True)
+
+
+def model_settings_replaced(saved: Mapping[str, Any], given: Mapping[str, Any]) -> list[str]:
+    """One ``"name: given → saved"`` line per model setting whose checkpoint value ``saved`` replaces
+    the configuration's ``given`` one (names starting with ``_`` are LightningCLI's bookkeeping)."""
+    return [
+        f"{name}: {given.get(name)!r} → {value!r}"
+        for name, value in saved.items()
+        if not str(name).startswith("_") and name in given and _listed(given[name]) != _listed(value)
+    ]
+
+
+def _listed(value: Any) -> Any:
+    """A tuple as the list a checkpoint's YAML-like hyper-parameters hold."""
+    return list(value) if isinstance(value, tuple) else value
+
+
 def validate_federated_state(federated: Any, *, path: Any, max_rounds: int | None) -> None:
     """Checks the federated loop state read from checkpoint ``path`` before anything is restored.
 
