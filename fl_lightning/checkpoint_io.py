@@ -11,8 +11,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import io
+import math
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -181,3 +182,53 @@ def validate_federated_state(federated: Any, *, path: Any, max_rounds: int | Non
 
 def _is_id_list(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in value)
+
+
+def validate_restored_state(
+    federated: Mapping[str, Any], global_state: Mapping[str, torch.Tensor], *, num_clients: int, path: Any
+) -> None:
+    """Checks, once the federation is known, what :func:`validate_federated_state` cannot: the global
+    model is finite; every tensor of the algorithm's state (server optimizer moments and momentum,
+    control variates, staleness and cluster state, ...) is finite and, when it is filed under a
+    parameter's name, has that parameter's shape; no Python float in it is NaN (an ``inf`` can be a
+    setting, such as DP-FedAvg's noise-free ``clip_norm``); every client id in ``history`` exists.
+    One mechanism for every algorithm: their own ``load_state_dict`` checks their ranges.
+
+    Raises:
+        CheckpointError: naming the file and the first bad entry.
+    """
+    name = f"Checkpoint {path}"
+    for key, tensor in global_state.items():
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            raise CheckpointError(f"{name}: the global model's `{key}` holds NaN or Inf.")
+    for entry, value in _leaves(("algorithm",), federated["algorithm"]):
+        where = ".".join(map(str, entry))
+        if isinstance(value, torch.Tensor):
+            if value.is_floating_point() and not torch.isfinite(value).all():
+                raise CheckpointError(f"{name}: algorithm state `{where}` holds NaN or Inf.")
+            expected = global_state.get(entry[-1]) if isinstance(entry[-1], str) else None
+            if expected is not None and value.shape != expected.shape:
+                raise CheckpointError(
+                    f"{name}: algorithm state `{where}` has shape {list(value.shape)}, but the model's "
+                    f"`{entry[-1]}` has {list(expected.shape)}."
+                )
+        elif isinstance(value, float) and math.isnan(value):
+            raise CheckpointError(f"{name}: algorithm state `{where}` is NaN.")
+    for round_idx, clients in enumerate(federated["history"]):
+        unknown = [c for c in clients if not 0 <= c < num_clients]
+        if unknown:
+            raise CheckpointError(
+                f"{name}: `history[{round_idx}]` names client {unknown[0]}, but this federation has clients 0..{num_clients - 1}."
+            )
+
+
+def _leaves(entry: tuple[Any, ...], value: Any) -> Iterator[tuple[tuple[Any, ...], Any]]:
+    """``(path, value)`` of every value nested in mappings, lists and tuples."""
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            yield from _leaves((*entry, key), item)
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            yield from _leaves((*entry, index), item)
+    else:
+        yield entry, value

@@ -18,7 +18,7 @@ from fl_lightning.algorithms.shared.base import TRAINING_METRICS, Algorithm, Cli
 from fl_lightning.algorithms.shared.summable import SupportsWeightedSum, apply_sum, can_shard
 from fl_lightning.callbacks.client_loss import ClientLossRecorder
 from fl_lightning.callbacks.federated_callback import call_federated_hook
-from fl_lightning.checkpoint_io import CheckpointError, validate_federated_state
+from fl_lightning.checkpoint_io import CheckpointError, validate_federated_state, validate_restored_state
 from fl_lightning.distributed.sharding import ClientSharding
 from fl_lightning.distributed.strategy import FederatedDDPStrategy
 from fl_lightning.federation import Federation, require_federated_data
@@ -516,6 +516,7 @@ class FederatedFitLoop(compat.FitLoopBase):
         if "global_state" in federated:
             self.global_state = {k: v.to(self.global_state[k].device) for k, v in federated["global_state"].items()}
             load_into(self._live, self.global_state)
+        validate_restored_state(federated, self.global_state, num_clients=self.federation.num_clients, path=self.trainer.ckpt_path)
         try:
             self.algorithm.load_state_dict(federated["algorithm"])
         except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as err:
