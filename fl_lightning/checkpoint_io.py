@@ -176,6 +176,9 @@ def validate_federated_state(federated: Any, *, path: Any, max_rounds: int | Non
     for key in ("total_upload_bytes", "total_download_bytes"):
         if federated[key] < 0:
             raise CheckpointError(f"{name}: `{key}={federated[key]}` is negative.")
+    start = federated.get("round_start_steps", [0, 0])
+    if not (isinstance(start, list) and len(start) == 2 and all(type(s) is int and s >= 0 for s in start)):
+        raise CheckpointError(f"{name}: `round_start_steps` must be two ints >= 0, got {start!r:.80}.")
     if not all(map(_is_id_list, federated["history"])):
         raise CheckpointError(f"{name}: federated state `history` must be a list of lists of client ids.")
 

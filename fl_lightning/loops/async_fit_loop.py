@@ -200,6 +200,8 @@ class AsyncFitLoop(FederatedFitLoop):
         else:
             simulation = self._checkpoint_state()
         federated["async"] = {k: v for k, v in simulation.items() if k not in ("global_state", "algorithm", "history")}
+        # The replay from the aggregation's start keeps the steps counted so far (not rewound as a round's are).
+        federated.pop("round_start_steps", None)
         return state
 
     @override

@@ -147,6 +147,8 @@ class FederatedFitLoop(compat.FitLoopBase):
         self._live: State = {}
         self._rounds_done = 0
         self._in_round = False
+        #: The step counters when the current round began: a mid-round resume replays the round from there.
+        self._round_start_steps = (0, 0)
         self._loaded: dict[str, Any] | None = None
         self._sharding: ClientSharding | None = None
         self._fingerprint: dict[str, Any] = {}
@@ -282,6 +284,7 @@ class FederatedFitLoop(compat.FitLoopBase):
 
     @override
     def on_advance_start(self) -> None:
+        self._round_start_steps = compat.step_counters(self.trainer)
         self.epoch_progress.increment_ready()
         compat.call_epoch_start_hooks(self.trainer)
         self.epoch_progress.increment_started()
@@ -499,6 +502,8 @@ class FederatedFitLoop(compat.FitLoopBase):
         # when the module's precision is below the master copy's, which holds the exact global model.
         if self._in_round or any(t.dtype != self.global_state[k].dtype for k, t in self._live.items()):
             federated["global_state"] = {k: v.clone() for k, v in self.global_state.items()}
+        if self._in_round:
+            federated["round_start_steps"] = list(self._round_start_steps)
         state["federated"] = federated
         return state
 
@@ -524,6 +529,9 @@ class FederatedFitLoop(compat.FitLoopBase):
                 f"Checkpoint {self.trainer.ckpt_path}: {type(self.algorithm).__name__} cannot load the saved algorithm "
                 f"state ({type(err).__name__}: {err}); was it written by another algorithm?"
             ) from err
+        if "round_start_steps" in federated:  # saved mid-round: the replayed round counts its steps again
+            global_step, logging_steps = federated["round_start_steps"]
+            compat.rewind_step_counters(self.trainer, (global_step, logging_steps))
         self.history = [list(c) for c in federated["history"]]
         self.total_upload_bytes = int(federated["total_upload_bytes"])
         self.total_download_bytes = int(federated["total_download_bytes"])
