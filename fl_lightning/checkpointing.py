@@ -1,8 +1,10 @@
 """Checkpoints of a federated run: one per round, named by round, with the global model.
 
 * :func:`round_checkpoint` is the ``ModelCheckpoint`` that :class:`~fl_lightning.FederatedTrainer`
-  installs when checkpointing is on and none is given: after every round (every aggregation of an
-  asynchronous algorithm), whatever ``check_val_every_n_epoch``, it writes ``round_<r>.ckpt``
+  installs when checkpointing is on and none is given: after every round (for an asynchronous
+  algorithm, whose aggregations are cheap, after the first aggregation that ends at least
+  :data:`ASYNC_EVERY_S` after the previous save, and after the last), whatever
+  ``check_val_every_n_epoch``, it writes ``round_<r>.ckpt``
   (``r`` the 0-based round, as in the logs' ``round`` column) atomically, links ``last.ckpt`` to
   it, and only then removes the previous round's file: a crash at any point leaves an intact one.
 * :func:`find_last_checkpoint` resolves ``ckpt_path="last"``: this run's own folder, else the
@@ -19,8 +21,10 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import math
 import os
 import re
+import time
 import zipfile
 from typing import Any
 
@@ -34,6 +38,10 @@ from fl_lightning.checkpoint_io import sync_folder
 
 #: The file name of each round's checkpoint (``round_3.ckpt``: the model after 0-based round 3).
 ROUND_FILENAME = "round_{epoch}"
+#: Seconds of work an asynchronous run may lose to a crash: its checkpoint cadence. An aggregation
+#: can take milliseconds while a checkpoint takes tens (its simulation state grows with the run),
+#: so saving every one would cost more than the training.
+ASYNC_EVERY_S = 60.0
 
 
 class RoundCheckpoint(ModelCheckpoint):
@@ -44,11 +52,28 @@ class RoundCheckpoint(ModelCheckpoint):
     Unlike ``ModelCheckpoint``, which removes the previous round's file before it relinks
     ``last.ckpt`` (a crash in between leaves ``last.ckpt`` dangling), it swaps the link atomically
     and removes superseded files only once ``last.ckpt`` points to the new one.
+
+    Args:
+        every_s: save at the end of a round only once this many seconds have passed since the
+            previous save (and always after the first and the last round); ``0``: every round.
+        **kwargs: ``ModelCheckpoint``'s arguments.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, *, every_s: float = 0.0, **kwargs: Any) -> None:
+        if isinstance(every_s, bool) or not isinstance(every_s, (int, float)) or not 0 <= every_s < math.inf:
+            raise ValueError(f"`every_s` must be a finite number of seconds >= 0, got {every_s!r}.")
+        super().__init__(**kwargs)
+        self.every_s = float(every_s)
+        self._saved_at: float | None = None
         self._superseded: list[str] = []
+
+    @override
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        last_round = trainer.should_stop or (trainer.max_epochs is not None and trainer.current_epoch + 1 >= trainer.max_epochs)
+        if self._saved_at is not None and not last_round and time.monotonic() - self._saved_at < self.every_s:
+            return
+        super().on_train_epoch_end(trainer, pl_module)
+        self._saved_at = time.monotonic()
 
     @property
     @override
@@ -92,10 +117,12 @@ class RoundCheckpoint(ModelCheckpoint):
         trainer.strategy.barrier()
 
 
-def round_checkpoint() -> RoundCheckpoint:
+def round_checkpoint(*, asynchronous: bool = False) -> RoundCheckpoint:
     """The latest round's checkpoint, written at the end of every round (not at validation, which
-    ``check_val_every_n_epoch`` may skip), with ``last.ckpt`` linked to it."""
+    ``check_val_every_n_epoch`` may skip), or for an ``asynchronous`` algorithm every
+    :data:`ASYNC_EVERY_S` seconds of aggregations, with ``last.ckpt`` linked to it."""
     return RoundCheckpoint(
+        every_s=ASYNC_EVERY_S if asynchronous else 0.0,
         filename=ROUND_FILENAME,
         auto_insert_metric_name=False,
         save_last="link",

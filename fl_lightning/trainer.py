@@ -189,7 +189,7 @@ class FederatedTrainer(pl.Trainer):
         if kwargs.get("enable_progress_bar", True) is not False and not any(isinstance(c, ProgressBar) for c in callbacks):
             callbacks.append(FederatedProgressBar())
         if kwargs.get("enable_checkpointing", True) is not False and not any(isinstance(c, ModelCheckpoint) for c in callbacks):
-            callbacks.append(round_checkpoint())
+            callbacks.append(round_checkpoint(asynchronous=algorithm.asynchronous))
         callbacks.append(GlobalModelCheckpoint())
         super().__init__(callbacks=callbacks, use_distributed_sampler=False, **kwargs)
         # A truncated or foreign checkpoint then fails with one error naming the file.

@@ -13,7 +13,9 @@ import pytest
 import torch
 from lightning.pytorch.loggers import CSVLogger
 
-from fl_lightning import FederatedCallback
+from fl_lightning import FedBuff, FederatedCallback
+from fl_lightning.checkpointing import RoundCheckpoint
+from fl_lightning.participation import ConstantDelay
 from fl_lightning.checkpoint_io import CheckpointWriteError
 from fl_lightning.fingerprint import ResumeMismatchError
 from fl_lightning.models import MLP
@@ -105,6 +107,23 @@ def test_every_round_is_checkpointed_when_validation_is_less_frequent(tmp_path: 
     assert folder == checkpoints
     assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt", "round_6.ckpt"]
     assert seen == list(range(6))
+
+
+def test_an_asynchronous_run_is_checkpointed_after_its_first_and_last_aggregation_and_every_minute(tmp_path: Path) -> None:
+    seen: list[int] = []
+
+    class Aggregations(FederatedCallback):
+        def on_train_epoch_start(self, trainer, pl_module) -> None:
+            if trainer.current_epoch:
+                seen.append(torch.load(folder / "last.ckpt", weights_only=False)["epoch"])
+
+    folder = tmp_path / "exp" / "version_0" / "checkpoints"
+    algorithm = FedBuff(buffer_size=2, delays=ConstantDelay(1.0))
+    _fit(tmp_path, rounds=5, algorithm=algorithm, callbacks=[Aggregations()])  # 5 aggregations in well under 60 s
+    assert seen == [0, 0, 0, 0]
+    assert torch.load(folder / "last.ckpt", weights_only=False)["epoch"] == 4
+    with pytest.raises(ValueError, match=r"`every_s` must be a finite number of seconds >= 0, got -1"):
+        RoundCheckpoint(every_s=-1)
 
 
 def test_ckpt_path_last_falls_back_to_the_newest_intact_round(tmp_path: Path) -> None:

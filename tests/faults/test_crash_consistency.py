@@ -23,6 +23,7 @@ import torch
 
 from fl_lightning import FedAvg, FedBuff, ServerAdam
 from fl_lightning.algorithms.shared.base import Algorithm
+from fl_lightning.checkpointing import round_checkpoint
 from fl_lightning.participation import ConstantDelay
 
 from .aggregate_helpers import same, tiny_data, tiny_model, tiny_trainer
@@ -72,6 +73,7 @@ def fit(folder: Path, algorithm: str, *, ckpt_path: str | None = None) -> tuple[
     trainer = tiny_trainer(
         max_epochs=ROUNDS, algorithm=ALGORITHMS[algorithm](), clients_per_round=2, seed=3,
         enable_checkpointing=True, logger=False, default_root_dir=folder,
+        callbacks=[round_checkpoint()],  # every round, FedBuff's aggregations too (not every 60 s)
     )
     trainer.fit(model, datamodule=tiny_data(), ckpt_path=ckpt_path)
     return model, trainer
