@@ -56,13 +56,22 @@ class RoundCheckpoint(ModelCheckpoint):
     Args:
         every_s: save at the end of a round only once this many seconds have passed since the
             previous save (and always after the first and the last round); ``0``: every round.
-        **kwargs: ``ModelCheckpoint``'s arguments.
+        **kwargs: ``ModelCheckpoint``'s arguments; by default the file is ``round_<r>.ckpt``, saved
+            at the end of the round (not at validation, which ``check_val_every_n_epoch`` may skip),
+            with ``last.ckpt`` linked to it.
     """
 
     def __init__(self, *, every_s: float = 0.0, **kwargs: Any) -> None:
         if isinstance(every_s, bool) or not isinstance(every_s, (int, float)) or not 0 <= every_s < math.inf:
             raise ValueError(f"`every_s` must be a finite number of seconds >= 0, got {every_s!r}.")
-        super().__init__(**kwargs)
+        defaults = {
+            "filename": ROUND_FILENAME,
+            "auto_insert_metric_name": False,
+            "save_last": "link",
+            "every_n_epochs": 1,
+            "save_on_train_epoch_end": True,
+        }
+        super().__init__(**{**defaults, **kwargs})
         self.every_s = float(every_s)
         self._saved_at: float | None = None
         self._superseded: list[str] = []
@@ -118,17 +127,9 @@ class RoundCheckpoint(ModelCheckpoint):
 
 
 def round_checkpoint(*, asynchronous: bool = False) -> RoundCheckpoint:
-    """The latest round's checkpoint, written at the end of every round (not at validation, which
-    ``check_val_every_n_epoch`` may skip), or for an ``asynchronous`` algorithm every
-    :data:`ASYNC_EVERY_S` seconds of aggregations, with ``last.ckpt`` linked to it."""
-    return RoundCheckpoint(
-        every_s=ASYNC_EVERY_S if asynchronous else 0.0,
-        filename=ROUND_FILENAME,
-        auto_insert_metric_name=False,
-        save_last="link",
-        every_n_epochs=1,
-        save_on_train_epoch_end=True,
-    )
+    """The latest round's checkpoint, written at the end of every round, or for an ``asynchronous``
+    algorithm every :data:`ASYNC_EVERY_S` seconds of aggregations, with ``last.ckpt`` linked to it."""
+    return RoundCheckpoint(every_s=ASYNC_EVERY_S if asynchronous else 0.0)
 
 
 def run_directory(trainer: pl.Trainer) -> str | None:
