@@ -78,9 +78,11 @@ class RoundCheckpoint(ModelCheckpoint):
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        last_round = trainer.should_stop or (trainer.max_epochs is not None and trainer.current_epoch + 1 >= trainer.max_epochs)
-        if self._saved_at is not None and not last_round and time.monotonic() - self._saved_at < self.every_s:
-            return
+        if self.every_s:
+            last_round = trainer.should_stop or (trainer.max_epochs is not None and trainer.current_epoch + 1 >= trainer.max_epochs)
+            due = self._saved_at is None or last_round or time.monotonic() - self._saved_at >= self.every_s
+            if not trainer.strategy.broadcast(due):  # rank 0's clock decides: a save's collectives need every rank
+                return
         super().on_train_epoch_end(trainer, pl_module)
         self._saved_at = time.monotonic()
 
