@@ -131,7 +131,13 @@ def check_resume(saved: Mapping[str, Any] | None, now: Mapping[str, Any], *, pat
         return
     listing = "\n".join(f"  {line}" for line in differences)
     if allow_changes:
-        rank_zero_warn(f"Resuming from {path} with deliberate changes (allow_resume_changes=True):\n{listing}")
+        kept = (
+            "\nThe optimizer state restored from the checkpoint keeps its parameter groups' settings: the new "
+            "optimizer values above do not apply."
+            if any(line.startswith("optimizer.") for line in differences)
+            else ""
+        )
+        rank_zero_warn(f"Resuming from {path} with deliberate changes (allow_resume_changes=True):\n{listing}{kept}")
         return
     raise ResumeMismatchError(
         f"Cannot resume from {path}: it was written by a different federation (saved → now):\n{listing}\n"

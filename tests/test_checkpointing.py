@@ -155,6 +155,14 @@ def test_ckpt_path_last_refuses_a_run_with_other_model_settings(tmp_path: Path) 
     assert "max_epochs" not in str(raised.value)  # a finished run may be extended
 
 
+def test_a_deliberate_optimizer_change_warns_that_the_restored_optimizer_state_keeps_its_settings(tmp_path: Path) -> None:
+    _fit(tmp_path, rounds=2)
+    other = MLP(in_features=64, hidden=[16], lr=0.2)
+    with pytest.warns(UserWarning, match=r"optimizer\.0\.group\.0\.lr: 0\.05 → 0\.2\n.*restored from the checkpoint keeps"):
+        _fit(tmp_path, rounds=3, ckpt_path="last", model=other, allow_resume_changes=True)
+    assert other.trainer.optimizers[0].param_groups[0]["lr"] == 0.05  # what the warning says
+
+
 def test_a_full_disk_is_one_error_naming_the_folder_and_keeps_the_last_round(tmp_path: Path, monkeypatch) -> None:
     _, folder = _fit(tmp_path, rounds=2)
     before = (folder / "round_1.ckpt").read_bytes()
