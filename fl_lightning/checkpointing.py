@@ -79,7 +79,8 @@ class RoundCheckpoint(ModelCheckpoint):
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.every_s:
-            last_round = trainer.should_stop or (trainer.max_epochs is not None and trainer.current_epoch + 1 >= trainer.max_epochs)
+            max_epochs = trainer.max_epochs
+            last_round = trainer.should_stop or (max_epochs is not None and trainer.current_epoch + 1 >= max_epochs)
             due = self._saved_at is None or last_round or time.monotonic() - self._saved_at >= self.every_s
             if not trainer.strategy.broadcast(due):  # rank 0's clock decides: a save's collectives need every rank
                 return

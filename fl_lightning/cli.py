@@ -165,7 +165,8 @@ class FederatedCLI(LightningCLI):
         given = self.config[subcommand].get("model", {}).get("init_args") or {}
         replaced = model_settings_replaced(saved, dict(given))
         if replaced:
-            warnings.warn(f"{path} restores the model settings it was trained with over the configuration's: {'; '.join(replaced)}.")
+            listing = "; ".join(replaced)
+            warnings.warn(f"{path} restores the model settings it was trained with over the configuration's: {listing}.")
         super()._parse_ckpt_path()
 
     def before_fit(self) -> None:

@@ -74,7 +74,8 @@ def training_fingerprint(trainer: pl.Trainer) -> dict[str, Any]:
         state = config.scheduler.state_dict()
         settings = {k: v for k, v in state.items() if not k.startswith("_") and k not in _SCHEDULER_PROGRESS}
         entries[f"lr_scheduler.{i}"] = type(config.scheduler).__qualname__
-        entries.update(flat_hparams(f"lr_scheduler.{i}", {"interval": config.interval, "frequency": config.frequency, **settings}))
+        settings.update(interval=config.interval, frequency=config.frequency)
+        entries.update(flat_hparams(f"lr_scheduler.{i}", settings))
     data = trainer.datamodule
     if isinstance(data, RecordsInitArgs):
         numeric = flat_hparams("data", data)

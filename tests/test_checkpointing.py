@@ -172,7 +172,8 @@ def test_a_full_disk_is_one_error_naming_the_folder_and_keeps_the_last_round(tmp
 
     monkeypatch.setattr(os, "fsync", full)
     resumed = folder.parent.parent / "version_1" / "checkpoints"
-    with pytest.raises(CheckpointWriteError, match=rf"^Cannot write checkpoint round_2.ckpt: no space left in {re.escape(str(resumed))} ") as raised:
+    expected = rf"^Cannot write checkpoint round_2.ckpt: no space left in {re.escape(str(resumed))} "
+    with pytest.raises(CheckpointWriteError, match=expected) as raised:
         _fit(tmp_path, rounds=3, ckpt_path="last")
     assert "\n" not in str(raised.value)
     assert not list(resumed.iterdir())  # no temp file left

@@ -112,7 +112,7 @@ def load_partition(
         if missing.size:
             raise ValueError(
                 f"{source} gives {missing.size} of the {len(cover)} samples it must cover to no client "
-                f"(e.g. index {missing[0]})."
+                f"(e.g. index {missing[0]}); FederatedDataModule(partial_partition=True) accepts that."
             )
     return parts
 

@@ -221,7 +221,9 @@ class FederatedFitLoop(compat.FitLoopBase):
         )
         # Checked before the algorithm's set-up, whose own errors a changed federation could trigger.
         self._fingerprint = {
-            **federation_fingerprint(federation, self.algorithm, update_bound=self.update_bound, reset_optimizer=self.reset_optimizer),
+            **federation_fingerprint(
+                federation, self.algorithm, update_bound=self.update_bound, reset_optimizer=self.reset_optimizer
+            ),
             **(self._training_fingerprint or training_fingerprint(trainer)),
         }
         self._training_fingerprint = None
@@ -521,7 +523,8 @@ class FederatedFitLoop(compat.FitLoopBase):
         if "global_state" in federated:
             self.global_state = {k: v.to(self.global_state[k].device) for k, v in federated["global_state"].items()}
             load_into(self._live, self.global_state)
-        validate_restored_state(federated, self.global_state, num_clients=self.federation.num_clients, path=self.trainer.ckpt_path)
+        path = self.trainer.ckpt_path
+        validate_restored_state(federated, self.global_state, num_clients=self.federation.num_clients, path=path)
         try:
             self.algorithm.load_state_dict(federated["algorithm"])
         except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as err:

@@ -67,7 +67,8 @@ TAMPERINGS: dict[str, tuple[Callable[[dict], None], str]] = {
     ),
     "reshaped-moment": (
         lambda s: _federated(s)["algorithm"]["server_optimizer"]["m"].update({"net.1.weight": torch.zeros(3, 2)}),
-        r"algorithm state `algorithm\.server_optimizer\.m\.net\.1\.weight` has shape \[3, 2\], but the model's `net\.1\.weight` has \[2, 3\]",
+        r"algorithm state `algorithm\.server_optimizer\.m\.net\.1\.weight` has shape \[3, 2\], "
+        r"but the model's `net\.1\.weight` has \[2, 3\]",
     ),
     "unknown-client": (
         lambda s: _federated(s)["history"][1].append(7),

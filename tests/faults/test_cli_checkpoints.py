@@ -12,7 +12,10 @@ from fl_lightning.cli import main
 from fl_lightning.cli_errors import DEBUG_ENV
 
 CONFIG = str(Path(__file__).resolve().parents[2] / "configs" / "quickstart.yaml")
-FAST = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false", "--data.init_args.num_clients", "4", "--trainer.clients_per_round", "2"]
+FAST = [
+    "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
+    "--data.init_args.num_clients", "4", "--trainer.clients_per_round", "2",
+]  # fmt: skip
 
 
 @pytest.fixture(autouse=True)
@@ -59,5 +62,6 @@ def test_a_changed_lr_is_refused_not_replaced(tmp_path: Path, capsys: pytest.Cap
 def test_test_warns_naming_each_setting_the_checkpoint_restores(tmp_path: Path) -> None:
     fit()
     args = ["test", "--config", CONFIG, *FAST, "--model.init_args.lr", "0.05", "--ckpt_path", str(checkpoint(tmp_path))]
-    with pytest.warns(UserWarning, match=r"restores the model settings it was trained with over the configuration's: lr: 0\.05 → 0\.1\."):
+    expected = r"restores the model settings it was trained with over the configuration's: lr: 0\.05 → 0\.1\."
+    with pytest.warns(UserWarning, match=expected):
         main(args)

@@ -113,9 +113,20 @@ def test_a_file_larger_than_any_partition_is_refused_unread(tmp_path: Path) -> N
         load_partition(path, num_clients=4, num_samples=NUM_SAMPLES)
 
 
-def test_a_partial_cover_is_refused_when_a_cover_is_required(tmp_path: Path) -> None:
+def test_a_partial_cover_is_refused_unless_allowed(tmp_path: Path) -> None:
     path = tmp_path / "partial.json"
     path.write_text(json.dumps({"num_clients": 4, "clients": [[0, 1], [3, 4, 5], [6, 7, 8], [9, 10, 11]]}))
-    with pytest.raises(ValueError, match=r"gives 1 of the 12 samples it must cover to no client \(e\.g\. index 2\)"):
-        load_partition(path, num_clients=4, num_samples=NUM_SAMPLES, cover=np.arange(NUM_SAMPLES))
-    assert len(load_partition(path, num_clients=4, num_samples=NUM_SAMPLES)) == 4  # without a cover: a subset is allowed
+    with pytest.raises(ValueError, match=r"gives 1 of the 12 samples it must cover to no client \(e\.g\. index 2\); "
+                       r"FederatedDataModule\(partial_partition=True\) accepts that\.$"):
+        FederatedDataModule(TRAIN, num_clients=4, partition_file=str(path)).setup("fit")
+    allowed = FederatedDataModule(TRAIN, num_clients=4, partition_file=str(path), partial_partition=True)
+    allowed.setup("fit")
+    assert [allowed.client_num_samples(c) for c in range(4)] == [2, 3, 3, 3]
+
+
+def test_the_validation_split_need_not_be_covered(tmp_path: Path) -> None:
+    data = FederatedDataModule(TRAIN, num_clients=2, val_fraction=0.25, partition_file=str(tmp_path / "p.json"))
+    data.setup("fit")  # writes the partition of the 9 training samples
+    again = FederatedDataModule(TRAIN, num_clients=2, val_fraction=0.25, partition_file=str(tmp_path / "p.json"))
+    again.setup("fit")  # reads it back: the 3 validation samples are no client's
+    assert sum(again.client_num_samples(c) for c in range(2)) == NUM_SAMPLES - 3

@@ -83,7 +83,10 @@ def test_resume_from_mid_round_checkpoint(make_data, make_trainer, tmp_path):
     assert_same_weights(uninterrupted, resumed)
 
 
-@pytest.mark.parametrize("algorithm", ["fedavg", pytest.param("fedbuff", marks=pytest.mark.xfail(reason="issue 25 item 6: async is off by 1-2 steps", strict=True))])
+ASYNC_STEPS_OFF = pytest.mark.xfail(reason="issue 25 item 6: an async replay still shifts the step column", strict=True)
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", pytest.param("fedbuff", marks=ASYNC_STEPS_OFF)])
 def test_a_mid_round_resume_logs_the_uninterrupted_step_column(make_data, make_trainer, tmp_path, algorithm):
     """The round rows' ``step`` (the round's last optimizer step) after a resume from a checkpoint
     saved inside a round equals the uninterrupted run's: the replayed round does not count twice."""
@@ -99,6 +102,7 @@ def test_a_mid_round_resume_logs_the_uninterrupted_step_column(make_data, make_t
     mid = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=7, save_top_k=-1, filename="{step}")
     run(2, callbacks=[mid], enable_checkpointing=True)
     last = max(tmp_path.glob("step=*.ckpt"), key=lambda p: int(p.stem.split("=")[1]))
-    assert algorithm == "fedbuff" or "round_start_steps" in torch.load(last, weights_only=False)["loops"]["fit_loop"]["state_dict"]["federated"]
+    federated = torch.load(last, weights_only=False)["loops"]["fit_loop"]["state_dict"]["federated"]
+    assert algorithm == "fedbuff" or "round_start_steps" in federated
     resumed = run(ROUNDS, ckpt_path=last)
     assert resumed and resumed == uninterrupted[len(uninterrupted) - len(resumed) :]
