@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -65,3 +67,22 @@ def test_test_warns_naming_each_setting_the_checkpoint_restores(tmp_path: Path) 
     expected = r"restores the model settings it was trained with over the configuration's: lr: 0\.05 → 0\.1\."
     with pytest.warns(UserWarning, match=expected):
         main(args)
+
+
+def test_a_full_disk_is_one_error_line_naming_the_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full(descriptor: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        fit()
+    err = capsys.readouterr().err
+    folder = tmp_path / "logs" / "quickstart" / "version_0" / "checkpoints"
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert exit_info.value.code == 1 and "Traceback" not in err, err
+    assert len(errors) == 1 and errors[0].startswith(f"error: Cannot write checkpoint round_0.ckpt: no space left in {folder} (")
+    assert errors[0].endswith("bytes needed); the checkpoints written before are intact.")
+    assert not list(folder.iterdir())
