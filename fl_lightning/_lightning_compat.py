@@ -212,6 +212,19 @@ def count_steps(trainer: pl.Trainer, steps: int) -> None:
         tracker.completed += steps
 
 
+def step_counters(trainer: pl.Trainer) -> tuple[int, int]:
+    """``(optimizer steps, logging steps)``: ``trainer.global_step`` and the counter the logged
+    ``step`` comes from (a checkpoint saved in ``on_train_batch_end`` holds the latter one behind)."""
+    return trainer.global_step, trainer.fit_loop.epoch_loop._batches_that_stepped
+
+
+def rewind_step_counters(trainer: pl.Trainer, counters: tuple[int, int]) -> None:
+    """Sets both counters back to ``counters`` (from :func:`step_counters`), for a round replayed from its start."""
+    global_step, logging_steps = counters
+    count_steps(trainer, global_step - trainer.global_step)
+    trainer.fit_loop.epoch_loop._batches_that_stepped = logging_steps
+
+
 def acts_only_at_epoch_ends(callback: Callback) -> bool:
     """Whether ``callback`` overrides ``on_train_batch_end`` but never acts there: a ``ModelCheckpoint``
     without a step or time trigger, or a ``Timer(interval="epoch")`` (what ``max_time`` becomes)."""

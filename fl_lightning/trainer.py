@@ -94,9 +94,10 @@ class FederatedTrainer(pl.Trainer):
             rounds, asynchronous buffers, sharded rounds): :class:`~fl_lightning.NormClip` or
             :class:`~fl_lightning.MedianNormFilter` (:mod:`fl_lightning.update_bounds`); default none.
         allow_resume_changes: resume from a checkpoint whose federation (clients, partition, algorithm
-            and its arguments, update bound, clients per round, seed, local work) differs from this
-            run's, with a warning listing the changes; by default such a resume is refused
-            (:mod:`fl_lightning.fingerprint`).
+            and its arguments, update bound, clients per round, seed, local work, model
+            hyper-parameters, optimizer and LR-scheduler settings, datamodule arguments) differs
+            from this run's, with a warning listing the changes; by default such a resume is
+            refused (:mod:`fl_lightning.fingerprint`).
         use_distributed_sampler: must be ``False`` (the default). The loop shards clients over the
             processes itself and every rank evaluates the whole validation set; Lightning's
             ``DistributedSampler`` would split the evaluation data across ranks, so the logged
@@ -197,7 +198,7 @@ class FederatedTrainer(pl.Trainer):
         # Not under fast_dev_run, which writes nothing: Lightning's on_train_end would still save its `last.ckpt`.
         writes = kwargs.get("enable_checkpointing", True) is not False and not kwargs.get("fast_dev_run", False)
         if writes and not any(isinstance(c, ModelCheckpoint) for c in callbacks):
-            callbacks.append(round_checkpoint())
+            callbacks.append(round_checkpoint(asynchronous=algorithm.asynchronous))
         callbacks.append(GlobalModelCheckpoint())
         if kwargs.get("max_time") is not None:
             # Lightning's own Timer checks after every batch, which only the Lightning executor runs, and
@@ -259,9 +260,10 @@ class FederatedTrainer(pl.Trainer):
         ckpt_path: str | os.PathLike[str] | None = None,
         weights_only: bool | None = None,
     ) -> None:
-        """Lightning's ``fit``; ``ckpt_path="last"`` resumes from the newest ``last.ckpt`` of any
-        earlier run of the same experiment (:func:`~fl_lightning.checkpointing.find_last_checkpoint`),
-        and starts from scratch with Lightning's warning when there is none. A plain
+        """Lightning's ``fit``; ``ckpt_path="last"`` resumes from this run's own checkpoints, else
+        the experiment's most recent run, falling back from a broken ``last.ckpt`` to the newest
+        intact round (:func:`~fl_lightning.checkpointing.find_last_checkpoint`), and starts from
+        scratch with Lightning's warning when there is none. A plain
         ``LightningDataModule`` is federated first (see the class docstring)."""
         datamodule = self._federated(datamodule) if train_dataloaders is None else datamodule
         if datamodule is None:

@@ -19,11 +19,11 @@ from fl_lightning.algorithms.shared.base import TRAINING_METRICS, Algorithm, Cli
 from fl_lightning.algorithms.shared.summable import SupportsWeightedSum, apply_sum, can_shard
 from fl_lightning.callbacks.client_loss import ClientLossRecorder
 from fl_lightning.callbacks.federated_callback import call_federated_hook
-from fl_lightning.checkpoint_io import CheckpointError, validate_federated_state
+from fl_lightning.checkpoint_io import CheckpointError, validate_federated_state, validate_restored_state
 from fl_lightning.distributed.sharding import ClientSharding
 from fl_lightning.distributed.strategy import FederatedDDPStrategy
 from fl_lightning.federation import FederatedDataSource, Federation, require_federated_data
-from fl_lightning.fingerprint import check_resume, federation_fingerprint
+from fl_lightning.fingerprint import check_resume, federation_fingerprint, training_fingerprint
 from fl_lightning.loops.client_executor import ClientExecutor, ClientRuntime
 from fl_lightning.loops.executor_choice import make_executor
 from fl_lightning.loops.guards import aggregate_or_roll_back, apply_bound, bound_updates, decode_and_screen
@@ -167,12 +167,16 @@ class FederatedFitLoop(compat.FitLoopBase):
         self._live: State = {}
         self._rounds_done = 0
         self._in_round = False
+        #: The step counters when the current round began: a mid-round resume replays the round from there.
+        self._round_start_steps = (0, 0)
         self._loaded: dict[str, Any] | None = None
         self._sharding: ClientSharding | None = None
         self._fingerprint: dict[str, Any] = {}
         self._schedules: RoundStepSchedules | None = None
         #: How the last fit ended (:mod:`~fl_lightning.loops.stop_reason`); ``None`` before one has.
         self.stop_reason: str | None = None
+        #: This run's model, optimizer, scheduler and data settings, read before a resume restores the optimizer.
+        self._training_fingerprint: dict[str, Any] | None = None
 
     @property
     def federation(self) -> Federation:
@@ -220,6 +224,13 @@ class FederatedFitLoop(compat.FitLoopBase):
         """Nothing to set up: each client's batches are prepared when it trains."""
 
     @override
+    def run(self) -> None:
+        if self._loaded is not None and self.skip:
+            # Resumed with no round left (a finished run): the checkpoint must still be this run's.
+            self._setup_federation()
+        super().run()
+
+    @override
     def reset(self) -> None:
         torch.set_grad_enabled(True)
         compat.set_completed_epochs(self.epoch_progress, self._rounds_done)
@@ -254,9 +265,13 @@ class FederatedFitLoop(compat.FitLoopBase):
             services=LoopServices(self),
         )
         # Checked before the algorithm's set-up, whose own errors a changed federation could trigger.
-        self._fingerprint = federation_fingerprint(
-            federation, self.algorithm, update_bound=self.update_bound, reset_optimizer=self.reset_optimizer
-        )
+        self._fingerprint = {
+            **federation_fingerprint(
+                federation, self.algorithm, update_bound=self.update_bound, reset_optimizer=self.reset_optimizer
+            ),
+            **(self._training_fingerprint or training_fingerprint(trainer)),
+        }
+        self._training_fingerprint = None
         if self._loaded is not None:
             saved = self._loaded.get("fingerprint")
             check_resume(saved, self._fingerprint, path=trainer.ckpt_path, allow_changes=self.allow_resume_changes)
@@ -320,6 +335,7 @@ class FederatedFitLoop(compat.FitLoopBase):
 
     @override
     def on_advance_start(self) -> None:
+        self._round_start_steps = compat.step_counters(self.trainer)
         self.epoch_progress.increment_ready()
         compat.call_epoch_start_hooks(self.trainer)
         self.epoch_progress.increment_started()
@@ -556,6 +572,8 @@ class FederatedFitLoop(compat.FitLoopBase):
         # when the module's precision is below the master copy's, which holds the exact global model.
         if self._in_round or any(t.dtype != self.global_state[k].dtype for k, t in self._live.items()):
             federated["global_state"] = {k: v.clone() for k, v in self.global_state.items()}
+        if self._in_round:
+            federated["round_start_steps"] = list(self._round_start_steps)
         state["federated"] = federated
         return state
 
@@ -566,11 +584,15 @@ class FederatedFitLoop(compat.FitLoopBase):
         validate_federated_state(federated, path=self.trainer.ckpt_path, max_rounds=self.max_epochs)
         self._rounds_done = federated["rounds_done"]
         self._loaded = federated
+        # Lightning restores the loops before the optimizers, whose settings the checkpoint's would replace.
+        self._training_fingerprint = training_fingerprint(self.trainer)
 
     def _restore(self, federated: dict[str, Any]) -> None:
         if "global_state" in federated:
             self.global_state = {k: v.to(self.global_state[k].device) for k, v in federated["global_state"].items()}
             load_into(self._live, self.global_state)
+        path = self.trainer.ckpt_path
+        validate_restored_state(federated, self.global_state, num_clients=self.federation.num_clients, path=path)
         try:
             self.algorithm.load_state_dict(federated["algorithm"])
         except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as err:
@@ -578,6 +600,9 @@ class FederatedFitLoop(compat.FitLoopBase):
                 f"Checkpoint {self.trainer.ckpt_path}: {type(self.algorithm).__name__} cannot load the saved algorithm "
                 f"state ({type(err).__name__}: {err}); was it written by another algorithm?"
             ) from err
+        if "round_start_steps" in federated:  # saved mid-round: the replayed round counts its steps again
+            global_step, logging_steps = federated["round_start_steps"]
+            compat.rewind_step_counters(self.trainer, (global_step, logging_steps))
         self.history = [list(c) for c in federated["history"]]
         self.total_upload_bytes = int(federated["total_upload_bytes"])
         self.total_download_bytes = int(federated["total_download_bytes"])

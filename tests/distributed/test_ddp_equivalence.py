@@ -97,7 +97,7 @@ def test_a_step_lr_schedule_gives_two_processes_the_weights_of_one(tmp_path, exe
 def test_resume_with_two_processes_matches_one_uninterrupted(tmp_path):
     # FedAvgM: the server momentum must survive the checkpoint too.
     run(tmp_path / "first", "--devices", "2", "--algorithm", "fedavgm", "--rounds", "2")
-    checkpoint = tmp_path / "first" / "ckpt" / "last.ckpt"
+    checkpoint = tmp_path / "first" / "checkpoints" / "last.ckpt"
     run(tmp_path / "resumed", "--devices", "2", "--algorithm", "fedavgm", "--rounds", "4", "--resume", str(checkpoint))
     fit(tmp_path / "one", algorithm="fedavgm", rounds=4)
     resumed, one = result(tmp_path / "resumed"), result(tmp_path / "one")
