@@ -205,6 +205,9 @@ class FederatedFitLoop(compat.FitLoopBase):
         exception inside a client), the module then holds the global model of the last completed round, never
         a client's weights; :attr:`stop_reason` and the fit's last log line say how it ended."""
         self.stop_reason, rounds_before = None, self._rounds_done
+        if self._loaded is not None and self.skip:
+            # Resumed with no round left (a finished run): the checkpoint must still be this run's.
+            self._setup_federation()
         try:
             super().run()
             self.stop_reason = stop_reason(self.trainer, self._rounds_done)
@@ -222,13 +225,6 @@ class FederatedFitLoop(compat.FitLoopBase):
     @override
     def setup_data(self) -> None:
         """Nothing to set up: each client's batches are prepared when it trains."""
-
-    @override
-    def run(self) -> None:
-        if self._loaded is not None and self.skip:
-            # Resumed with no round left (a finished run): the checkpoint must still be this run's.
-            self._setup_federation()
-        super().run()
 
     @override
     def reset(self) -> None:

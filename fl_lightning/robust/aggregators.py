@@ -145,7 +145,7 @@ def _check_byzantine(num_byzantine: int) -> int:
 
 
 class _ByzantineTolerant(RobustAggregation):
-    """A rule sized by :math:`f`, the Byzantine updates it tolerates per group of :math:`n` expected updates.
+    r"""A rule sized by :math:`f`, the Byzantine updates it tolerates per group of :math:`n` expected updates.
 
     An expected update that does not reach the rule (the loop dropped it as non-finite or rejected it, or
     its client did not report) counts as one of the :math:`f`: a group of :math:`n - d` updates is

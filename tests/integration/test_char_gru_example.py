@@ -21,7 +21,6 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.core.saving import load_hparams_from_yaml
 
 from fl_lightning import FederatedTrainer
-from fl_lightning.data import Federated
 from tests.integration.test_examples import EXAMPLES, load_example
 from tests.quiet import QUIET
 from tests.recording_logger import RecordingLogger
