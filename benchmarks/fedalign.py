@@ -67,7 +67,7 @@ from dataclasses import asdict, dataclass, field
 
 import lightning.pytorch as pl
 from harness import QUIET_TRAINER
-from reporting import emit, header, load, mean_std  # benchmarks/ is on sys.path when run as a script
+from reporting import emit, header, load, mean_std, significance  # benchmarks/ is on sys.path when run as a script
 from workers import add_worker_arguments, run_in_workers
 
 METHODS = ("FedALIGN", "PriorityOnly", "AllClients", "LocalOnly")
@@ -255,19 +255,6 @@ def run_one(spec: RunSpec) -> RunResult:
 # --------------------------------------------------------------------------------------------
 # Report
 # --------------------------------------------------------------------------------------------
-
-
-def significance(differences: Sequence[float]) -> str:
-    """The one rule for every paired row: the 95 % t-interval of the mean paired difference over
-    seeds, and whether it excludes 0 (``yes``) or not (``no``)."""
-    from scipy.stats import t as student_t
-
-    n = len(differences)
-    if n < 2:
-        return "– (1 seed)"
-    half = student_t.ppf(0.975, n - 1) * statistics.stdev(differences) / math.sqrt(n)
-    mean = statistics.fmean(differences)
-    return f"[{mean - half:.3f}, {mean + half:.3f}] {'yes' if abs(mean) > half else 'no'}"
 
 
 def rounds_to(result: RunResult, target: float) -> int:
