@@ -36,7 +36,9 @@ Run from the repository root::
     PYTHONPATH=. python benchmarks/async_fairness.py            # default, 3 seeds (see RESULTS.md for its time)
     PYTHONPATH=. python benchmarks/async_fairness.py --quick    # ~1-2 min smoke run
     PYTHONPATH=. python benchmarks/async_fairness.py --data blobs --lr 0.05 --seeds 0 1 2 3 4
-    PYTHONPATH=. python benchmarks/async_fairness.py --train-at arrival --timing-aggregations 0   # Fig. 2's runtime
+    PYTHONPATH=. python benchmarks/async_fairness.py --train-at arrival --timing-aggregations 0   # Fig. 2's parameter staleness
+    # afl-bench's whole runtime behind Fig. 2: train at arrival, wait for a new version, its staleness window
+    PYTHONPATH=. python benchmarks/async_fairness.py --train-at arrival --runtime aflbench --lr 0.01 --timing-aggregations 0
     PYTHONPATH=. python benchmarks/async_fairness.py --out table.md --jobs 1
     PYTHONPATH=. python benchmarks/async_fairness.py --fedasync constant polynomial hinge --aggregations 600 --timing-aggregations 0
 
@@ -73,6 +75,14 @@ TRAIN_AT = {
     "arrival": "clients train on the model current at their arrival (`train_at='arrival'`, parameter staleness 0, "
     "the runtime behind the paper's Fig. 2)",
 }
+#: ``--runtime``: the paper's algorithm (default: clients re-pull at once, a true sliding window of
+#: staleness) or afl-bench's runtime behind Fig. 2 (a client whose model is still current waits for the
+#: next aggregation; the published staleness window, which drops the newest value when full). The
+#: whole afl-bench runtime adds ``--train-at arrival``.
+RUNTIMES = {
+    "paper": {"pull_policy": "immediate", "tracker": "window"},
+    "aflbench": {"pull_policy": "wait_new_version", "tracker": "aflbench"},
+}
 NOTES_SHARE = {"FedBuff": 0.0695, "eq8": 0.1992, "alg1": 0.1807, "aflbench": 0.2050}
 
 
@@ -88,6 +98,7 @@ class Settings:
     local_steps: int
     window: int
     train_at: str  # FedBuff(train_at=...): "dispatch" (the papers' algorithm) or "arrival" (Fig. 2's runtime)
+    runtime: str = "paper"  # RUNTIMES: pull policy and staleness window
 
 
 @dataclass(frozen=True)
@@ -154,18 +165,19 @@ def versions_per_aggregation(name: str) -> int:
     return BUFFER if name.startswith("FedAsync") else 1
 
 
-def paper_algorithm(name: str, window: int, train_at: str = "dispatch") -> Any:
+def paper_algorithm(name: str, window: int, train_at: str = "dispatch", runtime: str = "paper") -> Any:
     from fl_lightning.algorithms import FedAsync, FedBuff, FedStaleWeight, StalenessTracker
     from fl_lightning.participation import DelayGroups, UniformDelay
 
     delays = DelayGroups(sizes=[NUM_FAST, NUM_SLOW], models=[UniformDelay(*FAST_DELAY), UniformDelay(*SLOW_DELAY)])
+    pull, tracker_mode = RUNTIMES[runtime]["pull_policy"], RUNTIMES[runtime]["tracker"]
     if name == "FedBuff":
-        return FedBuff(buffer_size=BUFFER, delays=delays, train_at=train_at)
+        return FedBuff(buffer_size=BUFFER, delays=delays, train_at=train_at, pull_policy=pull)
     if name.startswith("FedAsync-"):
         staleness = name.removeprefix("FedAsync-")
-        return FedAsync(alpha=0.6, staleness=staleness, delays=delays, train_at=train_at, **FEDASYNC[staleness])  # type: ignore[arg-type]
-    tracker = StalenessTracker("window", window=window)
-    return FedStaleWeight(buffer_size=BUFFER, delays=delays, variant="eq8", tracker=tracker, train_at=train_at)
+        return FedAsync(alpha=0.6, staleness=staleness, delays=delays, train_at=train_at, pull_policy=pull, **FEDASYNC[staleness])  # type: ignore[arg-type]
+    tracker = StalenessTracker(tracker_mode, window=window)
+    return FedStaleWeight(buffer_size=BUFFER, delays=delays, variant="eq8", tracker=tracker, train_at=train_at, pull_policy=pull)
 
 
 def trainer_kwargs() -> dict[str, Any]:
@@ -225,7 +237,7 @@ def run_one(spec: RunSpec) -> RunResult:
     torch.manual_seed(spec.seed)
     in_features = int(x_test[0].numel())
     model = LogisticRegression(in_features=in_features, num_classes=10, lr=s.lr)
-    algorithm = paper_algorithm(spec.algorithm, s.window, s.train_at)
+    algorithm = paper_algorithm(spec.algorithm, s.window, s.train_at, s.runtime)
     recorder = Recorder()
     trainer = FederatedTrainer(
         algorithm=algorithm, local_steps=s.local_steps, max_epochs=s.aggregations * scale, seed=spec.seed, callbacks=[recorder], **trainer_kwargs()
@@ -270,9 +282,12 @@ def buffers(arrivals: Sequence[tuple[float, int, int]], b: int) -> list[tuple[li
     return out
 
 
-def reference_influence(arrivals: Sequence[tuple[float, int, int]], *, variant: str, n: int, b: int, window: int) -> np.ndarray:
+def reference_influence(
+    arrivals: Sequence[tuple[float, int, int]], *, variant: str, n: int, b: int, window: int, tracker: str = "window"
+) -> np.ndarray:
     """Summed buffer weights per client: FedBuff ``1/b``, or FedStaleWeight's raw weight of the
-    client's sliding-window mean staleness (recorded for the whole buffer, then read), normalised."""
+    client's windowed mean staleness (recorded for the whole buffer, then read), normalised; with
+    ``tracker="aflbench"`` a full window drops its newest value before the append, as afl-bench."""
     history: dict[int, list[int]] = {}
     influence = np.zeros(n)
     for clients, staleness in buffers(arrivals, b):
@@ -280,8 +295,11 @@ def reference_influence(arrivals: Sequence[tuple[float, int, int]], *, variant: 
             weights = np.full(b, 1.0 / b)
         else:
             for c, tau in zip(clients, staleness):
-                history.setdefault(c, []).append(tau)
-                del history[c][:-window]
+                values = history.setdefault(c, [])
+                if tracker == "aflbench" and len(values) >= window:
+                    values.pop()
+                values.append(tau)
+                del values[:-window]
             tau_bar = np.array([np.mean(history[c]) for c in clients])
             raw = {"eq8": (b * tau_bar + 1) / n, "alg1": (tau_bar + 1) / n, "aflbench": b * tau_bar / n}[variant]
             weights = raw / raw.sum() if raw.sum() > 0 else np.zeros(b)
@@ -369,7 +387,7 @@ def shares_table(results: list[RunResult], settings: Settings) -> list[str]:
         staleness.append(group_staleness(trace, BUFFER))
         times.append(trace[settings.aggregations * BUFFER - 1][0])
         for variant, values in rows.items():
-            values.append(reference_influence(trace, variant=variant, n=n, b=BUFFER, window=settings.window))
+            values.append(reference_influence(trace, variant=variant, n=n, b=BUFFER, window=settings.window, tracker=RUNTIMES[settings.runtime]["tracker"]))
         for name, variant in (("FedBuff", "FedBuff"), ("FedStaleWeight", "eq8")):
             check = max(check, float(np.abs(np.asarray(by[(name, seed)].influence) - rows[variant][-1]).max()))
         rows["FedBuff"][-1] = np.asarray(by[("FedBuff", seed)].influence)  # the loop's own numbers
@@ -522,8 +540,10 @@ def report(results: list[RunResult], timings: list[Timing], settings: Settings, 
         *head,
         "",
         (f"Set-up (paper §6.2): 15 clients, 10 fast U{FAST_DELAY} holding labels 4-9 and 5 slow U{SLOW_DELAY} holding labels "
-         f"0-3 (`LabelGroups` + `DelayGroups`), b = {BUFFER}, all clients in flight, pull policy `immediate`, "
-         f"{TRAIN_AT[settings.train_at]}, server lr 1, FedStaleWeight `eq8` with a sliding window of {settings.window}."),
+         f"0-3 (`LabelGroups` + `DelayGroups`), b = {BUFFER}, all clients in flight, pull policy "
+         f"`{RUNTIMES[settings.runtime]['pull_policy']}`, {TRAIN_AT[settings.train_at]}, server lr 1, FedStaleWeight `eq8` with "
+         f"{'a sliding window' if settings.runtime == 'paper' else 'afl-bench' + chr(39) + 's window (drops the newest when full)'} "
+         f"of {settings.window}."),
         "",
         *shares_table(results, settings),
         "",
@@ -557,6 +577,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--local-steps", type=int, default=1, help="Q")
     parser.add_argument("--window", type=int, default=5, help="FedStaleWeight's staleness window")
+    parser.add_argument(
+        "--runtime",
+        default="paper",
+        choices=list(RUNTIMES),
+        help="paper: clients re-pull at once, true sliding window; aflbench: wait_new_version and afl-bench's window (see RUNTIMES)",
+    )
     parser.add_argument("--fedasync", nargs="*", default=[], choices=sorted(FEDASYNC), help="(d): FedAsync with these staleness functions")
     parser.add_argument(
         "--train-at", default="dispatch", choices=list(TRAIN_AT), help="which model a client trains on (FedBuff's train_at)"
@@ -593,6 +619,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         batch_size=args.batch_size,
         local_steps=args.local_steps,
         window=args.window,
+        runtime=args.runtime,
         train_at=args.train_at,
     )
     names = [*ALGORITHMS, *(f"FedAsync-{staleness}" for staleness in args.fedasync)]

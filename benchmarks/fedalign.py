@@ -67,7 +67,7 @@ from dataclasses import asdict, dataclass, field
 
 import lightning.pytorch as pl
 from harness import QUIET_TRAINER
-from reporting import emit, header, load, mean_std  # benchmarks/ is on sys.path when run as a script
+from reporting import emit, header, load, mean_std, significance  # benchmarks/ is on sys.path when run as a script
 from workers import add_worker_arguments, run_in_workers
 
 METHODS = ("FedALIGN", "PriorityOnly", "AllClients", "LocalOnly")
@@ -76,6 +76,9 @@ DATASETS = ("synth", "digits")
 #: first 20 warm-up rounds" = 10 %), App. C.1's local-model baseline on 20 % held-out samples.
 PAPER = {"synth": "paper", "digits": "shards", "methods": list(METHODS), "seeds": [0, 1, 2], "rounds": 200, "holdout": 0.2}
 # (label-flip skew, irrelevant-points skew, epsilon) of the paper's three synthetic noise levels.
+#: ``--digits-model``: hidden widths of the digits model (64 inputs, 10 classes): this benchmark's
+#: MLP, the paper's logistic regression and McMahan et al.'s 2NN.
+DIGITS_MODELS = {"mlp": (32,), "logreg": (), "2nn": (200, 200)}
 NOISE = {"low": (0.5, 0.5, 0.2), "medium": (1.5, 1.5, 0.2), "high": (5.0, 5.0, 0.4)}
 
 
@@ -99,6 +102,9 @@ class Settings:
     digits_clients: int
     digits_split: str  # "labels" (LabelsPerClient(2)) or "shards" (McMahan's Shards(2))
     holdout: float  # per-client held-out fraction: App. C.1's local test data
+    label_noise: float = 0.8  # q_max of our noise reconstruction (the paper's "label noise factor" is 2.5)
+    noise_start: str = "one"  # noise levels from j = 1 ("one") or j = 0 ("zero": one clean noisy client)
+    digits_model: str = "mlp"  # see DIGITS_MODELS
 
 
 @dataclass(frozen=True)
@@ -141,12 +147,13 @@ def build(spec: RunSpec) -> tuple[pl.LightningDataModule, pl.LightningModule, li
             num_noisy=s.synth_noisy,
             priority_samples=s.synth_priority_samples,
             nonpriority_samples=s.synth_nonpriority_samples,
-            label_noise=0.8,
+            label_noise=s.label_noise,
             label_noise_skew=flip_skew,
             random_fraction=1.0,
             random_fraction_skew=random_skew,
             test_samples=1000,
             seed=seed,
+            noise_start=s.noise_start,
         )
         train = PrioritizedSynthetic(**kwargs)  # type: ignore[arg-type]
         data = FederatedDataModule(
@@ -170,7 +177,7 @@ def build(spec: RunSpec) -> tuple[pl.LightningDataModule, pl.LightningModule, li
         seed=seed,
     )
     torch.manual_seed(seed)
-    return data, MLP(in_features=64, hidden=(32,), num_classes=10, lr=s.lr), [0, 1], s.epsilon_digits
+    return data, MLP(in_features=64, hidden=DIGITS_MODELS[s.digits_model], num_classes=10, lr=s.lr), [0, 1], s.epsilon_digits
 
 
 def aligned_clients(spec: RunSpec, data: pl.LightningDataModule, priority: list[int]) -> set[int]:
@@ -250,6 +257,12 @@ def run_one(spec: RunSpec) -> RunResult:
 # --------------------------------------------------------------------------------------------
 
 
+def rounds_to(result: RunResult, target: float) -> int:
+    """The first round (1-based) whose priority accuracy reaches ``target``; the run's rounds + 1
+    when it never does (a censored count, so a run that never gets there ranks last)."""
+    return next((i + 1 for i, acc in enumerate(result.accs) if acc >= target), len(result.accs) + 1)
+
+
 def _tally(differences: Sequence[float]) -> str:
     """``better/tied/worse`` counts of paired differences where larger is better."""
     return f"{sum(x > 0 for x in differences)}/{sum(x == 0 for x in differences)}/{sum(x < 0 for x in differences)}"
@@ -270,9 +283,11 @@ def describe(settings: Settings, seeds: list[int]) -> str:
         f"participation, E = {s.local_epochs} local epochs of plain SGD, lr {s.lr:g}, batch {s.batch_size}; seeds {seeds}.{holdout} "
         f"**synth**: PrioritizedSynthetic, 10 Synthetic(1, 1) priority devices x {s.synth_priority_samples or fedprox_sizes} samples, "
         f"{s.synth_clean} clean + {s.synth_noisy} noisy non-priority clients x {s.synth_nonpriority_samples or fedprox_sizes} samples, "
-        f"{s.noise} noise (our reconstruction: skews {flip_skew:g}/{random_skew:g}, q_max 0.8, r_max 1), "
+        f"{s.noise} noise (our reconstruction: skews {flip_skew:g}/{random_skew:g}, q_max {s.label_noise:g}, r_max 1, levels from j = "
+        f"{0 if s.noise_start == 'zero' else 1}), "
         f"logistic regression 60 -> 10, epsilon {s.epsilon_synth:g}, test = 1000 clean samples of the priority mixture. "
-        f"**digits**: sklearn digits, {split} over {s.digits_clients} clients, MLP 64-32-10, epsilon {s.epsilon_digits:g}, "
+        f"**digits**: sklearn digits, {split} over {s.digits_clients} clients, {s.digits_model} "
+        f"{'-'.join(map(str, (64, *DIGITS_MODELS[s.digits_model], 10)))}, epsilon {s.epsilon_digits:g}, "
         f"test = digits test split weighted by the priority class proportions. Final = after the last round; tail = mean "
         f"over the last {s.tail} rounds. LocalOnly: each non-priority client's own model (App. C.1), no priority model."
     )
@@ -288,21 +303,31 @@ def report(results: list[RunResult], settings: Settings, args: argparse.Namespac
     datasets = [d for d in DATASETS if any(r.spec.dataset == d for r in results)]
     methods = [m for m in METHODS if any(r.spec.method == m for r in results)]
     seeds = sorted({r.spec.seed for r in results})
+    targets = {
+        d: args.target * min(statistics.fmean(r.tail_acc for r in results if r.spec.dataset == d and r.spec.method == m) for m in methods if m != "LocalOnly")
+        for d in datasets
+    }
     lines = [
         *head,
         "",
         describe(settings, seeds),
         "",
-        "| dataset | method | final priority acc | tail priority acc | final priority loss | tail priority loss | admitted per round: aligned / other |"
+        f"Rounds to target: the first round whose priority accuracy reaches {args.target:g} x the lowest method's mean tail "
+        f"accuracy on that dataset (targets: {', '.join(f'{d} {targets[d]:.3f}' for d in datasets)}); a run that never reaches "
+        f"it counts as rounds + 1.",
+        "",
+        "| dataset | method | final priority acc | tail priority acc | final priority loss | tail priority loss | rounds to target (reached) | admitted per round: aligned / other |"
         + (" non-priority clients' held-out acc (App. C.1) |" if settings.holdout else ""),
-        "|---|---|---|---|---|---|---|" + ("---|" if settings.holdout else ""),
+        "|---|---|---|---|---|---|---|---|" + ("---|" if settings.holdout else ""),
     ]
     for d in datasets:
         for m in methods:
             runs = [by[(d, m, seed)] for seed in seeds if (d, m, seed) in by]
+            reach = [rounds_to(r, targets[d]) for r in runs]
             lines.append(
                 f"| {d} | {m} | {cell([r.final_acc for r in runs])} | {cell([r.tail_acc for r in runs])} "
                 f"| {cell([r.final_loss for r in runs])} | {cell([r.tail_loss for r in runs])} "
+                f"| {'–' if m == 'LocalOnly' else f'{mean_std(reach, digits=1)} ({sum(x <= settings.rounds for x in reach)}/{len(reach)})'} "
                 f"| {statistics.fmean(r.aligned_per_round for r in runs):.1f} of {statistics.fmean(r.num_aligned for r in runs):.0f}"
                 f" / {statistics.fmean(r.misaligned_per_round for r in runs):.1f} |"
                 + (f" {cell([r.local_acc for r in runs])} |" if settings.holdout else "")
@@ -311,10 +336,12 @@ def report(results: list[RunResult], settings: Settings, args: argparse.Namespac
         lines += [
             "",
             "Paired differences (same seed: same data and initial weights), FedALIGN minus baseline, with the number of seeds "
-            "where FedALIGN is better / tied / worse:",
+            "where FedALIGN is better / tied / worse. One significance rule for every row: the 95 % t-interval of the mean "
+            "paired difference over the seeds, significant (yes) when it excludes 0:",
             "",
-            "| dataset | baseline | tail acc diff | better/tied/worse (acc) | tail loss diff | better/tied/worse (loss) |",
-            "|---|---|---|---|---|---|",
+            "| dataset | baseline | tail acc diff | 95 % CI, significant | better/tied/worse (acc) | tail loss diff | 95 % CI, significant "
+            "| better/tied/worse (loss) | rounds-to-target diff | 95 % CI, significant | better/tied/worse (rounds) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for d in datasets:
             for other in (m for m in methods if m not in ("FedALIGN", "LocalOnly")):
@@ -323,7 +350,11 @@ def report(results: list[RunResult], settings: Settings, args: argparse.Namespac
                     continue
                 acc = [a.tail_acc - o.tail_acc for a, o in pairs]
                 loss = [a.tail_loss - o.tail_loss for a, o in pairs]
-                lines.append(f"| {d} | {other} | {mean_std(acc)} | {_tally(acc)} | {mean_std(loss)} | {_tally([-x for x in loss])} |")
+                speed = [float(rounds_to(a, targets[d]) - rounds_to(o, targets[d])) for a, o in pairs]
+                lines.append(
+                    f"| {d} | {other} | {mean_std(acc)} | {significance(acc)} | {_tally(acc)} | {mean_std(loss)} | {significance(loss)} "
+                    f"| {_tally([-x for x in loss])} | {mean_std(speed, digits=1)} | {significance(speed)} | {_tally([-x for x in speed])} |"
+                )
     if {"FedALIGN", "LocalOnly"} <= set(methods):
         lines += ["", "App. C.1, the non-priority clients' held-out accuracy, FedALIGN's global model minus their own local models:", ""]
         for d in datasets:
@@ -356,6 +387,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--synth", default="ours", choices=("ours", "paper"), help="synth federation (see the docstring)")
     parser.add_argument("--digits", default="labels", choices=("labels", "shards"), help="digits split (see the docstring)")
     parser.add_argument("--holdout", type=float, default=0.0, help="per-client held-out fraction (App. C.1; LocalOnly needs it)")
+    parser.add_argument("--label-noise", type=float, default=0.8, help="synth: q_max, the noisiest client's flip fraction (the paper's factor: 2.5)")
+    parser.add_argument("--noise-start", default="one", choices=("one", "zero"), help="synth: noise levels from j = 1 or j = 0 (a clean noisy client)")
+    parser.add_argument("--digits-model", default="mlp", choices=sorted(DIGITS_MODELS), help="digits: MLP 64-32-10, logistic regression or 2NN")
+    parser.add_argument("--digits-clients", type=int, help="digits clients (default 20 with --digits labels, 60 with shards)")
+    parser.add_argument("--target", type=float, default=0.95, help="rounds to target: TARGET x the lowest method's mean tail accuracy")
     add_worker_arguments(parser)
     if parser.parse_known_args(argv)[0].paper:
         parser.set_defaults(**PAPER)
@@ -395,9 +431,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         synth_nonpriority_samples=100 if args.synth == "ours" else None,
         synth_clean=5 if args.synth == "ours" else 0,
         synth_noisy=10,
-        digits_clients=20 if args.digits == "labels" else 60,
+        digits_clients=args.digits_clients or (20 if args.digits == "labels" else 60),
         digits_split=args.digits,
         holdout=args.holdout,
+        label_noise=args.label_noise,
+        noise_start=args.noise_start,
+        digits_model=args.digits_model,
     )
     # The slowest runs (AllClients trains every client) first, so the pool finishes together.
     specs = [RunSpec(d, m, seed, settings) for d in args.datasets for m in args.methods for seed in args.seeds]

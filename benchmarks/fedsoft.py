@@ -12,6 +12,13 @@ training data (the paper's w-bar) and held-out data, and how per-client state sc
     # the paper's setting (Adam lr 5e-3, 10 local epochs of batch 10, 50 rounds, no held-out
     # part, FedEM too; about 50x the local steps, ~5 CPU-minutes per FedSoft run, about 5x that for FedEM):
     PYTHONPATH=. python benchmarks/fedsoft.py --paper                # 12 runs, about 2 CPU-hours; --jobs N spreads them
+    # the paper's baseline comparison (Table 2, letters) on a rotated-image mixture of digits (0/90 degrees),
+    # linear and 10:90, 5 seeds, FedSoft vs IFCA vs FedEM: separated / collapsed runs and best-centre accuracy
+    PYTHONPATH=. python benchmarks/fedsoft.py --data rotated-digits --jobs 2   # ~15 CPU-minutes (see ROTATED)
+
+Every method gets the same local solver and the same optimizer-state policy, a fresh optimizer every
+round (IFCA and FedEM keep no per-client state); `--persist-fedsoft-state` gives FedSoft the authors'
+persistent per-client optimizer state, as the runs recorded before issue 27 did.
 
 The paper's synthetic setting is kept (N=100, K=60, tau=2, lambda=1, sigma=1e-4, theta variance
 10, noise std 1, n_k in 100..200) except the local solver and the number of rounds, cut to fit
@@ -45,7 +52,7 @@ from harness import QUIET_TRAINER, QUIET_VALIDATING
 from reporting import emit, header, load  # benchmarks/ is on sys.path when run as a script
 from workers import add_worker_arguments, quiet, run_in_workers
 
-from fl_lightning import IFCA, FedAvg, FedEM, FederatedTrainer, FedSoft
+from fl_lightning import IFCA, FedAvg, FedEM, FederatedTrainer, FedSoft, MixtureWeightedMixin
 from fl_lightning.algorithms.shared.clustered_algorithm import (
     personal_metrics,
     source_metrics,
@@ -59,7 +66,7 @@ from fl_lightning.data import (
     RotatedMixture,
     SyntheticRegressionMixture,
 )
-from fl_lightning.models import MLP, LinearRegression, MixtureLinearRegression
+from fl_lightning.models import CNN, MLP, LinearRegression, MixtureLinearRegression
 
 QUIET = {"accelerator": "cpu", **QUIET_VALIDATING}
 #: ``--paper``: Sec. 5's synthetic setting as it stands (Adam lr 5e-3, E = 10 epochs of batch 10,
@@ -70,6 +77,27 @@ PAPER = {
     "patterns": "10:90",
     "rounds": 50,
     "local_epochs": 10,
+    "batch_size": 10,
+    "optimizer": "adam",
+    "lr": 5e-3,
+    "holdout": 0.0,
+    "executor": "lean",
+    "memory": "",
+}
+
+#: ``--data rotated-digits``: the paper's rotated-image test of claims 4-5 (letters, Table 2) on digits at
+#: 0 and 90 degrees, at the letters experiment's N = 100, K = 60, tau, sigma and lambda = 0.1, its linear
+#: and 10:90 patterns, 5 seeds; one solver and one optimizer-state policy (a fresh Adam every round) for
+#: every method. Not the paper's: the data (20..40 samples per client), an MLP 64-100-10 (the paper: a
+#: 2-conv CNN), Adam lr 5e-3 for 1 epoch of batch 10 (the paper: lr 1e-5, 5 epochs of batch 5) and 15
+#: rounds (the paper: 200), to fit 2 CPU cores (~15 CPU-minutes, FedEM two thirds of it).
+ROTATED = {
+    "patterns": "linear,10:90",
+    "algorithms": "fedsoft,ifca,fedem",
+    "seeds": "0,1,2,3,4",
+    "lam": 0.1,
+    "rounds": 15,
+    "local_epochs": 1,
     "batch_size": 10,
     "optimizer": "adam",
     "lr": 5e-3,
@@ -90,6 +118,7 @@ class Run:
     personal_train: float = float("nan")
     personal_heldout: float = float("nan")
     distinct_best: bool = False
+    best_acc: list[float] = field(default_factory=list)  # per source: accuracy of its best centre (images)
     oracle_u_error: float = float("nan")
     seconds: float = 0.0
 
@@ -98,7 +127,33 @@ class Run:
         return len(self.own) > 1 and all(o < t for o, t in zip(self.own, self.other))
 
 
+class MixtureCNN(MixtureWeightedMixin, CNN):
+    """McMahan's CNN whose local loss FedEM weights per sample (FedEM's components on images)."""
+
+
+class MixtureMLP(MixtureWeightedMixin, MLP):
+    """An MLP whose local loss FedEM weights per sample."""
+
+
+#: ``--model``: the image models (pixels in fixed positions, so both are rotation-sensitive).
+IMAGE_MODELS = {
+    "cnn": ((CNN, MixtureCNN), {"in_channels": 1, "image_size": 8}),
+    "mlp": ((MLP, MixtureMLP), {"in_features": 64, "hidden": (100,)}),
+}
+
+
 def make_data(args: argparse.Namespace, pattern: str, seed: int) -> FederatedDataModule:
+    if args.data == "rotated-digits":  # the paper's rotated-image construction (letters, CIFAR-10) on digits
+        mixture = {"angles": (0, 90), "pattern": pattern, "samples_per_client": args.samples, "seed": seed}
+        return FederatedDataModule(
+            RotatedMixture(Digits(split="train", as_image=True), num_clients=args.clients, **mixture),
+            RotatedMixture(Digits(split="test", as_image=True), split="test", angles=(0, 90)),
+            partitioner=Natural(),
+            num_clients=args.clients,
+            batch_size=args.batch_size,
+            holdout_fraction=args.holdout,
+            seed=seed,
+        )
     kwargs = {
         "num_clients": args.clients,
         "pattern": pattern,
@@ -118,7 +173,10 @@ def make_data(args: argparse.Namespace, pattern: str, seed: int) -> FederatedDat
 
 
 def oracle_u_error(data: FederatedDataModule, sigma: float) -> float:
-    """Importance error with the true coefficients as centres: the floor set by the noise."""
+    """Importance error with the true coefficients as centres: the floor set by the noise (NaN
+    without true coefficients, i.e. on images)."""
+    if not hasattr(data.train, "thetas"):
+        return float("nan")
     x, y = data.train.tensors
     rows = []
     for cid in range(data.num_clients):
@@ -130,7 +188,11 @@ def oracle_u_error(data: FederatedDataModule, sigma: float) -> float:
 def run_one(name: str, pattern: str, seed: int, args: argparse.Namespace) -> Run:
     data = make_data(args, pattern, seed)
     torch.manual_seed(seed)
-    model = (MixtureLinearRegression if name == "fedem" else LinearRegression)(lr=args.lr, optimizer=args.optimizer)
+    if args.data == "rotated-digits":
+        (plain, mixture), shape = IMAGE_MODELS[args.model]
+        model = (mixture if name == "fedem" else plain)(**shape, num_classes=10, lr=args.lr, optimizer=args.optimizer)
+    else:
+        model = (MixtureLinearRegression if name == "fedem" else LinearRegression)(lr=args.lr, optimizer=args.optimizer)
     eval_every = args.rounds  # personalised metrics at the last round only
     if name == "fedsoft":
         algorithm = FedSoft(
@@ -139,7 +201,7 @@ def run_one(name: str, pattern: str, seed: int, args: argparse.Namespace) -> Run
             lam=args.lam,
             tau=args.tau,
             sigma=args.sigma,
-            persist_optimizer_state=True,
+            persist_optimizer_state=args.persist_fedsoft_state,
             personal_eval_every=eval_every,
             evaluate_sources=True,
         )
@@ -169,8 +231,10 @@ def run_one(name: str, pattern: str, seed: int, args: argparse.Namespace) -> Run
     else:
         metrics = {k[len("round/") :]: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("round/")}
     run = Run(name, pattern, seed, seconds=seconds, oracle_u_error=oracle_u_error(data, args.sigma))
-    run.personal_train = metrics.get("personal_train_loss", float("nan"))
-    run.personal_heldout = metrics.get("personal_heldout_loss", float("nan"))
+    score = "acc" if args.data == "rotated-digits" else "loss"
+    run.personal_train = metrics.get(f"personal_train_{score}", float("nan"))
+    run.personal_heldout = metrics.get(f"personal_heldout_{score}", float("nan"))
+    run.best_acc = [metrics.get(f"src{d}_best_acc", float("nan")) for d in range(2)]
     if name != "fedavg":
         run.u_error = metrics["u_error"]
         for s in range(2):
@@ -214,6 +278,25 @@ def table(runs: list[Run], patterns: list[str], algorithms: list[str]) -> str:
             f"{mean_sd([r.oracle_u_error for r in mine]) if name != 'fedavg' else '–'} | "
             f"{mean_sd([r.personal_train for r in mine])} | {mean_sd([r.personal_heldout for r in mine])} | "
             f"{statistics.mean(r.seconds for r in mine):.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def image_table(runs: list[Run], patterns: list[str], algorithms: list[str]) -> str:
+    """Rotated digits: how often each method's centres separate the two sources (each source's best
+    centre is a different one) or collapse (one centre is best for both), and the accuracy of each
+    source's best centre (the paper's c*, Table 2)."""
+    lines = [
+        "| pattern | algorithm | separated / collapsed (seeds) | best-centre acc, 0° | best-centre acc, 90° | mean \\|û − u\\| | personalised acc, train (w̄) | personalised acc, held-out | s / run |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for pattern, name in ((p, a) for p in patterns for a in algorithms):
+        mine = [r for r in runs if r.algorithm == name and r.pattern == pattern]
+        split = "– (one model)" if name == "fedavg" else f"{sum(r.distinct_best for r in mine)} / {sum(not r.distinct_best for r in mine)}"
+        lines.append(
+            f"| {pattern} | {name} | {split} | {mean_sd([r.best_acc[0] for r in mine])} | {mean_sd([r.best_acc[1] for r in mine])} | "
+            f"{mean_sd([r.u_error for r in mine])} | {mean_sd([r.personal_train for r in mine])} | "
+            f"{mean_sd([r.personal_heldout for r in mine])} | {statistics.mean(r.seconds for r in mine):.0f} |"
         )
     return "\n".join(lines)
 
@@ -264,7 +347,7 @@ def describe(run: Run) -> str:
     """The line printed as a run finishes."""
     return (
         f"{run.pattern} seed {run.seed} {run.algorithm:8s} own {np.round(run.own, 2)} other {np.round(run.other, 2)} "
-        f"u_err {run.u_error:.4f} (oracle {run.oracle_u_error:.4f}) w-bar {run.personal_train:.2f} "
+        f"{'separated' if run.distinct_best else 'collapsed'} best acc {np.round(run.best_acc, 3)} u_err {run.u_error:.4f} (oracle {run.oracle_u_error:.4f}) w-bar {run.personal_train:.2f} "
         f"held-out {run.personal_heldout:.2f} ({run.seconds:.0f} s)"
     )
 
@@ -273,7 +356,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--algorithms", default="fedsoft,ifca,fedem,fedavg")
+    parser.add_argument("--data", default="linear", choices=["linear", "rotated-digits"], help="see the docstring")
     parser.add_argument("--patterns", default="10:90,random", help="mixture patterns: 10:90, 30:70, linear, random")
+    parser.add_argument("--model", default="mlp", choices=sorted(IMAGE_MODELS), help="rotated-digits: MLP 64-100-10 or McMahan's CNN at 8x8")
+    parser.add_argument("--samples", type=int, nargs=2, default=[20, 40], help="rotated-digits: samples per client, uniform in [LOW, HIGH]")
     parser.add_argument("--clients", type=int, default=100)
     parser.add_argument("--k", type=int, default=60, help="FedSoft's clients per cluster")
     parser.add_argument("--ifca-clients", type=int, default=84, help="clients per round of IFCA and FedAvg (FedSoft's expected distinct clients)")
@@ -288,13 +374,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--theta-var", type=float, default=10.0)
     parser.add_argument("--noise-std", type=float, default=1.0)
     parser.add_argument("--holdout", type=float, default=0.2)
+    parser.add_argument(
+        "--persist-fedsoft-state",
+        action="store_true",
+        help="FedSoft keeps each client's optimizer state (the runs before issue 27; IFCA and FedEM start a fresh one every round)",
+    )
     parser.add_argument("--memory", default="25,50,100,200", help="client counts of the memory note ('' to skip)")
     parser.add_argument("--executor", default="lightning", help="FederatedTrainer's client_executor ('lean' skips per-step hooks)")
     parser.add_argument("--quick", action="store_true", help="1 seed, 4 rounds, 20 clients")
     parser.add_argument("--paper", action="store_true", help="the paper's solver, rounds and n_k (see the docstring; explicit flags win)")
     add_worker_arguments(parser)
-    if parser.parse_known_args(argv)[0].paper:
+    known = parser.parse_known_args(argv)[0]
+    if known.paper:
         parser.set_defaults(**PAPER)
+    if known.data == "rotated-digits":
+        parser.set_defaults(**ROTATED)
     args = parser.parse_args(argv)
     if args.quick:
         args.seeds, args.rounds, args.clients, args.k, args.ifca_clients, args.memory = "0", 4, 20, 12, 17, "10,20"
@@ -312,13 +406,13 @@ def main(argv: list[str] | None = None) -> None:
         f"The runs took {sum(r.seconds for r in runs):.0f} s together (the sum of their wall times; the wall time above "
         "excludes the memory table after them).",
         (
-            f"Setting: patterns {patterns}, N={args.clients}, K={args.k}, tau={args.tau}, lambda={args.lam}, sigma={args.sigma}, "
+            f"Setting: {args.data} data, patterns {patterns}, N={args.clients}, K={args.k}, tau={args.tau}, lambda={args.lam}, sigma={args.sigma}, "
             f"theta var {args.theta_var}, noise std {args.noise_std}, {args.rounds} rounds, {args.local_epochs} local epoch(s) of batch "
             f"{args.batch_size}, {args.optimizer} lr {args.lr}, held-out fraction {args.holdout}; IFCA/FedAvg: {args.ifca_clients} clients per round; "
             f"seeds {seeds}"
         ),
         "",
-        table(runs, patterns, algorithms),
+        (image_table if args.data == "rotated-digits" else table)(runs, patterns, algorithms),
     ]
     for pattern in patterns:
         soft = [r for r in runs if r.algorithm == "fedsoft" and r.pattern == pattern]

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from reporting import mean_std
+from reporting import mean_std, significance
 
 #: Each device's held-out fraction of its training split (the server's test set of the objective).
 HOLDOUT = 0.1
@@ -68,6 +68,12 @@ def _paired(a: list[int | None], b: list[int | None], horizon: int) -> str:
     return f"{sum(x < y for x, y in zip(sa, sb))} / {sum(x == y for x, y in zip(sa, sb))} / {sum(x > y for x, y in zip(sa, sb))}"
 
 
+def area_between(a: list[float], b: list[float]) -> float:
+    """The smoothed measure of Tables 4-5: the sum over the rounds from tau0 on of ``a - b`` (entry 0
+    of a curve is round tau0 - 1, before the event), i.e. the area between the two curves."""
+    return sum(x - y for x, y in zip(a[1:], b[1:]))
+
+
 def arrival_table(results: list[Any], horizon: int) -> list[str]:
     """Table 4: rounds to recover the pre-arrival test accuracy, fast-reboot vs vanilla, per tau0."""
     from fl_lightning.participation import recovery_rounds
@@ -77,19 +83,21 @@ def arrival_table(results: list[Any], horizon: int) -> list[str]:
     seeds = sorted({r.spec.seed for r in results})
     lines = [
         "| tau0 | fast-reboot: rounds to recover | per seed | vanilla: rounds to recover | per seed | fast sooner / same / later "
-        "| acc at tau0 - 1 | acc after round tau0 (fast / vanilla) | paper (fast / vanilla) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| acc at tau0 - 1 | acc after round tau0 (fast / vanilla) | area fast − vanilla (acc x rounds) | 95 % CI, significant "
+        "| paper (fast / vanilla) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for tau0 in sorted({r.spec.event.round for r in results}):
         runs = {v: [by[(tau0, v, s)] for s in seeds] for v in VARIANTS["arrival"]}
         rec = {v: [recovery_rounds(r.accs, 1) for r in rs] for v, rs in runs.items()}
         fast, vanilla = _cells(rec["fast"], horizon), _cells(rec["vanilla"], horizon)
         paper = PAPER_TABLE4.get(tau0)
+        area = [area_between(f.accs, v.accs) for f, v in zip(runs["fast"], runs["vanilla"])]
         lines.append(
             f"| {tau0} | {fast[0]} | {fast[1]} | {vanilla[0]} | {vanilla[1]} | {_paired(rec['fast'], rec['vanilla'], horizon)} "
             f"| {mean_std([r.accs[0] for r in runs['fast']])} "
             f"| {mean_std([r.accs[1] for r in runs['fast']])} / {mean_std([r.accs[1] for r in runs['vanilla']])} "
-            f"| {f'{paper[0]} / {paper[1]}' if paper else '-'} |"
+            f"| {mean_std(area, 2)} | {significance(area)} | {f'{paper[0]} / {paper[1]}' if paper else '-'} |"
         )
     return lines
 
@@ -105,18 +113,21 @@ def departure_table(results: list[Any], horizon: int) -> list[str]:
     seeds = sorted({r.spec.seed for r in results})
     lines = [
         "| (alpha, beta) | tau0 | rounds until exclude <= include | per seed | loss at tau0 - 1 "
-        "| loss after round tau0 (exclude / include) | final loss (exclude / include) | paper |",
-        "|---|---|---|---|---|---|---|---|",
+        "| loss after round tau0 (exclude / include) | final loss (exclude / include) | area exclude − include (loss x rounds) "
+        "| 95 % CI, significant | paper |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for alpha, beta, tau0 in sorted({(k[0], k[1], k[2]) for k in by}):
         ex = [by[(alpha, beta, tau0, "exclude", s)] for s in seeds]
         inc = [by[(alpha, beta, tau0, "include", s)] for s in seeds]
         cross = _cells([crossing_rounds(e.losses, i.losses, 1) for e, i in zip(ex, inc)], horizon)
         paper = PAPER_TABLE5.get((alpha, beta), {}).get(tau0, "-")
+        area = [area_between(e.losses, i.losses) for e, i in zip(ex, inc)]
         lines.append(
             f"| ({alpha:g}, {beta:g}) | {tau0} | {cross[0]} | {cross[1]} | {mean_std([r.losses[0] for r in inc])} "
             f"| {mean_std([r.losses[1] for r in ex])} / {mean_std([r.losses[1] for r in inc])} "
-            f"| {mean_std([r.losses[-1] for r in ex])} / {mean_std([r.losses[-1] for r in inc])} | {paper} |"
+            f"| {mean_std([r.losses[-1] for r in ex])} / {mean_std([r.losses[-1] for r in inc])} | {mean_std(area, 2)} "
+            f"| {significance(area)} | {paper} |"
         )
     return lines
 

@@ -85,6 +85,7 @@ class Settings:
     tail: int
     rounding: str
     samples_per_client: int | None  # None: the FedProx generator's lognormal sizes
+    restart: float = 1.0  # StaircaseLR's restart share at an objective shift (1: the paper's restart to eta_0)
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,8 @@ class RunResult:
 
 def run_one(spec: RunSpec) -> RunResult:
     """Trains one (scheme, |T|, seed) configuration through ``FederatedTrainer``."""
+    import functools
+
     import torch
 
     from fl_lightning import FederatedCallback, FederatedTrainer, FlexibleParticipation
@@ -181,7 +184,7 @@ def run_one(spec: RunSpec) -> RunResult:
         seed=spec.seed,
     )
     torch.manual_seed(spec.seed)
-    model = LogisticRegression(in_features=60, num_classes=10, lr=s.lr, lr_scheduler=StaircaseLR)
+    model = LogisticRegression(in_features=60, num_classes=10, lr=s.lr, lr_scheduler=functools.partial(StaircaseLR, restart=s.restart))
     algorithm = FlexibleParticipation(
         scheme=spec.scheme,  # type: ignore[arg-type]
         participation=TraceParticipation(num_traces=spec.num_traces, rounding=s.rounding),  # type: ignore[arg-type]
@@ -226,7 +229,8 @@ def common_settings(settings: Settings) -> str:
     """The model, optimiser and learning rate every experiment shares."""
     return (
         f"multinomial logistic regression 60 -> 10, plain SGD, batch {settings.batch_size}, E = {settings.local_steps} "
-        f"local steps, eta_tau = {settings.lr:g} / tau (StaircaseLR, restarted at an objective shift)"
+        f"local steps, eta_tau = {settings.lr:g} / tau (StaircaseLR, restarted at an objective shift"
+        f"{' to eta_0, the paper' if settings.restart == 1 else f' by a share {settings.restart:g} of the rounds since the last one'})"
     )
 
 
@@ -344,6 +348,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--local-steps", type=int, default=10, help="E (the paper does not state it)")
     parser.add_argument("--batch-size", type=int, default=20, help="local batch size")
     parser.add_argument("--lr", type=float, default=1.0, help="eta_0 of eta_tau = eta_0 / tau")
+    parser.add_argument(
+        "--restart", type=float, default=1.0, help="events: StaircaseLR's restart share (1: the paper's restart to eta_0; 0: none)"
+    )
     parser.add_argument("--alpha", type=float, default=1.0, help="Synthetic(alpha, beta)")
     parser.add_argument("--beta", type=float, default=1.0, help="Synthetic(alpha, beta)")
     parser.add_argument(
@@ -417,6 +424,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         tail=args.tail,
         rounding=args.rounding,
         samples_per_client=args.samples_per_client,
+        restart=args.restart,
     )
     if args.experiment == "schemes":
         specs = [RunSpec(scheme, t, seed, settings) for t in args.traces for seed in args.seeds for scheme in args.schemes]

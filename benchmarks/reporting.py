@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import math
 import os
 import platform
 import shlex
@@ -70,6 +71,19 @@ def mean_std(values: Sequence[float], digits: int = 3, scale: float = 1.0) -> st
     scaled = [v * scale for v in values]
     std = statistics.stdev(scaled) if len(scaled) > 1 else 0.0
     return f"{statistics.fmean(scaled):.{digits}f} ± {std:.{digits}f}"
+
+
+def significance(differences: Sequence[float]) -> str:
+    """The one significance rule of the paper benchmarks' paired rows: the 95 % t-interval of the
+    mean paired difference over seeds, and whether it excludes 0 (``yes``) or not (``no``)."""
+    from scipy.stats import t as student_t
+
+    n = len(differences)
+    if n < 2:
+        return "– (1 seed)"
+    half = float(student_t.ppf(0.975, n - 1)) * statistics.stdev(differences) / math.sqrt(n)
+    mean = statistics.fmean(differences)
+    return f"[{mean - half:.3f}, {mean + half:.3f}] {'yes' if abs(mean) > half else 'no'}"
 
 
 def emit(report: str, path: str | None) -> None:

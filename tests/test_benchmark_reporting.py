@@ -50,3 +50,13 @@ def test_header_names_the_gpu() -> None:
 
     device = header(time.perf_counter(), "0.0, 0.0, 0.0", cuda=True)[-2]
     assert device.startswith(f"- device: {torch.cuda.get_device_name()}, ") and f"CUDA {torch.version.cuda}" in device
+
+
+def test_significance_is_the_95_percent_t_interval_of_the_paired_mean() -> None:
+    from benchmarks.reporting import significance
+
+    # t(0.975, df=4) = 2.7764 (printed t tables); mean 3, sd sqrt(2.5), n = 5.
+    half = 2.7764 * 2.5**0.5 / 5**0.5
+    assert significance([1, 2, 3, 4, 5]) == f"[{3 - half:.3f}, {3 + half:.3f}] yes"
+    assert significance([1, -1, 1, -1, 1]).endswith(" no")  # mean 0.2, half-width 1.36
+    assert significance([0.5]) == "– (1 seed)"

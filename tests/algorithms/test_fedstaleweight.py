@@ -80,10 +80,23 @@ def test_tracker_window_drops_the_oldest_and_modes():
     assert restored.estimate(0) == window.estimate(0)
 
 
+def test_aflbench_tracker_keeps_the_first_values_as_the_published_code():
+    # afl-bench: `if len(l) >= window: l.pop()` then `l.append(tau)`; by hand for window 3:
+    # [1], [1, 2], [1, 2, 3], [1, 2, 4], [1, 2, 5] -> mean 8/3 (a true window would give 4).
+    tracker = StalenessTracker("aflbench", window=3)
+    for tau in (1, 2, 3, 4, 5):
+        tracker.record(0, tau)
+    assert tracker.estimate(0) == pytest.approx(8 / 3)
+    restored = StalenessTracker("aflbench", window=3)
+    restored.load_state_dict(tracker.state_dict())
+    restored.record(0, 9)
+    assert restored.estimate(0) == pytest.approx(12 / 3)
+
+
 @pytest.mark.parametrize(
     ("make", "match"),
     [
-        (lambda: StalenessTracker("median"), "must be 'window', 'ema' or 'cumulative'"),
+        (lambda: StalenessTracker("median"), "must be 'window', 'ema', 'cumulative' or 'aflbench'"),
         (lambda: StalenessTracker(window=0), "`window` must be >= 1"),
         (lambda: StalenessTracker("ema", beta=1.0), r"`beta` must be in \[0, 1\)"),
         (lambda: FedStaleWeight(variant="eq9"), "`variant` must be 'eq8', 'alg1' or 'aflbench'"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -160,6 +162,26 @@ def test_learning_rate_restarts_at_the_arrival():
     trainer.fit(Recorder(lr=1.0, lr_scheduler=StaircaseLR), datamodule=quadratic_data())
     # on_train_epoch_start runs before the arrival's restart in round 3; the client steps use eta0.
     assert lrs == pytest.approx([1.0, 1 / 2, 1 / 3, 1 / 4, 1 / 2])
+
+
+@pytest.mark.parametrize(("restart", "after"), [(0.0, 1 / 5), (0.5, 1 / 3.5), (1.0, 1 / 2)])
+def test_restart_share_sets_the_rate_after_the_arrival(restart, after):
+    # Round 4 after an arrival at round 3: eta0 / (4 - s + 1) with the shift s moved restart x 3 rounds.
+    lrs = []
+
+    class Recorder(Quadratic):
+        def on_train_epoch_start(self):
+            lrs.append(self.trainer.optimizers[0].param_groups[0]["lr"])
+
+    trainer = quadratic_trainer(max_epochs=5, algorithm=FlexibleParticipation(arrivals=[Arrival(client=3, round=3)]))
+    trainer.fit(Recorder(lr=1.0, lr_scheduler=functools.partial(StaircaseLR, restart=restart)), datamodule=quadratic_data())
+    assert lrs == pytest.approx([1.0, 1 / 2, 1 / 3, 1 / 4, after])
+
+
+def test_restart_share_out_of_range():
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    with pytest.raises(ValueError, match=r"`restart` must be in \[0, 1\].*got 1.5"):
+        StaircaseLR(optimizer, restart=1.5)
 
 
 def test_evaluation_set_follows_the_objective():

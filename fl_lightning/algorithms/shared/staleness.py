@@ -2,7 +2,8 @@
 
 The paper keeps "a moving average of previous staleness" without saying which; the default
 here is a true sliding window of 5 (the size of afl-bench's window, without its bug of
-dropping the newest entry), with an exponential average and the cumulative mean as options.
+dropping the newest entry), with an exponential average, the cumulative mean and afl-bench's
+window as it runs (bug included, for parity with the paper's Fig. 2) as options.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Literal
 
-TrackerMode = Literal["window", "ema", "cumulative"]
+TrackerMode = Literal["window", "ema", "cumulative", "aflbench"]
 
 
 class StalenessTracker:
@@ -19,15 +20,18 @@ class StalenessTracker:
     Args:
         mode: ``"window"`` (mean of the last ``window`` values), ``"ema"``
             (:math:`\\bar\\tau \\leftarrow \\beta \\bar\\tau + (1-\\beta)\\tau`, first value taken as is),
-            or ``"cumulative"`` (mean of all values).
-        window: window length for ``"window"``.
+            ``"cumulative"`` (mean of all values), or ``"aflbench"``: afl-bench's
+            ``StalenessTracker`` as published, which on a full window drops the *newest* value
+            before appending (``list.pop()``), so a client's first ``window - 1`` values stay
+            forever and only the last slot follows the latest staleness (notes §2.6).
+        window: window length for ``"window"`` and ``"aflbench"``.
         beta: smoothing for ``"ema"``, in ``[0, 1)``.
         unseen: estimate for a client with no record yet.
     """
 
     def __init__(self, mode: TrackerMode = "window", *, window: int = 5, beta: float = 0.9, unseen: float = 0.0) -> None:
-        if mode not in ("window", "ema", "cumulative"):
-            raise ValueError(f"Staleness tracker `mode` must be 'window', 'ema' or 'cumulative', got {mode!r}.")
+        if mode not in ("window", "ema", "cumulative", "aflbench"):
+            raise ValueError(f"Staleness tracker `mode` must be 'window', 'ema', 'cumulative' or 'aflbench', got {mode!r}.")
         if window < 1:
             raise ValueError(f"Staleness `window` must be >= 1, got {window}.")
         if not 0 <= beta < 1:
@@ -40,8 +44,10 @@ class StalenessTracker:
     def record(self, client: int, staleness: int) -> None:
         """Adds one observed staleness of ``client``."""
         count = self._count.get(client, 0)
-        if self.mode == "window":
+        if self.mode in ("window", "aflbench"):
             values = self._values.setdefault(client, deque(maxlen=self.window))
+            if self.mode == "aflbench" and len(values) >= self.window:
+                values.pop()  # afl-bench's "pop oldest" pops the newest
             values.append(staleness)
             self._mean[client] = sum(values) / len(values)
         elif self.mode == "ema":

@@ -58,6 +58,18 @@ def test_noise_levels_follow_the_reconstruction() -> None:
         assert not (data.flipped & data.irrelevant).any()
 
 
+def test_noise_from_zero_leaves_the_first_noisy_client_clean() -> None:
+    np.testing.assert_allclose(skewed_noise_levels(5, 1.5, start="zero"), [0.0, *((np.arange(1, 5) / 4) ** (1 / 1.5))])
+    np.testing.assert_allclose(skewed_noise_levels(1, 1.5, start="zero"), [0.0])
+    data = make(noise_start="zero", label_noise=2.5)  # the paper's label noise factor
+    first, last = data.noisy_clients[0], data.noisy_clients[-1]
+    assert data.flip_fractions[first] == data.random_fractions[first] == 0.0
+    assert not (data.flipped | data.irrelevant)[client(data, first)].any()
+    assert data.random_fractions[last] == 1.0 and data.irrelevant[client(data, last)].all()
+    # The same samples underneath: only the corruption differs from start="one".
+    torch.testing.assert_close(data.tensors[0][client(data, 0)], make(label_noise=2.5).tensors[0][client(data, 0)])
+
+
 def test_noise_grows_with_the_client_index() -> None:
     data = make()
     noisy = data.noisy_clients
@@ -165,6 +177,7 @@ def test_fedalign_reads_the_priority_set_from_the_training_set() -> None:
         ({"label_noise": -0.1}, r"label_noise must be >= 0, got -0.1"),
         ({"random_fraction": float("nan")}, r"random_fraction must be >= 0"),
         ({"label_noise_skew": 0.0}, r"skew must be > 0, got 0.0"),
+        ({"noise_start": 1}, r"start must be one of \['one', 'zero'\], got 1"),
         ({"split": "val"}, r"split must be one of \['train', 'test'\], got 'val'"),
         ({"test_samples": 0}, r"test_samples must be an int >= 1, got 0"),
         ({"priority_samples": [10, 10]}, r"priority_samples has 2 entries but there are 3 such clients"),
