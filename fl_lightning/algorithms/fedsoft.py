@@ -236,5 +236,7 @@ class FedSoft(ClusteredAlgorithm):
         super().load_state_dict(state)
         self.u = state["u"].cpu().clone()
         self.initial = {k: v.cpu() for k, v in state["initial"].items()}
+        for kind in ("models", "optimizers"):
+            self.check_client_ids(state["clients"][kind], f"clients.{kind}")
         self.clients.load_state_dict(state["clients"])
         self.selection_history = [[list(s) for s in r] for r in state["selection_history"]]

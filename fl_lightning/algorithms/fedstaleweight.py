@@ -65,4 +65,5 @@ class FedStaleWeight(FedBuff):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
+        self.check_client_ids(state["tracker"]["count"], "tracker.count")
         self.tracker.load_state_dict(state["tracker"])

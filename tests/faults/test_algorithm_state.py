@@ -11,7 +11,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from fl_lightning import FedAvg, ServerAdam
+from fl_lightning import FedAvg, FedSoft, FedStaleWeight, ServerAdam
 from fl_lightning.checkpoint_io import CheckpointError
 
 from .aggregate_helpers import same, tiny_data, tiny_trainer
@@ -86,3 +86,23 @@ def test_tampered_state_is_one_error_naming_file_and_entry(checkpoint: Path, tmp
     torch.save(state, path)
     with pytest.raises(CheckpointError, match=rf"^Checkpoint {path}: {message}"):
         fit(tmp_path / "resumed", adam, CASES[FedAvg][1], rounds=3, ckpt_path=path)
+
+
+#: Per-client state of each algorithm that remembers clients, and the error a foreign id gives.
+PER_CLIENT_STATE: dict[type, tuple[Callable[[dict], None], str]] = {
+    FedStaleWeight: (lambda a: a["tracker"]["count"].update({99: 1}), r"`tracker\.count` names client 99"),
+    FedSoft: (lambda a: a["clients"]["models"].update({99: {}}), r"`clients\.models` names client 99"),
+}
+
+
+@pytest.mark.parametrize("cls", list(PER_CLIENT_STATE), ids=[c.__name__ for c in PER_CLIENT_STATE])
+def test_per_client_state_of_an_unknown_client_is_refused(tmp_path: Path, cls: type) -> None:
+    make_algorithm, case = CASES[cls]
+    fit(tmp_path / "run", make_algorithm, case, rounds=2)
+    change, message = PER_CLIENT_STATE[cls]
+    state = torch.load(tmp_path / "run" / "last.ckpt", weights_only=False)
+    change(_federated(state)["algorithm"])
+    path = tmp_path / "tampered.ckpt"
+    torch.save(state, path)
+    with pytest.raises(CheckpointError, match=rf"^Checkpoint {path}: .*{message}, but this federation has clients 0\.\.3"):
+        fit(tmp_path / "resumed", make_algorithm, case, rounds=3, ckpt_path=path)

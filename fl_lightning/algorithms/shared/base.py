@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -86,6 +87,14 @@ class Algorithm(RecordsInitArgs, ABC):
     def setup(self, federation: Federation) -> None:
         """Binds the algorithm to its federation once, before the first round."""
         self.federation = federation
+
+    def check_client_ids(self, ids: Iterable[int], entry: str) -> None:
+        """Raises ``ValueError`` naming ``entry`` when per-client state loaded from a checkpoint is filed
+        under an id that is not a client of this federation (a tampered or foreign checkpoint)."""
+        num_clients = self.federation.num_clients
+        unknown = sorted(c for c in map(int, ids) if not 0 <= c < num_clients)
+        if unknown:
+            raise ValueError(f"`{entry}` names client {unknown[0]}, but this federation has clients 0..{num_clients - 1}")
 
     def overridden_settings(self) -> dict[str, str]:
         """Trainer settings the user gave (after :meth:`setup`) that this algorithm replaces, each with what
