@@ -92,18 +92,13 @@ PAPER = {
 #: 2-conv CNN), Adam lr 5e-3 for 1 epoch of batch 10 (the paper: lr 1e-5, 5 epochs of batch 5) and 15
 #: rounds (the paper: 200), to fit 2 CPU cores (~15 CPU-minutes, FedEM two thirds of it).
 ROTATED = {
+    **PAPER,
     "patterns": "linear,10:90",
     "algorithms": "fedsoft,ifca,fedem",
     "seeds": "0,1,2,3,4",
     "lam": 0.1,
     "rounds": 15,
     "local_epochs": 1,
-    "batch_size": 10,
-    "optimizer": "adam",
-    "lr": 5e-3,
-    "holdout": 0.0,
-    "executor": "lean",
-    "memory": "",
 }
 
 

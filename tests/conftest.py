@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 import torch
@@ -20,3 +21,14 @@ def one_thread_per_worker():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+@pytest.fixture
+def cli_in_tmp_path(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """For CLI tests: run in ``tmp_path`` (relative log and checkpoint paths land there), with no pytest
+    arguments in ``sys.argv`` (they are not the CLI's) and without the CLI's traceback switch."""
+    from fl_lightning.cli_errors import DEBUG_ENV
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["fl-lightning"])
+    monkeypatch.delenv(DEBUG_ENV, raising=False)

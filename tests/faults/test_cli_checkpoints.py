@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import errno
 import os
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from fl_lightning.cli import main
-from fl_lightning.cli_errors import DEBUG_ENV
 
 CONFIG = str(Path(__file__).resolve().parents[2] / "configs" / "quickstart.yaml")
 FAST = [
@@ -20,12 +17,7 @@ FAST = [
 ]  # fmt: skip
 
 
-@pytest.fixture(autouse=True)
-def in_tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "argv", ["fl-lightning"])
-    monkeypatch.delenv(DEBUG_ENV, raising=False)
-    yield
+pytestmark = pytest.mark.usefixtures("cli_in_tmp_path")
 
 
 def fit(*args: str, rounds: int = 1) -> None:

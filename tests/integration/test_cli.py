@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import csv
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,12 +16,7 @@ QUICKSTART = str(CONFIGS / "quickstart.yaml")
 ALL_CONFIGS = sorted(CONFIGS.rglob("*.yaml"))
 
 
-@pytest.fixture(autouse=True)
-def in_tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Runs in ``tmp_path`` (relative log and checkpoint paths land there)."""
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "argv", ["fl-lightning"])  # pytest's own arguments are not the CLI's
-    yield
+pytestmark = pytest.mark.usefixtures("cli_in_tmp_path")
 
 
 def print_config(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:

@@ -3,8 +3,6 @@ for errors of a running model and under ``FL_LIGHTNING_DEBUG=1``, and fails an o
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from urllib.error import URLError
 
@@ -21,12 +19,7 @@ QUICKSTART = str(CONFIGS / "quickstart.yaml")
 FAST = ["--trainer.max_epochs", "1", "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
 
 
-@pytest.fixture(autouse=True)
-def in_tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "argv", ["fl-lightning"])
-    monkeypatch.delenv(DEBUG_ENV, raising=False)
-    yield
+pytestmark = pytest.mark.usefixtures("cli_in_tmp_path")
 
 
 def one_line_error(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:

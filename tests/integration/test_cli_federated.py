@@ -3,7 +3,6 @@ in an ``fl-lightning`` config, and a user's own ``LightningCLI(..., trainer_clas
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,10 +17,7 @@ from tests.data.user_project import UserDataModule, UserModule
 TRAINER = {"max_epochs": 1, "logger": False, "enable_progress_bar": False, "accelerator": "cpu", "clients_per_round": 2}
 
 
-@pytest.fixture(autouse=True)
-def in_tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "argv", ["fl-lightning"])  # pytest's own arguments are not the CLI's
+pytestmark = pytest.mark.usefixtures("cli_in_tmp_path")
 
 
 def test_a_config_federates_a_user_datamodule_by_class_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,7 +7,6 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,11 +19,7 @@ QUICKSTART = str(ROOT / "configs" / "quickstart.yaml")
 SPHINX = re.compile(r":[a-z]+:`|``")
 
 
-@pytest.fixture(autouse=True)
-def in_tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "argv", ["fl-lightning"])
-    yield
+pytestmark = pytest.mark.usefixtures("cli_in_tmp_path")
 
 
 def test_quickstart_in_a_log_file_prints_no_warning_and_one_line_per_round(tmp_path: Path) -> None:

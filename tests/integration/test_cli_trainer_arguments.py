@@ -4,15 +4,12 @@ table says, and the fit summary says how the fit ended."""
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
 from fl_lightning.cli import FederatedCLI, main
-from fl_lightning.cli_errors import DEBUG_ENV
 from fl_lightning.model_state import live_tensors
 
 from .test_cli_errors import FAST, QUICKSTART, one_line_error
@@ -21,12 +18,7 @@ CLIENTS_PER_ROUND = 10  # configs/quickstart.yaml
 QUIET = [*FAST, "--trainer.logger", "false", "--trainer.enable_checkpointing", "false"]
 
 
-@pytest.fixture(autouse=True)
-def in_tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "argv", ["fl-lightning"])
-    monkeypatch.delenv(DEBUG_ENV, raising=False)
-    yield
+pytestmark = pytest.mark.usefixtures("cli_in_tmp_path")
 
 
 PREFIX = "error: FederatedTrainer: "

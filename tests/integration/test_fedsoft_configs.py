@@ -2,26 +2,16 @@
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 
 from fl_lightning.cli import FederatedCLI
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "papers"
 
 
-@pytest.fixture(autouse=True)
-def in_tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "argv", ["fl-lightning"])
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("cli_in_tmp_path")
 
 
 @pytest.mark.parametrize(("name", "metric"), [("fedsoft_synthetic", "src1_c1_loss"), ("fedsoft_digits", "src1_c1_acc")])
