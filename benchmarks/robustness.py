@@ -14,6 +14,10 @@ against one defence: ``fedavg`` (none), ``median`` (:class:`CoordinateMedian`), 
 ``update_bound=NormClip(max_norm=1.0)``). The reported number is ``test_acc`` of the final global
 model on the digits test split (``trainer.test`` after the fit), mean ± sample std over seeds.
 
+The malicious clients among each round's sampled ones vary (4 of 20 malicious, 12 sampled: 0 to 4 per
+round), so the report also gives that count per round and in how many rounds it exceeded f = 2, where
+Krum, Multi-Krum and Bulyan ran outside their assumption (Bulyan cannot cover 4 at n = 12: 4f + 3 = 19).
+
 Run from the repository root::
 
     PYTHONPATH=. python benchmarks/robustness.py                 # ~10 min on 2 CPU cores
@@ -45,11 +49,17 @@ class RunSpec:
     fraction: float
 
 
+#: The f of the Byzantine-tolerant defences (krum, multi_krum, bulyan).
+NUM_BYZANTINE = 2
+
+
 @dataclass(frozen=True)
 class RunResult:
     spec: RunSpec
     test_acc: float
     seconds: float
+    #: Malicious clients among each round's sampled clients (empty without an attack).
+    attackers: tuple[int, ...] = ()
 
 
 def run_one(spec: RunSpec) -> RunResult:
@@ -75,9 +85,9 @@ def run_one(spec: RunSpec) -> RunResult:
         "fedavg": FedAvg,
         "median": CoordinateMedian,
         "trimmed_mean": lambda: TrimmedMean(beta=0.2),
-        "krum": lambda: Krum(num_byzantine=2),
-        "multi_krum": lambda: Krum(num_byzantine=2, num_selected=5),
-        "bulyan": lambda: Bulyan(num_byzantine=2),
+        "krum": lambda: Krum(num_byzantine=NUM_BYZANTINE),
+        "multi_krum": lambda: Krum(num_byzantine=NUM_BYZANTINE, num_selected=5),
+        "bulyan": lambda: Bulyan(num_byzantine=NUM_BYZANTINE),
         "norm_clip": FedAvg,
     }[spec.defence]()
     attack = {
@@ -113,7 +123,9 @@ def run_one(spec: RunSpec) -> RunResult:
     model = MLP(in_features=64, hidden=(128,), num_classes=10, lr=0.1)
     trainer.fit(model, datamodule=data)
     (metrics,) = trainer.test(model, datamodule=data, verbose=False)
-    return RunResult(spec, float(metrics["test_acc"]), time.perf_counter() - started)
+    malicious = algorithm.malicious if isinstance(algorithm, Byzantine) else frozenset()
+    attackers = tuple(len(malicious.intersection(clients)) for clients in trainer.fit_loop.history) if malicious else ()
+    return RunResult(spec, float(metrics["test_acc"]), time.perf_counter() - started, attackers)
 
 
 def report(results: Sequence[RunResult], args: argparse.Namespace, head: list[str]) -> str:
@@ -135,6 +147,18 @@ def report(results: Sequence[RunResult], args: argparse.Namespace, head: list[st
     ]
     for attack in args.attacks:
         lines.append(f"| {attack} | " + " | ".join(mean_std(acc[(attack, d)]) for d in args.defences) + " |")
+    # The sample, hence the count, depends on the seed only: one run per seed says it for every cell.
+    per_seed = {r.spec.seed: r.attackers for r in results if r.attackers}
+    counts = [n for attackers in per_seed.values() for n in attackers]
+    if counts:
+        over = sum(n > NUM_BYZANTINE for n in counts)
+        histogram = ", ".join(f"{k}: {counts.count(k)}" for k in range(max(counts) + 1))
+        lines += [
+            "",
+            f"Malicious clients per round (rounds x seeds = {len(counts)}; count: rounds): {histogram}. In {over} of "
+            f"{len(counts)} rounds more than f = {NUM_BYZANTINE} took part: there Krum, Multi-Krum and Bulyan ran "
+            "outside their assumption.",
+        ]
     return "\n".join(lines) + "\n"
 
 

@@ -13,7 +13,8 @@ from contextlib import contextmanager
 from typing import Any
 
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint, Timer
+from lightning.pytorch.callbacks.timer import Interval
 from lightning.pytorch.cli import _InstantiatorFn
 from lightning.pytorch.core.mixins import HyperparametersMixin
 import torch
@@ -40,7 +41,7 @@ __all__ = [
     "give_cli_hparams_only_to_configured_classes",
     "count_steps",
     "call_epoch_start_hooks",
-    "checkpoints_only_at_epoch_ends",
+    "acts_only_at_epoch_ends",
     "clear_restarting",
     "epoch_end_log_step",
     "log_metrics",
@@ -79,8 +80,11 @@ class ServerValidationLoop(_EvaluationLoop):
 class ClientEpochLoop(_TrainingEpochLoop):
     """Lightning's training-epoch loop, run once per client inside a round.
 
-    It differs from Lightning's in three ways only:
+    It differs from Lightning's in four ways only:
 
+    * a client always trains all its batches: ``max_steps``, ``max_time`` and ``trainer.should_stop``
+      end the fit at the end of a round (:class:`~fl_lightning.loops.federated_fit_loop.FederatedFitLoop`),
+      so the module is never left holding a client's half-trained weights;
     * no validation inside a client: the server evaluates the global model at round end;
     * ``interval="epoch"`` LR schedulers step once per round, not once per client;
     * no per-step SIGTERM broadcast across processes: ranks train different clients (and
@@ -95,6 +99,11 @@ class ClientEpochLoop(_TrainingEpochLoop):
     def __init__(self, trainer: pl.Trainer, min_steps: int | None = None, max_steps: int = -1) -> None:
         super().__init__(trainer, min_steps=min_steps, max_steps=max_steps)
         self.val_loop = ServerValidationLoop(trainer, TrainerFn.FITTING, RunningStage.VALIDATING, verbose=False, inference_mode=False)
+
+    @property
+    @override
+    def done(self) -> bool:
+        return self._num_ready_batches_reached() if self.in_client else super().done
 
     @override
     def _should_check_val_fx(self, data_fetcher: _DataFetcher) -> bool:
@@ -203,9 +212,24 @@ def count_steps(trainer: pl.Trainer, steps: int) -> None:
         tracker.completed += steps
 
 
-def checkpoints_only_at_epoch_ends(callback: Callback) -> bool:
-    """Whether ``callback`` is a ``ModelCheckpoint`` without a step or time trigger: it overrides
-    ``on_train_batch_end`` but never saves there."""
+def step_counters(trainer: pl.Trainer) -> tuple[int, int]:
+    """``(optimizer steps, logging steps)``: ``trainer.global_step`` and the counter the logged
+    ``step`` comes from (a checkpoint saved in ``on_train_batch_end`` holds the latter one behind)."""
+    return trainer.global_step, trainer.fit_loop.epoch_loop._batches_that_stepped
+
+
+def rewind_step_counters(trainer: pl.Trainer, counters: tuple[int, int]) -> None:
+    """Sets both counters back to ``counters`` (from :func:`step_counters`), for a round replayed from its start."""
+    global_step, logging_steps = counters
+    count_steps(trainer, global_step - trainer.global_step)
+    trainer.fit_loop.epoch_loop._batches_that_stepped = logging_steps
+
+
+def acts_only_at_epoch_ends(callback: Callback) -> bool:
+    """Whether ``callback`` overrides ``on_train_batch_end`` but never acts there: a ``ModelCheckpoint``
+    without a step or time trigger, or a ``Timer(interval="epoch")`` (what ``max_time`` becomes)."""
+    if isinstance(callback, Timer):
+        return callback._interval == Interval.epoch
     return isinstance(callback, ModelCheckpoint) and not callback._every_n_train_steps and callback._train_time_interval is None
 
 

@@ -1,12 +1,24 @@
-"""Reading checkpoints safely: a file that cannot be read, or holds no federated run, fails with
-one clear error naming it instead of a raw ``OSError``, ``KeyError`` or unpickling error."""
+"""Writing and reading checkpoints safely.
+
+* Writing is atomic (:func:`atomic_save`): a crash at any point leaves either the old file or the
+  new one, never a truncated one, and a full disk is one :class:`CheckpointWriteError` naming the folder.
+* Reading a file that cannot be read, or holds no federated run, fails with one clear error naming
+  it instead of a raw ``OSError``, ``KeyError`` or unpickling error.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import errno
+import io
+import math
+import os
+from collections.abc import Iterator, Mapping
 from typing import Any
 
-from lightning.fabric.plugins import CheckpointIO
+import torch
+from lightning.fabric.plugins import CheckpointIO, TorchCheckpointIO
+from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from typing_extensions import override
 
 #: Entries of the federated loop state that every checkpoint has, and their types.
@@ -23,8 +35,60 @@ class CheckpointError(ValueError):
     """A checkpoint file is unreadable (truncated, corrupt), foreign, or holds invalid federated state."""
 
 
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (a full disk, a quota); the previous checkpoint is intact."""
+
+
+#: The errors of a write that a full disk or quota causes.
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def atomic_save(checkpoint: dict[str, Any], path: str | os.PathLike[str]) -> None:
+    """Saves ``checkpoint`` to ``path`` so that a crash leaves the old file or the new one, whole.
+
+    The bytes go to a temporary file in the same folder (a rename across file systems would be a
+    copy), which is flushed to disk (``fsync``) and renamed over ``path``; the folder is then
+    synced so that the rename itself survives a power loss.
+
+    Raises:
+        CheckpointWriteError: one line naming the folder when the disk or quota is full.
+    """
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    buffer = io.BytesIO()
+    torch.save(checkpoint, buffer)  # serialized first: a write error is then a plain OSError
+    temp = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    try:
+        with open(temp, "wb") as file:
+            file.write(buffer.getbuffer())
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temp, path)
+    except BaseException as err:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(temp)
+        if isinstance(err, OSError) and err.errno in _NO_SPACE:
+            raise CheckpointWriteError(
+                f"Cannot write checkpoint {os.path.basename(path)}: no space left in {folder} "
+                f"({len(buffer.getbuffer())} bytes needed); the checkpoints written before are intact."
+            ) from err
+        raise
+    sync_folder(folder)
+
+
+def sync_folder(folder: str) -> None:
+    """Makes the renames and links in ``folder`` durable (``fsync`` of the folder; no-op where unsupported)."""
+    with contextlib.suppress(OSError):
+        descriptor = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+
+
 class CheckedCheckpointIO(CheckpointIO):
-    """Delegates to ``inner``; loading raises :class:`CheckpointError` naming the file when it cannot
+    """Delegates to ``inner``, except that Lightning's own IO saves local files with
+    :func:`atomic_save`; loading raises :class:`CheckpointError` naming the file when it cannot
     be read or is not a Lightning checkpoint. :class:`~fl_lightning.FederatedTrainer` installs it.
 
     Args:
@@ -36,7 +100,11 @@ class CheckedCheckpointIO(CheckpointIO):
 
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
-        self.inner.save_checkpoint(checkpoint, path, storage_options=storage_options)
+        # Another IO (a cloud store, a user's own) keeps its own guarantees.
+        if type(self.inner) is TorchCheckpointIO and storage_options is None and _is_local_file_protocol(path):
+            atomic_save(checkpoint, path)
+        else:
+            self.inner.save_checkpoint(checkpoint, path, storage_options=storage_options)
 
     @override
     def load_checkpoint(self, path: Any, map_location: Any | None = None, weights_only: bool | None = None) -> dict[str, Any]:
@@ -66,6 +134,27 @@ class CheckedCheckpointIO(CheckpointIO):
         self.inner.teardown()
 
 
+def read_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The checkpoint at ``path`` (tensors on the CPU, no code run), checked as :class:`CheckedCheckpointIO`
+    checks what a resume reads: for the CLI, which reads a checkpoint before the trainer exists."""
+    return CheckedCheckpointIO(TorchCheckpointIO()).load_checkpoint(path, map_location="cpu", weights_only=True)
+
+
+def model_settings_replaced(saved: Mapping[str, Any], given: Mapping[str, Any]) -> list[str]:
+    """One ``"name: given → saved"`` line per model setting whose checkpoint value ``saved`` replaces
+    the configuration's ``given`` one (names starting with ``_`` are LightningCLI's bookkeeping)."""
+    return [
+        f"{name}: {given.get(name)!r} → {value!r}"
+        for name, value in saved.items()
+        if not str(name).startswith("_") and name in given and _listed(given[name]) != _listed(value)
+    ]
+
+
+def _listed(value: Any) -> Any:
+    """A tuple as the list a checkpoint's YAML-like hyper-parameters hold."""
+    return list(value) if isinstance(value, tuple) else value
+
+
 def validate_federated_state(federated: Any, *, path: Any, max_rounds: int | None) -> None:
     """Checks the federated loop state read from checkpoint ``path`` before anything is restored.
 
@@ -87,9 +176,62 @@ def validate_federated_state(federated: Any, *, path: Any, max_rounds: int | Non
     for key in ("total_upload_bytes", "total_download_bytes"):
         if federated[key] < 0:
             raise CheckpointError(f"{name}: `{key}={federated[key]}` is negative.")
+    start = federated.get("round_start_steps", [0, 0])
+    if not (isinstance(start, list) and len(start) == 2 and all(type(s) is int and s >= 0 for s in start)):
+        raise CheckpointError(f"{name}: `round_start_steps` must be two ints >= 0, got {start!r:.80}.")
     if not all(map(_is_id_list, federated["history"])):
         raise CheckpointError(f"{name}: federated state `history` must be a list of lists of client ids.")
 
 
 def _is_id_list(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in value)
+
+
+def validate_restored_state(
+    federated: Mapping[str, Any], global_state: Mapping[str, torch.Tensor], *, num_clients: int, path: Any
+) -> None:
+    """Checks, once the federation is known, what :func:`validate_federated_state` cannot: the global
+    model is finite; every tensor of the algorithm's state (server optimizer moments and momentum,
+    control variates, staleness and cluster state, ...) is finite and, when it is filed under a
+    parameter's name, has that parameter's shape; no Python float in it is NaN (an ``inf`` can be a
+    setting, such as DP-FedAvg's noise-free ``clip_norm``); every client id in ``history`` exists.
+    One mechanism for every algorithm: their own ``load_state_dict`` checks their ranges.
+
+    Raises:
+        CheckpointError: naming the file and the first bad entry.
+    """
+    name = f"Checkpoint {path}"
+    for key, tensor in global_state.items():
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            raise CheckpointError(f"{name}: the global model's `{key}` holds NaN or Inf.")
+    for entry, value in _leaves(("algorithm",), federated["algorithm"]):
+        where = ".".join(map(str, entry))
+        if isinstance(value, torch.Tensor):
+            if value.is_floating_point() and not torch.isfinite(value).all():
+                raise CheckpointError(f"{name}: algorithm state `{where}` holds NaN or Inf.")
+            expected = global_state.get(entry[-1]) if isinstance(entry[-1], str) else None
+            if expected is not None and value.shape != expected.shape:
+                raise CheckpointError(
+                    f"{name}: algorithm state `{where}` has shape {list(value.shape)}, but the model's "
+                    f"`{entry[-1]}` has {list(expected.shape)}."
+                )
+        elif isinstance(value, float) and math.isnan(value):
+            raise CheckpointError(f"{name}: algorithm state `{where}` is NaN.")
+    for round_idx, clients in enumerate(federated["history"]):
+        unknown = [c for c in clients if not 0 <= c < num_clients]
+        if unknown:
+            raise CheckpointError(
+                f"{name}: `history[{round_idx}]` names client {unknown[0]}, but this federation has clients 0..{num_clients - 1}."
+            )
+
+
+def _leaves(entry: tuple[Any, ...], value: Any) -> Iterator[tuple[tuple[Any, ...], Any]]:
+    """``(path, value)`` of every value nested in mappings, lists and tuples."""
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            yield from _leaves((*entry, key), item)
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            yield from _leaves((*entry, index), item)
+    else:
+        yield entry, value

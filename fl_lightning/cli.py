@@ -10,8 +10,11 @@ A bad value in the configuration ends the command with one ``error: ...`` line a
 from __future__ import annotations
 
 import os
+import sys
 import time
+import warnings
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -21,6 +24,7 @@ from rich.console import Console
 from rich.table import Table
 from typing_extensions import override
 
+from fl_lightning.checkpoint_io import CheckpointWriteError, model_settings_replaced, read_checkpoint
 from fl_lightning.checkpointing import run_directory
 from fl_lightning.cli_errors import DEBUG_ENV, ConsoleParser, RunStarted, configuration_errors
 from fl_lightning.cli_help import PlainHelpParser
@@ -62,13 +66,14 @@ class LoggerSaveConfigCallback(SaveConfigCallback):
 
 
 def fit_summary(trainer: Trainer, wall_time_s: float) -> Table:
-    """Rounds run, the global model's final validation (and, if run, test) metrics under the
-    module's own names, bytes moved, wall time and log location."""
+    """Rounds run and how the fit ended, the global model's final validation (and, if run, test)
+    metrics under the module's own names, bytes moved, wall time and log location."""
     loop = trainer.fit_loop
     table = Table(title="Federated fit summary", show_header=False)
     table.add_column()
     table.add_column(overflow="fold")  # a long checkpoint path wraps whole, so it can be copied; never "…"
     table.add_row("rounds run", str(trainer.current_epoch))
+    table.add_row("ended", getattr(loop, "stop_reason", None) or "unknown")
     for label, value in evaluation_rows(trainer):
         table.add_row(label, value)
     table.add_row("uploaded", _human_bytes(loop.total_upload_bytes))
@@ -144,6 +149,27 @@ class FederatedCLI(LightningCLI):
         config = self.config[self.subcommand] if self.subcommand is not None else self.config  # run=False: no subcommand
         stamp_wandb_names(config.get("trainer.logger"), datetime.now())
 
+    @override
+    def _parse_ckpt_path(self) -> None:
+        """``--ckpt_path FILE`` is read through the checks a resume makes (one error naming a truncated
+        or foreign file). ``fit`` keeps the configuration's model settings, which the resume's
+        fingerprint compares with the checkpoint's (:mod:`fl_lightning.fingerprint`); ``validate``,
+        ``test`` and ``predict`` build the model with the checkpoint's, as LightningCLI does, and warn
+        naming each setting that replaces a configured one."""
+        subcommand = self.config.get("subcommand")
+        path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if not path or not Path(path).is_file():  # "last", or a missing file that fit reports
+            return
+        saved = read_checkpoint(path).get("hyper_parameters") or {}
+        if subcommand == "fit" or not saved:
+            return
+        given = self.config[subcommand].get("model", {}).get("init_args") or {}
+        replaced = model_settings_replaced(saved, dict(given))
+        if replaced:
+            listing = "; ".join(replaced)
+            warnings.warn(f"{path} restores the model settings it was trained with over the configuration's: {listing}.")
+        super()._parse_ckpt_path()
+
     def before_fit(self) -> None:
         self._fit_started = time.perf_counter()
 
@@ -164,7 +190,11 @@ def main(args: list[str] | None = None) -> None:
     import_from_working_directory()
     started = RunStarted()
     with configuration_errors(started):
-        FederatedCLI(args=args, trainer_defaults={"callbacks": [started]}, parser_class=ConsoleParser)
+        try:
+            FederatedCLI(args=args, trainer_defaults={"callbacks": [started]}, parser_class=ConsoleParser)
+        except CheckpointWriteError as error:  # a full disk mid-run: the message says all
+            print(f"error: {error}", file=sys.stderr)
+            raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

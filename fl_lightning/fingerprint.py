@@ -1,9 +1,11 @@
 """A checkpoint's record of the federation it belongs to, checked when a run resumes from it.
 
-Resuming a run with other clients, another partition, another algorithm configuration or other
-local work would silently continue a different experiment. The fingerprint is a flat mapping of
-``name -> value``; a resume whose fingerprint differs is refused with every difference listed,
-unless ``FederatedTrainer(allow_resume_changes=True)`` says the change is deliberate.
+Resuming a run with other clients, another partition, another algorithm configuration, other
+local work, another model, optimizer, LR schedule or data setting would silently continue a
+different experiment. The fingerprint is a flat mapping of ``name -> value``
+(:func:`federation_fingerprint` and :func:`training_fingerprint`); a resume whose fingerprint
+differs is refused with every difference listed, unless ``FederatedTrainer(allow_resume_changes=True)``
+says the change is deliberate. ``max_epochs`` is not part of it: a finished run may be extended.
 """
 
 from __future__ import annotations
@@ -12,15 +14,22 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any
 
+import lightning.pytorch as pl
 import numpy as np
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from fl_lightning.algorithms.shared.base import Algorithm
 from fl_lightning.federation import Federation
 from fl_lightning.update_bounds import UpdateBound
-from fl_lightning.utils.init_args import flat_hparams
+from fl_lightning.utils.init_args import RecordsInitArgs, flat_hparams
 
 _ABSENT = "<absent>"
+#: Present in fingerprints that cover the model, optimizer, scheduler and data (:func:`training_fingerprint`).
+_VERSION_KEY = "fingerprint_version"
+#: Constructor arguments that say where data lives or how it is loaded, not which numbers it gives.
+_NOT_NUMERIC = frozenset({"root", "download", "num_workers", "partition_file", "dataloader_kwargs"})
+#: A scheduler's progress, restored from the checkpoint, rather than its settings.
+_SCHEDULER_PROGRESS = frozenset({"last_epoch", "base_lrs"})
 
 
 class ResumeMismatchError(ValueError):
@@ -44,6 +53,34 @@ def federation_fingerprint(
         **flat_hparams("algorithm", algorithm),
         **flat_hparams("update_bound", update_bound),
     }
+
+
+def training_fingerprint(trainer: pl.Trainer) -> dict[str, Any]:
+    """What else changes the numbers: the module's class and saved hyper-parameters (its ``__init__``
+    arguments, ``model.lr``, ...), each optimizer's class and parameter-group settings, each LR
+    scheduler's class and settings, and the datamodule's constructor arguments (those that name a
+    folder or a loading detail left out).
+
+    Read before the checkpoint's optimizer state is restored, which would overwrite the settings."""
+    module = trainer.lightning_module
+    hparams = {k: v for k, v in module.hparams.items() if not str(k).startswith("_")}  # LightningCLI's _instantiator
+    entries: dict[str, Any] = {_VERSION_KEY: 2, "model": type(module).__qualname__, **flat_hparams("model", hparams)}
+    for i, optimizer in enumerate(trainer.optimizers):
+        entries[f"optimizer.{i}"] = type(optimizer).__qualname__
+        for j, group in enumerate(optimizer.param_groups):
+            settings = {k: v for k, v in group.items() if k != "params"}
+            entries.update(flat_hparams(f"optimizer.{i}.group.{j}", settings))
+    for i, config in enumerate(trainer.lr_scheduler_configs):
+        state = config.scheduler.state_dict()
+        settings = {k: v for k, v in state.items() if not k.startswith("_") and k not in _SCHEDULER_PROGRESS}
+        entries[f"lr_scheduler.{i}"] = type(config.scheduler).__qualname__
+        settings.update(interval=config.interval, frequency=config.frequency)
+        entries.update(flat_hparams(f"lr_scheduler.{i}", settings))
+    data = trainer.datamodule
+    if isinstance(data, RecordsInitArgs):
+        numeric = flat_hparams("data", data)
+        entries.update({k: v for k, v in numeric.items() if not _NOT_NUMERIC.intersection(k.split("."))})
+    return entries
 
 
 def partition_hash(federation: Federation) -> str:
@@ -84,12 +121,24 @@ def check_resume(saved: Mapping[str, Any] | None, now: Mapping[str, Any], *, pat
             "without checking that its clients, partition and algorithm match this run's."
         )
         return
+    if _VERSION_KEY not in saved:
+        rank_zero_warn(
+            f"Checkpoint {path} was written by an older fl_lightning: resuming without checking that its model, "
+            "optimizer, LR scheduler and data settings match this run's."
+        )
+        now = {name: value for name, value in now.items() if name in saved}
     differences = fingerprint_differences(saved, now)
     if not differences:
         return
     listing = "\n".join(f"  {line}" for line in differences)
     if allow_changes:
-        rank_zero_warn(f"Resuming from {path} with deliberate changes (allow_resume_changes=True):\n{listing}")
+        kept = (
+            "\nThe optimizer state restored from the checkpoint keeps its parameter groups' settings: the new "
+            "optimizer values above do not apply."
+            if any(line.startswith("optimizer.") for line in differences)
+            else ""
+        )
+        rank_zero_warn(f"Resuming from {path} with deliberate changes (allow_resume_changes=True):\n{listing}{kept}")
         return
     raise ResumeMismatchError(
         f"Cannot resume from {path}: it was written by a different federation (saved → now):\n{listing}\n"

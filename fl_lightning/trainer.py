@@ -6,9 +6,10 @@ import os
 from typing import Any, Literal
 
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint, Timer
 from lightning.pytorch.callbacks.progress import ProgressBar
 from lightning.pytorch.strategies import DDPStrategy, Strategy
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from typing_extensions import override
 
@@ -24,6 +25,7 @@ from fl_lightning.distributed.strategy import FederatedDDPStrategy
 from fl_lightning.federation import FederatedDataSource, require_federated_data
 from fl_lightning.loops.async_fit_loop import AsyncFitLoop
 from fl_lightning.loops.federated_fit_loop import FederatedFitLoop
+from fl_lightning.trainer_arguments import check_trainer_arguments
 from fl_lightning.update_bounds import UpdateBound
 
 
@@ -34,6 +36,10 @@ class FederatedTrainer(pl.Trainer):
     Everything else is Lightning's: accelerator, precision, callbacks (``on_train_epoch_end``,
     ``EarlyStopping`` and ``ModelCheckpoint(every_n_epochs)`` count rounds), loggers (the
     logging step is the round). Validation runs on the global model at the end of each round.
+    Each Lightning argument is honoured, reinterpreted per round or refused with one ``ValueError``
+    (:mod:`fl_lightning.trainer_arguments`, ``docs/lightning_integration.md``): ``max_steps``,
+    ``max_time``, ``fast_dev_run`` and ``EarlyStopping`` end the fit at the end of a round, and however
+    the fit ends the module holds the global model of the last completed round.
 
     ``fit`` takes a :class:`~fl_lightning.data.FederatedDataModule`, or any ``LightningDataModule``,
     which it federates as :class:`~fl_lightning.data.Federated` does: ``partitioner`` (default
@@ -68,8 +74,8 @@ class FederatedTrainer(pl.Trainer):
             directly, for speed, with the same weights; it skips the per-batch hooks of callbacks
             and module (``on_train_batch_start/end``, ``on_before/after_backward``,
             ``on_before_optimizer_step``, ``on_before_zero_grad``, ``on_before_batch_transfer``),
-            gradient clipping and accumulation, step-interval LR schedulers and per-step
-            (``on_step``) logging, and warns once naming those it finds; it needs one optimizer,
+            gradient clipping and accumulation and per-step (``on_step``) logging, and warns once
+            naming those it finds (it steps ``interval="step"`` LR schedulers as Lightning does); it needs one optimizer,
             automatic optimization and a precision without gradient scaling.
             ``self.log(on_epoch=True)`` still works, and ``trainer.global_step`` counts its steps.
             ``"batched"`` trains a round's clients together with ``torch.func.vmap``
@@ -88,9 +94,10 @@ class FederatedTrainer(pl.Trainer):
             rounds, asynchronous buffers, sharded rounds): :class:`~fl_lightning.NormClip` or
             :class:`~fl_lightning.MedianNormFilter` (:mod:`fl_lightning.update_bounds`); default none.
         allow_resume_changes: resume from a checkpoint whose federation (clients, partition, algorithm
-            and its arguments, update bound, clients per round, seed, local work) differs from this
-            run's, with a warning listing the changes; by default such a resume is refused
-            (:mod:`fl_lightning.fingerprint`).
+            and its arguments, update bound, clients per round, seed, local work, model
+            hyper-parameters, optimizer and LR-scheduler settings, datamodule arguments) differs
+            from this run's, with a warning listing the changes; by default such a resume is
+            refused (:mod:`fl_lightning.fingerprint`).
         use_distributed_sampler: must be ``False`` (the default). The loop shards clients over the
             processes itself and every rank evaluates the whole validation set; Lightning's
             ``DistributedSampler`` would split the evaluation data across ranks, so the logged
@@ -181,16 +188,26 @@ class FederatedTrainer(pl.Trainer):
                 "the loop shards clients over the processes itself, and a DistributedSampler would split the "
                 "server's evaluation data across ranks (metrics would differ from one process's)."
             )
+        check_trainer_arguments(kwargs)
         algorithm = algorithm if algorithm is not None else FedAvg()
 
         kwargs["strategy"] = _federated_strategy(kwargs.get("strategy", "auto"))
         callbacks = [callbacks] if isinstance(callbacks, Callback) else list(callbacks or [])
         if kwargs.get("enable_progress_bar", True) is not False and not any(isinstance(c, ProgressBar) for c in callbacks):
             callbacks.append(FederatedProgressBar())
-        if kwargs.get("enable_checkpointing", True) is not False and not any(isinstance(c, ModelCheckpoint) for c in callbacks):
-            callbacks.append(round_checkpoint())
+        # Not under fast_dev_run, which writes nothing: Lightning's on_train_end would still save its `last.ckpt`.
+        writes = kwargs.get("enable_checkpointing", True) is not False and not kwargs.get("fast_dev_run", False)
+        if writes and not any(isinstance(c, ModelCheckpoint) for c in callbacks):
+            callbacks.append(round_checkpoint(asynchronous=algorithm.asynchronous))
         callbacks.append(GlobalModelCheckpoint())
-        super().__init__(callbacks=callbacks, use_distributed_sampler=False, **kwargs)
+        if kwargs.get("max_time") is not None:
+            # Lightning's own Timer checks after every batch, which only the Lightning executor runs, and
+            # would stop inside a round: checked at round ends, the fit stops after the round that reached it.
+            callbacks.append(Timer(duration=kwargs.pop("max_time"), interval="epoch"))
+        try:
+            super().__init__(callbacks=callbacks, use_distributed_sampler=False, **kwargs)
+        except MisconfigurationException as err:  # a configuration error like any other: one ValueError
+            raise ValueError(str(err)) from None
         # A truncated or foreign checkpoint then fails with one error naming the file.
         self.strategy.checkpoint_io = CheckedCheckpointIO(self.strategy.checkpoint_io)
 
@@ -215,6 +232,20 @@ class FederatedTrainer(pl.Trainer):
         )
 
     @property
+    @override
+    def estimated_stepping_batches(self) -> int | float:
+        """The optimizer steps of one client's step-interval LR schedule over the whole fit: ``max_epochs``
+        rounds times the most steps a client takes in a round (``inf`` with ``max_epochs=-1``). Every client
+        of a round starts from the round's point of the schedule, which moves on one round at its end
+        (:class:`~fl_lightning.schedulers.RoundStepSchedules`), so
+        ``CosineAnnealingLR(optimizer, T_max=trainer.estimated_stepping_batches)`` with ``interval="step"``
+        ends at the last step of the last round."""
+        rounds = self.fit_loop.max_epochs
+        if rounds is None or rounds == -1:
+            return float("inf")
+        return max(rounds, 1) * self.fit_loop.steps_per_round()
+
+    @property
     def algorithm(self) -> Algorithm:
         """The federated algorithm."""
         return self.fit_loop.algorithm
@@ -229,9 +260,10 @@ class FederatedTrainer(pl.Trainer):
         ckpt_path: str | os.PathLike[str] | None = None,
         weights_only: bool | None = None,
     ) -> None:
-        """Lightning's ``fit``; ``ckpt_path="last"`` resumes from the newest ``last.ckpt`` of any
-        earlier run of the same experiment (:func:`~fl_lightning.checkpointing.find_last_checkpoint`),
-        and starts from scratch with Lightning's warning when there is none. A plain
+        """Lightning's ``fit``; ``ckpt_path="last"`` resumes from this run's own checkpoints, else
+        the experiment's most recent run, falling back from a broken ``last.ckpt`` to the newest
+        intact round (:func:`~fl_lightning.checkpointing.find_last_checkpoint`), and starts from
+        scratch with Lightning's warning when there is none. A plain
         ``LightningDataModule`` is federated first (see the class docstring)."""
         datamodule = self._federated(datamodule) if train_dataloaders is None else datamodule
         if datamodule is None:

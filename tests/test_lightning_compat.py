@@ -14,7 +14,7 @@ import lightning
 import lightning.pytorch as pl
 import pytest
 import torch
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, Timer
 from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.loops.fetchers import _DataFetcher
 from lightning.pytorch.loops.fit_loop import _FitLoop
@@ -63,11 +63,12 @@ def test_fit_loop_shape(trainer: pl.Trainer) -> None:
     for name in ("_data_fetcher", "_combined_loader"):
         assert name in vars(loop) and getattr(loop, name) is None, f"_FitLoop.{name}: {REVIEW}"
     assert loop.max_batches == float("inf"), REVIEW
-    for name in ("setup_data", "reset", "on_run_start", "on_advance_start", "advance", "on_advance_end",
+    for name in ("setup_data", "reset", "run", "on_run_start", "on_advance_start", "advance", "on_advance_end",
                  "on_save_checkpoint", "on_load_checkpoint"):
         assert callable(getattr(_FitLoop, name, None)), f"_FitLoop.{name}: {REVIEW}"
         assert _params(getattr(_FitLoop, name))[0] == "self"
     assert _params(_FitLoop.setup_data) == ["self"], REVIEW
+    assert _params(_FitLoop.run) == ["self"], REVIEW  # FederatedFitLoop.run restores the global model however it ends
     assert _params(_FitLoop.on_advance_end) == ["self"], REVIEW
     # FederatedTrainer installs its loops by plain assignment; trainer.current_epoch reads the progress.
     trainer.fit_loop = _FitLoop(trainer, min_epochs=0, max_epochs=2)
@@ -103,11 +104,21 @@ def test_client_epoch_loop_only_overrides_existing_methods() -> None:
         "_num_ready_batches_reached",
         "_build_kwargs",
         "_broadcast_sigterm_tensor",
+        "done",
     } <= methods
     for name in methods:
-        base = getattr(_TrainingEpochLoop, name, None)
+        base = inspect.getattr_static(_TrainingEpochLoop, name, None)
+        if isinstance(base, property):  # `done`: a property read by the loop's `run`
+            assert isinstance(inspect.getattr_static(compat.ClientEpochLoop, name), property), f"{name}: {REVIEW}"
+            continue
         assert callable(base), f"ClientEpochLoop.{name} overrides nothing in _TrainingEpochLoop: {REVIEW}"
         assert _params(base) == _params(getattr(compat.ClientEpochLoop, name)), f"{name}: {REVIEW}"
+
+
+def test_timer_interval_is_readable() -> None:
+    """``acts_only_at_epoch_ends`` reads a Timer's interval: ``max_time`` becomes an epoch-interval Timer."""
+    assert compat.acts_only_at_epoch_ends(Timer(duration="00:00:01:00", interval="epoch")), REVIEW
+    assert not compat.acts_only_at_epoch_ends(Timer(duration="00:00:01:00", interval="step")), REVIEW
 
 
 def test_data_fetcher_over_a_client_batch_stream() -> None:
@@ -244,8 +255,8 @@ def test_every_logger_counts_rounds_and_validation_runs_once_per_round() -> None
         def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
             validations.append(trainer.current_epoch)
 
-    # val_check_interval=1 would validate after every batch in plain Lightning.
-    trainer, logger, _ = _tiny_fit(callbacks=[CountValidation()], val_check_interval=1)
+    # Plain Lightning would validate at the end of every client's epoch (val_check_interval=1.0).
+    trainer, logger, _ = _tiny_fit(callbacks=[CountValidation()])
     assert trainer.current_epoch == 3
     assert trainer.global_step > 3  # several optimizer steps per round...
     assert validations == [0, 1, 2]  # ...but one server evaluation per round

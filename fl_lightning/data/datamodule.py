@@ -102,8 +102,11 @@ class FederatedDataModule(RecordsInitArgs, LightningDataModule):
             (see :mod:`fl_lightning.data.partition_io`) is ``{"num_clients": n, "clients":
             [[i, ...], ...]}``: exactly these two keys, ``num_clients`` equal to this
             datamodule's and to the number of lists, each client a non-empty list of JSON
-            integers in ``[0, len(train))``, no index given twice. A file that breaks it raises
-            ``ValueError`` naming the file, the client and the entry.
+            integers in ``[0, len(train))``, no index given twice, every training sample (outside
+            the validation split) given to a client. A file that breaks it raises ``ValueError``
+            naming the file, the client and the entry.
+        partial_partition: accept a ``partition_file`` that gives some training samples to no
+            client (one written from ``LabelsPerClient``, which can leave labels out, or a subset).
         num_workers: DataLoader workers.
         shuffle: Reshuffle each client's samples every local epoch (``False``: the stored order).
         drop_last: Drop each client's last partial batch in every local epoch (training only;
@@ -129,6 +132,7 @@ class FederatedDataModule(RecordsInitArgs, LightningDataModule):
         holdout_fraction: float = 0.0,
         seed: int = 0,
         partition_file: str | None = None,
+        partial_partition: bool = False,
         num_workers: int = 0,
         shuffle: bool = True,
         drop_last: bool = False,
@@ -166,6 +170,7 @@ class FederatedDataModule(RecordsInitArgs, LightningDataModule):
         self.partitioner = partitioner if partitioner is not None else IID()
         self.holdout_fraction = float(holdout_fraction)
         self.partition_file = partition_file
+        self.partial_partition = partial_partition
         self._full_parts: list[np.ndarray] = []
         self._train_parts: list[np.ndarray] | None = None
         self._holdout_parts: list[np.ndarray] = []
@@ -321,8 +326,10 @@ class FederatedDataModule(RecordsInitArgs, LightningDataModule):
     def load_partition(self, path: str | os.PathLike[str]) -> None:
         """Replaces the partition by the one in ``path``, validated against this datamodule (each
         client's indices sorted, or kept in the file's order with ``shuffle=False``)."""
+        num_samples = self._num_samples()
+        cover = None if self.partial_partition else np.setdiff1d(np.arange(num_samples), self.validation_indices)
         parts = partition_io.load_partition(
-            path, num_clients=self.num_clients, num_samples=self._num_samples(), keep_order=not self.shuffle
+            path, num_clients=self.num_clients, num_samples=num_samples, keep_order=not self.shuffle, cover=cover
         )
         leaked = np.intersect1d(np.concatenate(parts), self.validation_indices)
         if leaked.size:

@@ -15,13 +15,17 @@ A partition file is UTF-8 JSON of this schema, which :func:`save_partition` writ
   otherwise clients' indices are loaded sorted.
 
 A file that breaks any rule is refused with a ``ValueError`` naming the file, and the client
-(its position in ``clients``) and the entry (its position in that client's list) at fault.
+(its position in ``clients``) and the entry (its position in that client's list) at fault. So is a
+path that is not a regular file (a folder, a FIFO that would block, a device such as ``/dev/zero``
+that would be read until memory runs out), a file larger than any partition of the dataset could be
+(:func:`max_partition_bytes`), and one that leaves out samples it must cover (``cover``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,6 +37,16 @@ from fl_lightning.data._checks import check_partition, out_of_range
 
 _KEYS = ("num_clients", "clients")
 _EXAMPLE = '{"num_clients": n, "clients": [[...], ...]}'
+#: Bytes an index may take in a partition file: its digits, a comma and generous indentation.
+_BYTES_PER_INDEX = 64
+#: Bytes a partition file may take beyond its indices: the keys, brackets and whitespace.
+_BYTES_OVERHEAD = 64 * 1024
+
+
+def max_partition_bytes(num_clients: int, num_samples: int) -> int:
+    """The largest file a partition of ``num_samples`` samples over ``num_clients`` clients can be,
+    even indented: anything larger is not one, and is not read to the end."""
+    return _BYTES_PER_INDEX * (num_samples + num_clients) + _BYTES_OVERHEAD
 
 
 def save_partition(parts: Sequence[np.ndarray], path: str | os.PathLike[str]) -> None:
@@ -50,7 +64,12 @@ def save_partition(parts: Sequence[np.ndarray], path: str | os.PathLike[str]) ->
 
 
 def load_partition(
-    path: str | os.PathLike[str], *, num_clients: int, num_samples: int, keep_order: bool = False
+    path: str | os.PathLike[str],
+    *,
+    num_clients: int,
+    num_samples: int,
+    keep_order: bool = False,
+    cover: np.ndarray | None = None,
 ) -> list[np.ndarray]:
     """Reads a partition file (see the module's schema) and validates it.
 
@@ -59,17 +78,19 @@ def load_partition(
         num_clients: The number of clients the file must hold.
         num_samples: Size of the dataset the indices refer to.
         keep_order: Keep each client's indices in the file's order instead of sorting them.
+        cover: Indices that some client must hold, each (``None``: any subset is a partition).
 
     Returns:
         One ``int64`` index array per client, sorted unless ``keep_order``.
 
     Raises:
-        ValueError: The file is not UTF-8 JSON, breaks the schema, has the wrong number of clients,
-            an empty client, an index out of range or an index given twice. The message names the
-            file, and the client and entry at fault.
+        ValueError: The path is not a regular file or is too large to be a partition; the file is
+            not UTF-8 JSON, breaks the schema, has the wrong number of clients, an empty client, an
+            index out of range or an index given twice, or leaves out an index of ``cover``. The
+            message names the file, and the client and entry at fault.
     """
     source = f"partition file {str(path)!r}"
-    payload = _read_json(Path(path), source)
+    payload = _read_json(Path(path), source, max_partition_bytes(num_clients, num_samples))
     if not isinstance(payload, dict):
         raise ValueError(f"{source} is not a partition: expected JSON {_EXAMPLE}, got {_describe(payload)}.")
     missing, unknown = [key for key in _KEYS if key not in payload], sorted(set(payload) - set(_KEYS))
@@ -85,12 +106,21 @@ def load_partition(
         raise ValueError(f"{source} declares num_clients={declared} but lists {len(clients)} clients.")
     for cid, entries in enumerate(clients):
         _check_entries(entries, cid, num_samples, source)
-    return check_partition(clients, num_clients=num_clients, num_samples=num_samples, source=source, sort=not keep_order)
+    parts = check_partition(clients, num_clients=num_clients, num_samples=num_samples, source=source, sort=not keep_order)
+    if cover is not None:
+        missing = np.setdiff1d(cover, np.concatenate(parts))
+        if missing.size:
+            raise ValueError(
+                f"{source} gives {missing.size} of the {len(cover)} samples it must cover to no client "
+                f"(e.g. index {missing[0]}); FederatedDataModule(partial_partition=True) accepts that."
+            )
+    return parts
 
 
-def _read_json(path: Path, source: str) -> Any:
-    """The file's JSON value; one ``ValueError`` naming the file if it is not UTF-8 JSON."""
-    data = path.read_bytes()
+def _read_json(path: Path, source: str, max_bytes: int) -> Any:
+    """The file's JSON value; one ``ValueError`` naming the file if it is not a regular file of at
+    most ``max_bytes``, or not UTF-8 JSON."""
+    data = _read_regular_file(path, source, max_bytes)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -102,6 +132,24 @@ def _read_json(path: Path, source: str) -> Any:
         raise ValueError(f"{source} is not valid JSON{cut}: {err.msg} at line {err.lineno}, column {err.colno}.") from err
     except RecursionError as err:  # json's parser recurses once per nested list
         raise ValueError(f"{source} is not a partition: its JSON is nested too deeply.") from err
+
+
+def _read_regular_file(path: Path, source: str, max_bytes: int) -> bytes:
+    """At most ``max_bytes`` of ``path``, which must be a regular file. Opened without blocking and
+    checked on the open descriptor: a FIFO's ``open`` would wait for a writer, a device never ends."""
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    mode = os.fstat(descriptor).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(descriptor)
+        kind = "a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a device or socket"
+        raise ValueError(f"{source} is {kind}, not a regular file.")
+    with os.fdopen(descriptor, "rb") as file:
+        data = file.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise ValueError(
+            f"{source} is larger than {max_bytes} bytes, the most a partition of this dataset can take: it is not a partition."
+        )
+    return data
 
 
 def _unique_keys(pairs: list[tuple[str, Any]], source: str) -> dict[str, Any]:

@@ -18,6 +18,10 @@ _COUNT_FIELDS = ("trained", "dropped", "rejected", "num_samples", "num_steps", "
 _REPORT_FIELDS = _COUNT_FIELDS + tuple(f for key in TRAINING_METRICS for f in (f"has_{key}", key))
 
 
+class PeerFailureError(RuntimeError):
+    """A round's collective failed: another process hung (past the strategy's ``timeout``) or died."""
+
+
 @dataclass
 class ShardedRound:
     """The round as every rank sees it after the all-reduce.
@@ -113,8 +117,20 @@ class ClientSharding:
         ]
         scalars = torch.tensor([weight, float(stop)], dtype=torch.float64)
         buffer = torch.cat([*parts, reports.reshape(-1).to(device), scalars.to(device)])
-        buffer = self.strategy.reduce(buffer, reduce_op="sum")  # the round's one collective
+        buffer = self._sum(buffer)  # the round's one collective
         return self._unpack(buffer.cpu(), clients, template)
+
+    def _sum(self, buffer: torch.Tensor) -> torch.Tensor:
+        """``buffer`` summed over the processes; a hung or dead peer is one :class:`PeerFailureError`."""
+        try:
+            return self.strategy.reduce(buffer, reduce_op="sum")
+        except RuntimeError as err:  # torch's DistBackendError, gloo's timeouts and resets
+            timeout = getattr(self.strategy, "_timeout", None)
+            raise PeerFailureError(
+                f"Rank {self.rank}: a round's all-reduce failed, most likely because another process hung or died "
+                f"(a process waits {timeout} for the others: FederatedDDPStrategy(timeout=...)). The last round's "
+                f"checkpoint is intact: resume with ckpt_path='last'. ({type(err).__name__}: {err})"
+            ) from err
 
     @staticmethod
     def _unpack(buffer: torch.Tensor, clients: list[int], template: State) -> ShardedRound:
@@ -151,13 +167,13 @@ class ClientSharding:
         for update in updates:
             flat = [update.payload[name].reshape(-1).to("cpu", torch.float64) for name in template]
             buffer[row_of[update.client_id]] = torch.cat([torch.ones(1, dtype=torch.float64), *flat])
-        buffer = self.strategy.reduce(buffer.to(self.strategy.root_device), reduce_op="sum").cpu()
+        buffer = self._sum(buffer.to(self.strategy.root_device)).cpu()
         return {cid: _unflatten(row[1:], template, lambda t: t.dtype) for cid, row in zip(clients, buffer) if row[0] > 0}
 
     def sum_residues(self, residues: torch.Tensor) -> torch.Tensor:
         """Every rank's int64 ``residues`` added by one all-reduce (wrapping mod 2**64, so any sum mod
         2**b with b <= 64 is exact): secure aggregation's masked sums."""
-        return self.strategy.reduce(residues.to(self.strategy.root_device), reduce_op="sum").cpu()
+        return self._sum(residues.to(self.strategy.root_device)).cpu()
 
     def gather_norms(self, clients: list[int], norms: Mapping[int, float]) -> dict[int, float]:
         """Every rank's update norms (``norms``: this rank's, by client), in selection order, by one
@@ -166,7 +182,7 @@ class ClientSharding:
         for i, cid in enumerate(clients):
             if cid in norms:
                 buffer[:, i] = torch.tensor([1.0, norms[cid]], dtype=torch.float64)
-        buffer = self.strategy.reduce(buffer.to(self.strategy.root_device), reduce_op="sum").cpu()
+        buffer = self._sum(buffer.to(self.strategy.root_device)).cpu()
         return {cid: float(buffer[1, i]) for i, cid in enumerate(clients) if buffer[0, i] > 0}
 
 

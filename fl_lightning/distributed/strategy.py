@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+from typing import Any
+
 import lightning.pytorch as pl
 from lightning.pytorch.strategies import DDPStrategy
 from typing_extensions import override
@@ -10,6 +13,10 @@ from fl_lightning import _lightning_compat as compat
 
 #: Lightning's DDP strategy names and the start method each one implies.
 DDP_START_METHODS = {"ddp": "popen", "ddp_spawn": "spawn", "ddp_fork": "fork", "ddp_notebook": "fork"}
+#: How long a process waits in a collective for the others before the run ends with an error. A hung
+#: peer (a frozen node) would otherwise hold every process for torch's default of 30 minutes; it must
+#: exceed the longest wait of a healthy round: the slowest rank's share of clients minus the fastest's.
+DEFAULT_TIMEOUT = timedelta(minutes=10)
 
 
 class FederatedDDPStrategy(DDPStrategy):
@@ -24,8 +31,14 @@ class FederatedDDPStrategy(DDPStrategy):
     ``FederatedTrainer(strategy="ddp")`` selects this strategy.
 
     Takes :class:`~lightning.pytorch.strategies.DDPStrategy`'s arguments (e.g.
-    ``process_group_backend``, ``timeout``, ``start_method``).
+    ``process_group_backend``, ``start_method``); ``timeout``, how long a process waits for the
+    others in a collective, defaults to :data:`DEFAULT_TIMEOUT` (10 minutes, not torch's 30): a hung
+    peer then ends the run with a :class:`~fl_lightning.distributed.sharding.PeerFailureError`, and
+    it resumes from the last round's checkpoint.
     """
+
+    def __init__(self, *args: Any, timeout: timedelta | None = DEFAULT_TIMEOUT, **kwargs: Any) -> None:
+        super().__init__(*args, timeout=timeout, **kwargs)
 
     @override
     def configure_ddp(self) -> None:

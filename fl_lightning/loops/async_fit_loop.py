@@ -197,6 +197,8 @@ class AsyncFitLoop(FederatedFitLoop):
             simulation["arrivals"] = self.arrivals[: simulation["arrivals"]]
             simulation["history"] = [list(h) for h in self.history[: simulation["history"]]]
             federated.update(global_state=simulation["global_state"], algorithm=simulation["algorithm"], history=simulation["history"])
+            # The aggregation may be done already (clients train at dispatch after it): it is replayed too.
+            federated["rounds_done"] = self.epoch_progress.current.processed
         else:
             simulation = self._checkpoint_state()
         federated["async"] = {k: v for k, v in simulation.items() if k not in ("global_state", "algorithm", "history")}

@@ -19,6 +19,7 @@ from fl_lightning.callbacks.client_loss import ClientLossRecorder
 from fl_lightning.callbacks.federated_callback import call_federated_hook
 from fl_lightning.data._checks import ClientDataError
 from fl_lightning.model_state import State, compute_delta, load_into
+from fl_lightning.schedulers import RoundStepSchedules
 
 #: PyTorch's refusal to batch-normalise one value per channel in training (a batch of one sample).
 _ONE_VALUE_PER_CHANNEL = "Expected more than 1 value per channel when training"
@@ -35,6 +36,7 @@ class ClientRuntime:
         batches: a client's local batch stream for its round, ordered by ``client.seed``.
         recorder: the loss recorder whose means become ``client.metrics``.
         reset_optimizer: clear the optimizer state before each client.
+        schedules: puts ``interval="step"`` LR schedulers back at the round's start before each client.
     """
 
     trainer: pl.Trainer
@@ -43,6 +45,7 @@ class ClientRuntime:
     batches: Callable[[ClientContext], Sized]
     recorder: ClientLossRecorder
     reset_optimizer: bool
+    schedules: RoundStepSchedules
 
     @property
     def module(self) -> pl.LightningModule:
@@ -69,14 +72,15 @@ class ClientExecutor(ABC):
         left holding the last client's weights."""
 
     def start_client(self, client: ClientContext, global_state: State) -> None:
-        """The module holds the global weights, the optimizer is fresh, the algorithm has configured
-        the client and the callbacks know it started."""
+        """The module holds the global weights, the optimizer is fresh, step LR schedulers are at the
+        round's start, the algorithm has configured the client and the callbacks know it started."""
         runtime = self.runtime
         load_into(runtime.live, global_state)
         # Reset before configure_client, so that an algorithm may install per-client optimizer state.
         if runtime.reset_optimizer:
             for optimizer in runtime.trainer.optimizers:
                 optimizer.state.clear()
+        runtime.schedules.start_client(client.round_idx)
         runtime.algorithm.configure_client(client, runtime.module, global_state)
         call_federated_hook(runtime.trainer, "on_client_start", client)
 

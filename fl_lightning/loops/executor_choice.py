@@ -5,7 +5,7 @@ The lean executor (:class:`~fl_lightning.loops.lean_executor.LeanExecutor`) call
 ``training_step``, ``backward`` and ``optimizer.step`` directly. It gives the same weights bit
 for bit as Lightning's epoch loop unless something it skips would act during the client's steps:
 a per-batch hook of the module, the datamodule or a callback, manual or multiple optimizers,
-gradient clipping or accumulation, gradient scaling, a step-interval LR scheduler, ``max_steps``,
+gradient clipping or accumulation, gradient scaling,
 or ``self.log(..., on_step=True)``. The first are read from the trainer before the fit
 (:func:`lean_blockers`); per-step logging is only known once a client has trained, so ``auto``
 trains the run's first client with Lightning's epoch loop and decides then
@@ -58,13 +58,10 @@ def lean_blockers(trainer: pl.Trainer) -> list[str]:
         reasons.append(f"gradient accumulation (accumulate_grad_batches={trainer.accumulate_grad_batches})")
     if getattr(trainer.precision_plugin, "scaler", None) is not None:
         reasons.append(f"gradient scaling (precision={trainer.precision!r})")
-    if trainer.max_steps != -1:
-        reasons.append(f"max_steps={trainer.max_steps}")
-    reasons += [f"a step-interval LR scheduler ({type(c.scheduler).__name__})" for c in trainer.lr_scheduler_configs if c.interval == "step"]
     reasons += [f"{type(module).__name__}.{hook}" for hook in (*STEP_HOOKS, *MODULE_STEP_METHODS) if is_overridden(hook, module)]
     reasons += compat.overridden_batch_hooks(trainer, compat.BATCH_TRANSFER_HOOKS[:1])
     for callback in trainer.callbacks:  # type: ignore[attr-defined]
-        if isinstance(callback, ClientLossRecorder) or compat.checkpoints_only_at_epoch_ends(callback):
+        if isinstance(callback, ClientLossRecorder) or compat.acts_only_at_epoch_ends(callback):
             continue  # the lean executor reports losses to the recorder itself
         reasons += [f"{type(callback).__name__}.{hook}" for hook in STEP_HOOKS if is_overridden(hook, callback, Callback)]
     return reasons

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sized
 from dataclasses import replace
@@ -9,7 +10,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
-from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 import lightning.pytorch as pl
@@ -18,18 +19,21 @@ from fl_lightning.algorithms.shared.base import TRAINING_METRICS, Algorithm, Cli
 from fl_lightning.algorithms.shared.summable import SupportsWeightedSum, apply_sum, can_shard
 from fl_lightning.callbacks.client_loss import ClientLossRecorder
 from fl_lightning.callbacks.federated_callback import call_federated_hook
-from fl_lightning.checkpoint_io import CheckpointError, validate_federated_state
+from fl_lightning.checkpoint_io import CheckpointError, validate_federated_state, validate_restored_state
 from fl_lightning.distributed.sharding import ClientSharding
 from fl_lightning.distributed.strategy import FederatedDDPStrategy
-from fl_lightning.federation import Federation, require_federated_data
-from fl_lightning.fingerprint import check_resume, federation_fingerprint
+from fl_lightning.federation import FederatedDataSource, Federation, require_federated_data
+from fl_lightning.fingerprint import check_resume, federation_fingerprint, training_fingerprint
 from fl_lightning.loops.client_executor import ClientExecutor, ClientRuntime
 from fl_lightning.loops.executor_choice import make_executor
 from fl_lightning.loops.guards import aggregate_or_roll_back, apply_bound, bound_updates, decode_and_screen
 from fl_lightning.loops.round_log import log_round
 from fl_lightning.loops.services import LoopServices
+from fl_lightning.loops.stop_reason import failure_reason, stop_reason
 from fl_lightning.model_state import State, live_tensors, load_into, snapshot
+from fl_lightning.schedulers import RoundStepSchedules
 from fl_lightning.secure.secure_aggregation import SecureAggregation
+from fl_lightning.trainer_arguments import batches_per_round
 from fl_lightning.update_bounds import UpdateBound, update_norm
 from fl_lightning.utils.init_args import RecordsInitArgs, flat_hparams
 from fl_lightning.utils.seeding import derive_seed
@@ -61,6 +65,22 @@ def client_means(updates: list[ClientUpdate], keys: tuple[str, ...]) -> dict[str
     return means
 
 
+def round_batches(data: FederatedDataSource, client: ClientContext, trainer: pl.Trainer) -> Sized:
+    """``client``'s batch stream for its round from ``data``, cut to the trainer's ``limit_train_batches``."""
+    accumulate = trainer.accumulate_grad_batches
+
+    def stream(num_epochs: int | None, num_batches: int | None) -> Sized:
+        batches = data.client_batches(
+            client.client_id, num_epochs=num_epochs, num_batches=num_batches, generator=torch.Generator().manual_seed(client.seed)
+        )
+        return batches if isinstance(batches, Sized) else list(batches)
+
+    batches = stream(client.num_epochs, None if client.num_steps is None else client.num_steps * accumulate)
+    limit = batches_per_round(len(batches), trainer.limit_train_batches)
+    # The same generator seed, so the cut stream is the first `limit` batches of the uncut one.
+    return stream(None, limit) if limit < len(batches) else batches
+
+
 class FederatedFitLoop(compat.FitLoopBase):
     """One Lightning epoch is one federated round; one ``fit`` runs them all.
 
@@ -70,12 +90,12 @@ class FederatedFitLoop(compat.FitLoopBase):
             clients = algorithm.select_clients(round)
             for client in clients:
                 module <- global weights (in place)               # param.copy_
-                reset optimizer state
+                reset optimizer state; step LR schedulers <- the round's start
                 algorithm.configure_client(client, module, global)
                 ClientEpochLoop over the client's batches         # training_step, hooks, callbacks
                 update = algorithm.client_update(client, module, local - global)
             algorithm.aggregate(round, global, finite updates)   # >= float32 master copy
-            module <- global weights; epoch LR schedulers step
+            module <- global weights; epoch LR schedulers step; step LR schedulers move on one round
             algorithm.evaluate(round, module); validation loop    # server evaluation
             log the round's row (round metrics + validation)       # on_train_epoch_end, checkpoints
 
@@ -147,9 +167,16 @@ class FederatedFitLoop(compat.FitLoopBase):
         self._live: State = {}
         self._rounds_done = 0
         self._in_round = False
+        #: The step counters when the current round began: a mid-round resume replays the round from there.
+        self._round_start_steps = (0, 0)
         self._loaded: dict[str, Any] | None = None
         self._sharding: ClientSharding | None = None
         self._fingerprint: dict[str, Any] = {}
+        self._schedules: RoundStepSchedules | None = None
+        #: How the last fit ended (:mod:`~fl_lightning.loops.stop_reason`); ``None`` before one has.
+        self.stop_reason: str | None = None
+        #: This run's model, optimizer, scheduler and data settings, read before a resume restores the optimizer.
+        self._training_fingerprint: dict[str, Any] | None = None
 
     @property
     def federation(self) -> Federation:
@@ -173,8 +200,35 @@ class FederatedFitLoop(compat.FitLoopBase):
         return {name: self.global_state[name].to(t.dtype, copy=True) for name, t in self._live.items()}
 
     @override
+    def run(self) -> None:
+        """Lightning's ``run``. However the fit ends (a limit, ``EarlyStopping``, ``KeyboardInterrupt``, an
+        exception inside a client), the module then holds the global model of the last completed round, never
+        a client's weights; :attr:`stop_reason` and the fit's last log line say how it ended."""
+        self.stop_reason, rounds_before = None, self._rounds_done
+        try:
+            super().run()
+            self.stop_reason = stop_reason(self.trainer, self._rounds_done)
+        except BaseException as error:
+            self.stop_reason = failure_reason(error, self.epoch_progress.current.processed)
+            raise
+        finally:
+            trained = self._in_round or self._rounds_done > rounds_before  # else a set-up error: its own message only
+            if self._in_round:
+                load_into(self._live, self.global_state)
+                self._in_round = False
+            if trained:
+                rank_zero_info(f"Federated fit ended: {self.stop_reason}.")
+
+    @override
     def setup_data(self) -> None:
         """Nothing to set up: each client's batches are prepared when it trains."""
+
+    @override
+    def run(self) -> None:
+        if self._loaded is not None and self.skip:
+            # Resumed with no round left (a finished run): the checkpoint must still be this run's.
+            self._setup_federation()
+        super().run()
 
     @override
     def reset(self) -> None:
@@ -193,8 +247,10 @@ class FederatedFitLoop(compat.FitLoopBase):
         data = require_federated_data(trainer.datamodule)
         self._check_update_bound()
         self._live = live_tensors(module)
+        # Built after Lightning restored a checkpoint's schedulers: their state is the next round's start.
+        self._schedules = RoundStepSchedules(trainer, self.steps_per_round, first_round=self._rounds_done)
         runtime = ClientRuntime(
-            trainer, self.algorithm, self._live, self.client_batches, self.loss_recorder, self.reset_optimizer
+            trainer, self.algorithm, self._live, self.client_batches, self.loss_recorder, self.reset_optimizer, self._schedules
         )
         self._executor = make_executor(self.client_executor, runtime, max_batched_clients=self.max_batched_clients)
         federation = Federation(
@@ -209,9 +265,13 @@ class FederatedFitLoop(compat.FitLoopBase):
             services=LoopServices(self),
         )
         # Checked before the algorithm's set-up, whose own errors a changed federation could trigger.
-        self._fingerprint = federation_fingerprint(
-            federation, self.algorithm, update_bound=self.update_bound, reset_optimizer=self.reset_optimizer
-        )
+        self._fingerprint = {
+            **federation_fingerprint(
+                federation, self.algorithm, update_bound=self.update_bound, reset_optimizer=self.reset_optimizer
+            ),
+            **(self._training_fingerprint or training_fingerprint(trainer)),
+        }
+        self._training_fingerprint = None
         if self._loaded is not None:
             saved = self._loaded.get("fingerprint")
             check_resume(saved, self._fingerprint, path=trainer.ckpt_path, allow_changes=self.allow_resume_changes)
@@ -232,6 +292,8 @@ class FederatedFitLoop(compat.FitLoopBase):
                 f"{type(self.algorithm).__name__}'s uploads are not deltas (uploads_deltas is False): "
                 "remove the update bound for this algorithm."
             )
+        if self.update_bound is not None:
+            self.algorithm.check_update_bound(self.update_bound)
 
     def _client_sharding(self) -> ClientSharding:
         """Checks that this run can shard its clients over the trainer's processes."""
@@ -273,6 +335,7 @@ class FederatedFitLoop(compat.FitLoopBase):
 
     @override
     def on_advance_start(self) -> None:
+        self._round_start_steps = compat.step_counters(self.trainer)
         self.epoch_progress.increment_ready()
         compat.call_epoch_start_hooks(self.trainer)
         self.epoch_progress.increment_started()
@@ -303,7 +366,7 @@ class FederatedFitLoop(compat.FitLoopBase):
         screened = decode_and_screen(self.algorithm, round_idx, received)
         updates, refused = self._bound(round_idx, [u.client_id for u in received], screened.finite)
         metrics, rolled_back = {}, False
-        if updates:
+        if updates or self.algorithm.aggregates_empty_rounds:
             metrics, rolled_back = aggregate_or_roll_back(
                 round_idx,
                 self.algorithm,
@@ -364,7 +427,7 @@ class FederatedFitLoop(compat.FitLoopBase):
             everyone = [replace(r, payload=payloads[r.client_id]) for r in combined.reports if r.client_id in payloads]
             return algorithm.aggregate(round_idx, self.global_state, everyone)
 
-        if aggregated:
+        if aggregated or algorithm.aggregates_empty_rounds:
             metrics, rolled_back = aggregate_or_roll_back(round_idx, algorithm, self.global_state, server_step)
         counts = {"dropped": combined.dropped, "rejected": combined.rejected, "rolled_back": rolled_back}
         return combined.reports, self._finish_aggregation(round_idx, metrics, aggregated=aggregated, **counts)
@@ -387,7 +450,9 @@ class FederatedFitLoop(compat.FitLoopBase):
         self, round_idx: int, metrics: dict[str, float], *, aggregated: int, dropped: int, rejected: int, rolled_back: bool
     ) -> dict[str, float]:
         if not aggregated:
-            rank_zero_warn(f"Round {round_idx}: no client update to aggregate; the global model is unchanged.")
+            empty = self.algorithm.aggregates_empty_rounds  # e.g. DP releases its noise all the same
+            outcome = f"{type(self.algorithm).__name__} aggregates the empty round" if empty else "the global model is unchanged"
+            rank_zero_warn(f"Round {round_idx}: no client update to aggregate; {outcome}.")
         load_into(self._live, self.global_state)
         self._rounds_done = round_idx + 1
         return {
@@ -409,6 +474,8 @@ class FederatedFitLoop(compat.FitLoopBase):
         self.total_upload_bytes += upload_bytes
         self.total_download_bytes += download_bytes
         compat.step_epoch_schedulers(self)
+        assert self._schedules is not None, "rounds end once the fit has set up the federation"
+        self._schedules.end_round(round_idx)
         metrics.update(self.algorithm.evaluate(round_idx, self.trainer.lightning_module))
         validation = compat.run_server_validation(self) or {}
         metrics = {
@@ -452,6 +519,22 @@ class FederatedFitLoop(compat.FitLoopBase):
         assert self._executor is not None, "clients train once the fit has set up the federation"
         return self._executor.train([self.client_context(round_idx, cid, seed=seed)], self.global_state)[0]
 
+    def steps_per_round(self) -> int:
+        """The most optimizer steps a client takes in a round (its local work, cut to ``limit_train_batches``,
+        over ``accumulate_grad_batches``): one round of a step-interval LR schedule
+        (:class:`~fl_lightning.schedulers.RoundStepSchedules`)."""
+        trainer = self.trainer
+        data = require_federated_data(trainer.datamodule)
+
+        def steps(cid: int) -> int:
+            client = ClientContext(
+                round_idx=0, client_id=cid, num_samples=data.client_num_samples(cid), num_epochs=self.local_epochs,
+                num_steps=self.local_steps, seed=0,
+            )
+            return math.ceil(len(round_batches(data, client, trainer)) / trainer.accumulate_grad_batches)
+
+        return max(steps(cid) for cid in range(data.num_clients))
+
     def client_context(self, round_idx: int, cid: int, *, seed: int | None = None) -> ClientContext:
         """The context of client ``cid`` in round ``round_idx``; its data seed defaults to one derived from both."""
         return ClientContext(
@@ -465,15 +548,14 @@ class FederatedFitLoop(compat.FitLoopBase):
 
     def client_batches(self, client: ClientContext) -> Sized:
         """The client's local batch stream for this round, ordered by ``client.seed`` (an iterable
-        without a length, such as a generator, is read into a list)."""
-        num_batches = None if client.num_steps is None else client.num_steps * self.trainer.accumulate_grad_batches
-        batches = self.federation.data.client_batches(
-            client.client_id,
-            num_epochs=client.num_epochs,
-            num_batches=num_batches,
-            generator=torch.Generator().manual_seed(client.seed),
-        )
-        return batches if isinstance(batches, Sized) else list(batches)
+        without a length, such as a generator, is read into a list): its first
+        ``limit_train_batches`` batches (which ``overfit_batches`` and ``fast_dev_run`` set) when that is
+        fewer (:func:`~fl_lightning.trainer_arguments.batches_per_round`). With ``overfit_batches``, as
+        Lightning overfits the same batches every epoch, a client's order is drawn from a seed of its
+        own, the same every round."""
+        if self.trainer.overfit_batches:
+            client = replace(client, seed=derive_seed(self.seed, "overfit", client.client_id))
+        return round_batches(self.federation.data, client, self.trainer)
 
     @override
     def on_save_checkpoint(self) -> dict:
@@ -490,6 +572,8 @@ class FederatedFitLoop(compat.FitLoopBase):
         # when the module's precision is below the master copy's, which holds the exact global model.
         if self._in_round or any(t.dtype != self.global_state[k].dtype for k, t in self._live.items()):
             federated["global_state"] = {k: v.clone() for k, v in self.global_state.items()}
+        if self._in_round:
+            federated["round_start_steps"] = list(self._round_start_steps)
         state["federated"] = federated
         return state
 
@@ -500,11 +584,15 @@ class FederatedFitLoop(compat.FitLoopBase):
         validate_federated_state(federated, path=self.trainer.ckpt_path, max_rounds=self.max_epochs)
         self._rounds_done = federated["rounds_done"]
         self._loaded = federated
+        # Lightning restores the loops before the optimizers, whose settings the checkpoint's would replace.
+        self._training_fingerprint = training_fingerprint(self.trainer)
 
     def _restore(self, federated: dict[str, Any]) -> None:
         if "global_state" in federated:
             self.global_state = {k: v.to(self.global_state[k].device) for k, v in federated["global_state"].items()}
             load_into(self._live, self.global_state)
+        path = self.trainer.ckpt_path
+        validate_restored_state(federated, self.global_state, num_clients=self.federation.num_clients, path=path)
         try:
             self.algorithm.load_state_dict(federated["algorithm"])
         except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as err:
@@ -512,6 +600,9 @@ class FederatedFitLoop(compat.FitLoopBase):
                 f"Checkpoint {self.trainer.ckpt_path}: {type(self.algorithm).__name__} cannot load the saved algorithm "
                 f"state ({type(err).__name__}: {err}); was it written by another algorithm?"
             ) from err
+        if "round_start_steps" in federated:  # saved mid-round: the replayed round counts its steps again
+            global_step, logging_steps = federated["round_start_steps"]
+            compat.rewind_step_counters(self.trainer, (global_step, logging_steps))
         self.history = [list(c) for c in federated["history"]]
         self.total_upload_bytes = int(federated["total_upload_bytes"])
         self.total_download_bytes = int(federated["total_download_bytes"])

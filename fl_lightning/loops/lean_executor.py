@@ -20,8 +20,8 @@ from fl_lightning.loops.client_executor import SequentialExecutor
 
 class LeanExecutor(SequentialExecutor):
     """Per batch: precision conversion, ``batch_to_device``, ``zero_grad``, ``training_step`` (in the
-    precision plugin's context), ``backward``, ``optimizer.step``. ``self.log(on_epoch=True)`` still
-    aggregates into the round; each step's output goes to the loss recorder."""
+    precision plugin's context), ``backward``, ``optimizer.step``, ``interval="step"`` LR schedulers.
+    ``self.log(on_epoch=True)`` still aggregates into the round; each step's output goes to the loss recorder."""
 
     name = "lean"
 
@@ -38,6 +38,8 @@ class LeanExecutor(SequentialExecutor):
         if getattr(trainer.precision_plugin, "scaler", None) is not None:
             raise ValueError(f"The lean client executor does not scale gradients: precision={trainer.precision!r} is not supported.")
         optimizer, precision, record = trainer.optimizers[0], trainer.precision_plugin, self.runtime.recorder.record
+        # Stepped as Lightning's loop steps them: after each optimizer step, every `frequency` batches.
+        schedulers = [c for c in trainer.lr_scheduler_configs if c.interval == "step" and not c.reduce_on_plateau]
         to_device = self._to_device
         takes_batch_idx = compat.step_takes_batch_idx(module)
         steps = 0
@@ -54,6 +56,9 @@ class LeanExecutor(SequentialExecutor):
                         continue
                     loss.backward()
                     optimizer.step()
+                    for config in schedulers:
+                        if (batch_idx + 1) % config.frequency == 0:
+                            module.lr_scheduler_step(config.scheduler, None)
                     record(output)
                     steps += 1
         finally:

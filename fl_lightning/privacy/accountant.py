@@ -6,29 +6,52 @@ client-sampling schemes of FL: Poisson sampling (each client joins a round indep
 probability :math:`q`, add/remove-one neighbours) and fixed-size sampling without replacement (the
 usual ``clients_per_round``, replace-one neighbours; Wang et al. 2019). Opacus's accountants
 cover Poisson sampling only. The library is an optional dependency, imported when first used.
+
+What a run released is a :class:`~fl_lightning.privacy.ledger.Ledger` of settings and counts, so a
+run resumed with other settings composes the rounds it released at each one.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import math
 from typing import TYPE_CHECKING, Any, Literal
+
+from typing_extensions import override
 
 if TYPE_CHECKING:
     import dp_accounting
 
+from fl_lightning.privacy.ledger import Entries
+
 #: Client sampling schemes the accountant supports.
 Sampling = Literal["fixed", "poisson"]
 
+#: dp-accounting's RDP accountant logs this (through absl) for every order whose series it cuts short; it
+#: then leaves that order out of the minimum over orders, so ε stays a valid bound and the user cannot act on it.
+_NOT_CONVERGED = "_compute_log_a_frac failed to converge"
+
+
+class _DropNotConverged(logging.Filter):
+    """Drops dp-accounting's "failed to converge" records; every other absl record passes."""
+
+    @override
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(_NOT_CONVERGED)
+
 
 def import_dp_accounting() -> Any:
-    """The ``dp_accounting`` module, or an ImportError that says how to install it."""
+    """The ``dp_accounting`` module (its convergence notes silenced), or an ImportError that says how to install it."""
     try:
         import dp_accounting
     except ImportError as err:
         raise ImportError(
             'Differential privacy accounting needs Google\'s dp-accounting: pip install "fl-lightning[privacy]".'
         ) from err
+    absl = logging.getLogger("absl")
+    if not any(isinstance(f, _DropNotConverged) for f in absl.filters):
+        absl.addFilter(_DropNotConverged())
     return dp_accounting
 
 
@@ -40,11 +63,18 @@ def check_delta(delta: float) -> float:
 
 
 class RoundAccountant:
-    """ε after a number of rounds of the sampled Gaussian mechanism, at a fixed δ.
+    """ε of rounds of the sampled Gaussian mechanism, at a fixed δ.
 
-    One round is a Gaussian mechanism with noise multiplier :math:`z` (noise std over
-    sensitivity) on a sample of the clients; rounds compose (RDP composition, Mironov 2017,
+    One round is a Gaussian mechanism with noise multiplier :math:`z` (noise std over the clip
+    norm :math:`C`) on a sample of the clients; rounds compose (RDP composition, Mironov 2017,
     Prop. 1, converted to :math:`(\\varepsilon, \\delta)` by the library).
+
+    Neighbouring relations: Poisson sampling pairs with add/remove-one (one client's clipped update
+    joins or leaves the sum: sensitivity :math:`C`, multiplier :math:`z`); fixed-size sampling
+    without replacement pairs with replace-one (one client's update swapped for another's: the sum
+    moves by up to :math:`2C`, so the multiplier relative to that sensitivity is :math:`z/2`,
+    as dp-accounting's RDP analysis of sampling without replacement takes its base mechanism's
+    sensitivity to be the replace-one distance).
 
     Args:
         noise_multiplier: :math:`z \\ge 0` (0 gives :math:`\\varepsilon = \\infty`).
@@ -64,45 +94,74 @@ class RoundAccountant:
         self.noise_multiplier = noise_multiplier
         self.num_clients, self.clients_per_round = num_clients, clients_per_round
         self.sampling, self.delta = sampling, check_delta(delta)
-        self._cache: dict[int, float] = {}
+
+    @property
+    def setting(self) -> tuple[float, ...]:
+        """This accountant's round as a ledger setting: :math:`(z, N, m)`."""
+        return (float(self.noise_multiplier), float(self.num_clients), float(self.clients_per_round))
 
     def event(self, rounds: int) -> dp_accounting.DpEvent:
-        """The library's DP event of ``rounds`` rounds."""
+        """The library's DP event of ``rounds`` rounds at this accountant's setting."""
+        return self.composed_event(((self.setting, rounds),))
+
+    def composed_event(self, entries: Entries) -> dp_accounting.DpEvent:
+        """The library's DP event of the ledger ``entries``: each ``((z, N, m), rounds)`` in turn."""
         dp = import_dp_accounting()
-        gaussian = dp.GaussianDpEvent(self.noise_multiplier)
-        if self.sampling == "poisson":
-            sampled = dp.PoissonSampledDpEvent(self.clients_per_round / self.num_clients, gaussian)
-        else:
-            sampled = dp.SampledWithoutReplacementDpEvent(self.num_clients, self.clients_per_round, gaussian)
-        return dp.SelfComposedDpEvent(sampled, rounds)
+        events = []
+        for (noise_multiplier, num_clients, clients_per_round), rounds in entries:
+            if self.sampling == "poisson":
+                gaussian = dp.GaussianDpEvent(noise_multiplier)
+                sampled = dp.PoissonSampledDpEvent(clients_per_round / num_clients, gaussian)
+            else:
+                gaussian = dp.GaussianDpEvent(noise_multiplier / 2)  # replace-one: sensitivity 2C
+                sampled = dp.SampledWithoutReplacementDpEvent(int(num_clients), int(clients_per_round), gaussian)
+            events.append(dp.SelfComposedDpEvent(sampled, rounds))
+        return dp.ComposedDpEvent(events)
 
     def epsilon(self, rounds: int) -> float:
-        """ε at :attr:`delta` after ``rounds`` rounds (0 for none; ∞ without noise)."""
-        if rounds == 0:
-            return 0.0
-        if self.noise_multiplier == 0:
-            return math.inf
-        if rounds not in self._cache:
-            dp = import_dp_accounting()
-            relation = dp.NeighboringRelation
-            accountant = dp.rdp.RdpAccountant(
-                neighboring_relation=relation.ADD_OR_REMOVE_ONE if self.sampling == "poisson" else relation.REPLACE_ONE
-            )
-            self._cache[rounds] = float(accountant.compose(self.event(rounds)).get_epsilon(self.delta))
-        return self._cache[rounds]
+        """ε at :attr:`delta` after ``rounds`` rounds at this setting (0 for none; ∞ without noise)."""
+        return self.spent_epsilon(((self.setting, rounds),))
+
+    def spent_epsilon(self, entries: Entries) -> float:
+        """ε at :attr:`delta` of the ledger ``entries`` (0 for no rounds; ∞ if any round had no noise)."""
+        return _rdp_epsilon(self, tuple(entries))
+
+
+@functools.lru_cache(maxsize=1024)
+def _rdp_epsilon(accountant: RoundAccountant, entries: Entries) -> float:
+    """Cached: the budget check asks for the next round's ε, which that round then logs."""
+    entries = tuple((setting, rounds) for setting, rounds in entries if rounds > 0)
+    if not entries:
+        return 0.0
+    if any(setting[0] == 0 for setting, _ in entries):
+        return math.inf
+    dp = import_dp_accounting()
+    relation = dp.NeighboringRelation
+    rdp = dp.rdp.RdpAccountant(
+        neighboring_relation=relation.ADD_OR_REMOVE_ONE if accountant.sampling == "poisson" else relation.REPLACE_ONE
+    )
+    return float(rdp.compose(accountant.composed_event(entries)).get_epsilon(accountant.delta))
 
 
 @functools.lru_cache(maxsize=1024)
 def gaussian_epsilon(noise_multiplier: float, rounds: int, delta: float) -> float:
     """ε at ``delta`` of ``rounds`` compositions of the Gaussian mechanism with noise multiplier
-    ``noise_multiplier`` (noise std over L2 sensitivity), without sampling, by the RDP accountant.
+    ``noise_multiplier`` (noise std over L2 sensitivity), without sampling, by the RDP accountant."""
+    return composed_gaussian_epsilon((((float(noise_multiplier),), rounds),), delta)
+
+
+@functools.lru_cache(maxsize=1024)
+def composed_gaussian_epsilon(entries: Entries, delta: float) -> float:
+    """ε at ``delta`` of the ledger ``entries`` ``((z,), count)``: ``count`` Gaussian mechanisms of
+    multiplier :math:`z` (noise std over L2 sensitivity) each, in turn, without sampling (RDP accountant).
 
     Cached: a budget check asks for the next aggregation's ε, which that aggregation then logs."""
-    if rounds == 0:
+    entries = tuple((setting, count) for setting, count in entries if count > 0)
+    if not entries:
         return 0.0
-    if noise_multiplier == 0:
+    if any(setting[0] == 0 for setting, _ in entries):
         return math.inf
     dp = import_dp_accounting()
     accountant = dp.rdp.RdpAccountant()
-    accountant.compose(dp.SelfComposedDpEvent(dp.GaussianDpEvent(noise_multiplier), rounds))
+    accountant.compose(dp.ComposedDpEvent([dp.SelfComposedDpEvent(dp.GaussianDpEvent(s[0]), c) for s, c in entries]))
     return float(accountant.get_epsilon(check_delta(delta)))

@@ -2,18 +2,23 @@
 
 The clip norm tracks a quantile :math:`\\gamma` of the clients' update norms: every client reports
 whether its update fits, :math:`b_k = \\mathbb{1}[\\lVert\\Delta_k\\rVert \\le C]`; the server
-estimates the fraction with Gaussian noise, :math:`\\tilde b = (\\sum_k b_k + \\mathcal N(0,
-\\sigma_b^2)) / m`, and takes a geometric step :math:`C \\leftarrow C \\exp(-\\eta_C (\\tilde b -
-\\gamma))` (their Algorithm 1). The count is a second Gaussian release; its cost is paid by
+releases the *centred* count :math:`\\sum_k (b_k - \\tfrac12) + \\mathcal N(0, \\sigma_b^2)`, estimates
+the fraction :math:`\\tilde b = \\tfrac12 + (\\sum_k (b_k - \\tfrac12) + \\mathcal N(0, \\sigma_b^2)) / m`
+and takes a geometric step :math:`C \\leftarrow C \\exp(-\\eta_C (\\tilde b - \\gamma))` (their
+Algorithm 1, with §3's centring). The count is a second Gaussian release; its cost is paid by
 noising the update a little more (:meth:`AdaptiveClipping.update_noise_multiplier`).
+
+Why centred: adding or removing one client moves a centred count by :math:`\\tfrac12` (an uncentred
+one by 1), which is the sensitivity §3's combined multiplier assumes; under replace-one (fixed-size
+sampling) both the count and the clipped sum move twice as far, so the pair is again one Gaussian
+mechanism of multiplier :math:`z`, accounted as :math:`z/2` like DP-FedAvg without adaptation.
 """
 
 from __future__ import annotations
 
 import math
 
-import torch
-
+from fl_lightning.privacy.noise import NoiseSource
 from fl_lightning.update_bounds import positive_finite
 from fl_lightning.utils.init_args import RecordsInitArgs
 
@@ -57,16 +62,16 @@ class AdaptiveClipping(RecordsInitArgs):
         return (noise_multiplier**-2 - (2 * count_std) ** -2) ** -0.5
 
     def next_clip_norm(
-        self, clip_norm: float, unclipped: float, expected_clients: float, generator: torch.Generator
+        self, clip_norm: float, centred_count: float, expected_clients: float, source: NoiseSource
     ) -> tuple[float, float]:
         """The next clip norm and the noised unclipped fraction :math:`\\tilde b` it came from.
 
         Args:
             clip_norm: this round's :math:`C`.
-            unclipped: :math:`\\sum_k b_k`, this round's number of updates with norm :math:`\\le C`.
+            centred_count: :math:`\\sum_k (b_k - \\tfrac12)` over this round's updates.
             expected_clients: :math:`m`, the fixed denominator.
-            generator: the seeded source of the count's noise.
+            source: where the count's noise comes from.
         """
-        noise = torch.randn((), generator=generator, dtype=torch.float64).item() * self.noise_std(expected_clients)
-        fraction = (unclipped + noise) / expected_clients
+        noise = source.normal(()).item() * self.noise_std(expected_clients)
+        fraction = 0.5 + (centred_count + noise) / expected_clients
         return clip_norm * math.exp(-self.learning_rate * (fraction - self.target_quantile)), fraction

@@ -9,7 +9,7 @@ import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
 
-from fl_lightning.algorithms.shared.aggregation import weighted_sum
+from fl_lightning.algorithms.shared.aggregation import accumulator_dtype, weighted_sum
 from fl_lightning.algorithms.shared.base import Algorithm, ClientUpdate
 from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.algorithms.shared.summable import aggregate_weighted_sum, can_shard
@@ -18,7 +18,9 @@ from fl_lightning.federation import Federation
 from fl_lightning.model_state import State
 from fl_lightning.privacy.accountant import RoundAccountant, Sampling, check_delta
 from fl_lightning.privacy.adaptive_clipping import AdaptiveClipping
-from fl_lightning.update_bounds import positive_finite, update_norm
+from fl_lightning.privacy.ledger import Entries, Ledger, check_count
+from fl_lightning.privacy.noise import NoiseSource, check_secure_mode, noise_source, start_noise
+from fl_lightning.update_bounds import UpdateBound, positive_finite, update_norm
 
 
 class DPFedAvg(AlgorithmWrapper):
@@ -32,9 +34,10 @@ class DPFedAvg(AlgorithmWrapper):
 
     the *fixed-denominator* estimator :math:`\tilde f_f` of McMahan et al. 2018 (§2, Algorithm 1,
     :math:`\sum_k w_k\Delta_k / (qW)` with weights :math:`w_k = 1`, so :math:`qW = m`, the configured
-    ``clients_per_round``): the denominator never depends on who took part, so the sensitivity stays
-    :math:`C`. The wrapped algorithm then applies :math:`\Delta_t` (``apply_weighted_sum`` with weight
-    :math:`m`: its server optimizer, FedProx's client term). Its client weighting is replaced by
+    ``clients_per_round``): the denominator never depends on who took part, so one client moves the
+    clipped sum by at most :math:`C` (added or removed) or :math:`2C` (replaced). The wrapped algorithm
+    then applies :math:`\Delta_t` (``apply_weighted_sum`` with weight :math:`m`: its server optimizer,
+    FedProx's client term). Its client weighting is replaced by
     these uniform weights; integer buffers (BatchNorm's ``num_batches_tracked``) are not released.
 
     Clients are sampled uniformly (``sampling="fixed"``: ``clients_per_round`` without replacement)
@@ -44,9 +47,25 @@ class DPFedAvg(AlgorithmWrapper):
     that would take ε past it runs: the trainer stops (``trainer.should_stop``) after the last
     affordable round.
 
-    Under client sharding each rank clips and sums its own clients; the noise is drawn once per
-    round from a generator seeded by ``(seed, "dp_noise", round)`` after the all-reduce, the same
-    draw on every rank, so N processes release what one does.
+    Neighbouring relation: with ``sampling="fixed"``, replace-one (one client's data swapped for
+    another's moves the clipped sum by up to :math:`2C`, accounted as multiplier :math:`z/2`); with
+    ``"poisson"``, add/remove-one (sensitivity :math:`C`). ε composes what was released
+    (:class:`~fl_lightning.privacy.ledger.Ledger`): a run resumed with another ``noise_multiplier``
+    or federation size keeps the rounds spent at the old setting. A round in which no update survives
+    the loop's checks still releases the noise and spends budget, so whether a client's update was
+    usable is not revealed.
+
+    Noise: with ``secure_mode`` it comes from a secret no logged or saved value determines
+    (:mod:`fl_lightning.privacy.noise`), and so does Poisson membership; a resumed run draws a new
+    secret, so its noise (and Poisson sample) differ from an uninterrupted run's, while everything
+    else resumes bit-exact. Without it (research mode, with a warning) both derive from
+    ``(seed, "dp_noise", round)`` and ``(seed, "select", round)``, reproducible and bit-exact on
+    resume, but whoever knows the logged seed can strip the noise. Under client sharding each rank
+    clips and sums its own clients; the noise is drawn once after the all-reduce, the same draw on
+    every rank (secure mode broadcasts rank 0's secret at set-up), so N processes release what one does.
+
+    Refused: an ``update_bound`` whose effect on one client depends on the others'
+    (:class:`~fl_lightning.MedianNormFilter`: the sensitivity would no longer be :math:`C`).
 
     Args:
         noise_multiplier: :math:`z \ge 0`; 0 adds no noise (ε = ∞).
@@ -56,6 +75,7 @@ class DPFedAvg(AlgorithmWrapper):
         target_epsilon: the ε budget (> 0); ``None`` trains for ``max_epochs`` rounds.
         sampling: ``"fixed"`` or ``"poisson"``.
         adaptive_clipping: adapts :math:`C` to a quantile of the update norms (Andrew et al. 2021).
+        secure_mode: draw the noise and Poisson membership from a secret instead of the run's seed.
         algorithm: the wrapped algorithm (default ``FedAvg(weighting="uniform")``); it must sum its
             clients' deltas (:class:`~fl_lightning.SummableAggregation`), or average its decoded deltas
             (FedMRN: each decoded masked-noise update :math:`G(s_k)\odot m_k` is what is clipped; no
@@ -75,6 +95,7 @@ class DPFedAvg(AlgorithmWrapper):
         target_epsilon: float | None = None,
         sampling: Sampling = "fixed",
         adaptive_clipping: AdaptiveClipping | None = None,
+        secure_mode: bool = False,
         algorithm: Algorithm | None = None,
     ) -> None:
         self.noise_multiplier = positive_finite("noise_multiplier", noise_multiplier, inclusive=True)
@@ -87,9 +108,17 @@ class DPFedAvg(AlgorithmWrapper):
             raise ValueError(f"`sampling` must be 'fixed' or 'poisson', got {sampling!r}.")
         self.sampling = sampling
         self.adaptive_clipping = adaptive_clipping
+        self.secure_mode = check_secure_mode(secure_mode)
         super().__init__(algorithm if algorithm is not None else FedAvg(weighting="uniform"))
         self._check_inner(self.inner)
-        self.rounds_spent = 0
+        #: The rounds released so far, per setting :math:`(z, N, m)`.
+        self.spent = Ledger()
+        self._secret: bytes | None = None
+
+    @property
+    def rounds_spent(self) -> int:
+        """Rounds released so far, at every setting."""
+        return self.spent.total
 
     @staticmethod
     def _check_inner(inner: Algorithm) -> None:
@@ -126,6 +155,19 @@ class DPFedAvg(AlgorithmWrapper):
                 f"One round already spends epsilon={self.accountant.epsilon(1):.4g} > target_epsilon={self.target_epsilon}: "
                 "raise noise_multiplier or target_epsilon, or lower clients_per_round."
             )
+        membership = " and Poisson membership" if self.sampling == "poisson" else ""
+        self._secret = start_noise("DPFedAvg", self.secure_mode, membership)
+
+    @override
+    def check_update_bound(self, bound: UpdateBound) -> None:
+        refuse_relative_bound("DPFedAvg", bound)
+        super().check_update_bound(bound)
+
+    @property
+    @override
+    def aggregates_empty_rounds(self) -> bool:
+        """Always: a round with no usable update still releases noise (else its absence reveals the round was empty)."""
+        return True
 
     @property
     @override
@@ -136,7 +178,11 @@ class DPFedAvg(AlgorithmWrapper):
     @property
     def budget_left(self) -> bool:
         """Whether one more round keeps ε within ``target_epsilon``."""
-        return self.target_epsilon is None or self.accountant.epsilon(self.rounds_spent + 1) <= self.target_epsilon
+        return self.target_epsilon is None or self.epsilon(self.spent.with_more(self.accountant.setting)) <= self.target_epsilon
+
+    def epsilon(self, entries: Entries | None = None) -> float:
+        """ε at ``delta`` of the ledger ``entries`` (default: the rounds released so far)."""
+        return self.accountant.spent_epsilon(tuple(self.spent.entries) if entries is None else entries)
 
     @override
     def select_clients(self, round_idx: int) -> list[int]:
@@ -147,37 +193,44 @@ class DPFedAvg(AlgorithmWrapper):
         if self.sampling == "fixed":
             return super().select_clients(round_idx)
         fed = self.federation
-        joins = torch.rand(fed.num_clients, generator=fed.generator("select", round_idx), dtype=torch.float64)
+        joins = noise_source(self._secret, fed.seed, "select", round_idx).uniform(fed.num_clients)
         return torch.nonzero(joins < fed.clients_per_round / fed.num_clients).flatten().tolist()
 
     @override
     def aggregate(self, round_idx: int, global_state: State, updates: list[ClientUpdate]) -> dict[str, float]:
+        if not updates:  # nothing survived: release the noise on an empty sum all the same
+            return self.apply_weighted_sum(round_idx, global_state, zero_sum(global_state), 0.0)
         return aggregate_weighted_sum(self, round_idx, global_state, updates)
 
     @override
     def weighted_delta_sum(self, updates: list[ClientUpdate]) -> tuple[State, float]:
-        r""":math:`(\sum_k \hat\Delta_k, \sum_k b_k)`: the clipped deltas' sum (integer tensors zeroed) and
-        the number of updates that fit unclipped, :math:`b_k = \mathbb 1[\lVert\Delta_k\rVert \le C]`,
-        the one per-client scalar the server step reads (Andrew et al. 2021's clipped count)."""
+        r""":math:`(\sum_k \hat\Delta_k, \sum_k (b_k - \frac12))`: the clipped deltas' sum (integer tensors
+        zeroed) and the centred count of updates that fit unclipped, :math:`b_k = \mathbb 1[\lVert\Delta_k\rVert
+        \le C]`, the one per-client scalar the server step reads (Andrew et al. 2021's clipped count, §3)."""
         total, unclipped = clipped_sum([u.payload for u in updates], self.clip_norm)
-        return total, float(unclipped)
+        return total, unclipped - len(updates) / 2
 
     @override
     def apply_weighted_sum(self, round_idx: int, global_state: State, total: State, weight: float) -> dict[str, float]:
         """Adds the round's seeded Gaussian noise to the clipped sum ``total`` and lets the wrapped algorithm
-        apply its mean over the expected clients; ``weight`` is the unclipped count (:meth:`weighted_delta_sum`)."""
+        apply its mean over the expected clients; ``weight`` is the centred unclipped count (:meth:`weighted_delta_sum`).
+        Nothing is released once the budget is spent (a resumed run's round selects no client, and would else
+        still release noise)."""
+        if not self.budget_left:
+            return {}
         clip_norm, expected = self.clip_norm, float(self.federation.clients_per_round)
         multiplier = self.update_noise_multiplier()
         noise_std = multiplier * clip_norm if multiplier > 0 else 0.0  # no noise stays 0 with C = inf
         released = [name for name, target in global_state.items() if target.is_floating_point()]  # the same draws on every rank
-        add_noise(total, released, noise_std, self.federation.generator("dp_noise", round_idx))
+        seed = self.federation.seed
+        add_noise(total, released, noise_std, noise_source(self._secret, seed, "dp_noise", round_idx))
         metrics = self.inner.apply_weighted_sum(round_idx, global_state, total, expected)
-        self.rounds_spent += 1
-        metrics.update(dp_epsilon=self.accountant.epsilon(self.rounds_spent), dp_clip_norm=clip_norm, dp_noise_std=noise_std)
+        self.spent.spend(self.accountant.setting)
+        metrics.update(dp_epsilon=self.epsilon(), dp_clip_norm=clip_norm, dp_noise_std=noise_std)
         if self.adaptive_clipping is not None:
-            count_generator = self.federation.generator("dp_count_noise", round_idx)
+            count_noise = noise_source(self._secret, seed, "dp_count_noise", round_idx)
             self.clip_norm, metrics["dp_unclipped_fraction"] = self.adaptive_clipping.next_clip_norm(
-                clip_norm, weight, expected, count_generator
+                clip_norm, weight, expected, count_noise
             )
         if not self.budget_left:
             rank_zero_warn(
@@ -195,12 +248,29 @@ class DPFedAvg(AlgorithmWrapper):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "clip_norm": self.clip_norm, "rounds_spent": self.rounds_spent}
+        return {**super().state_dict(), "clip_norm": self.clip_norm, "sampling": self.sampling, "spent": self.spent.state_dict()}
 
     @override
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restores the clip norm and the ledger, each checked (a tampered entry raises ValueError naming it);
+        a checkpoint from before the ledger holds ``rounds_spent`` only, accounted at the current setting."""
         super().load_state_dict(state)
-        self.clip_norm, self.rounds_spent = float(state["clip_norm"]), int(state["rounds_spent"])
+        clip_norm = state["clip_norm"]
+        if isinstance(clip_norm, bool) or not isinstance(clip_norm, (int, float)) or not clip_norm > 0:
+            raise ValueError(f"`clip_norm` must be a number > 0 (math.inf only without noise), got {clip_norm!r}.")
+        if clip_norm == math.inf and self.noise_multiplier > 0:
+            raise ValueError(f"`clip_norm` must be finite when noise is added, got {clip_norm!r}.")
+        if state.get("sampling", self.sampling) != self.sampling:
+            raise ValueError(
+                f"`sampling` was {state['sampling']!r} and is now {self.sampling!r}: rounds of either cannot be composed "
+                "under one neighbouring relation; resume with the checkpoint's sampling."
+            )
+        if "spent" in state:
+            self.spent = Ledger.from_state(state["spent"], "spent", width=3)
+        else:
+            rounds = check_count("rounds_spent", state["rounds_spent"])
+            self.spent = Ledger(((self.accountant.setting, rounds),) if rounds else ())
+        self.clip_norm = float(clip_norm)
 
 
 def clipped_sum(payloads: list[State], clip_norm: float) -> tuple[State, int]:
@@ -214,10 +284,24 @@ def clipped_sum(payloads: list[State], clip_norm: float) -> tuple[State, int]:
     return total, sum(norm <= clip_norm for norm in norms)
 
 
-def add_noise(total: State, names: list[str], std: float, generator: torch.Generator) -> None:
+def add_noise(total: State, names: list[str], std: float, source: NoiseSource) -> None:
     r"""Adds :math:`\mathcal N(0, \mathrm{std}^2)` to ``total[name]`` in place, for the ``names`` it holds, in their
     order (so the draws are reproducible); nothing when ``std`` is 0."""
     for name in names:
         if std > 0 and name in total:
-            noise = torch.randn(total[name].shape, generator=generator, dtype=torch.float64)
-            total[name].add_(noise.mul_(std).to(total[name]))
+            total[name].add_(source.normal(total[name].shape).mul_(std).to(total[name]))
+
+
+def zero_sum(global_state: State) -> State:
+    """The clipped sum of no update: zeros of the accumulator's dtype for every tensor of ``global_state``."""
+    return {name: torch.zeros_like(t, dtype=accumulator_dtype(t.dtype)) for name, t in global_state.items()}
+
+
+def refuse_relative_bound(owner: str, bound: UpdateBound) -> None:
+    """Raises ValueError if ``bound`` decides one client's update from the others' (its sensitivity is then unbounded)."""
+    if bound.needs_all_norms:
+        raise ValueError(
+            f"{owner} bounds each client's influence by clipping to clip_norm, but update_bound={type(bound).__name__}(...) "
+            "decides each update from the other clients' norms, so one client can change what happens to the others and "
+            "the sensitivity is no longer clip_norm: use NormClip or no update_bound with it."
+        )

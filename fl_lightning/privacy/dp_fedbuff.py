@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, ClassVar
+
+import torch
 
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
@@ -10,10 +13,13 @@ from typing_extensions import override
 from fl_lightning.algorithms.fedbuff import FedBuff
 from fl_lightning.algorithms.shared.base import Algorithm, ClientUpdate
 from fl_lightning.algorithms.shared.wrapper import AlgorithmWrapper
-from fl_lightning.model_state import State
-from fl_lightning.privacy.accountant import check_delta, gaussian_epsilon
-from fl_lightning.privacy.dp_fedavg import add_noise, clipped_sum
-from fl_lightning.update_bounds import positive_finite
+from fl_lightning.model_state import State, all_finite
+from fl_lightning.federation import Federation
+from fl_lightning.privacy.accountant import check_delta, composed_gaussian_epsilon
+from fl_lightning.privacy.dp_fedavg import add_noise, clipped_sum, refuse_relative_bound
+from fl_lightning.privacy.ledger import Ledger, check_count
+from fl_lightning.privacy.noise import check_secure_mode, noise_source, start_noise
+from fl_lightning.update_bounds import UpdateBound, positive_finite
 
 
 class DPFedBuff(AlgorithmWrapper):
@@ -30,13 +36,25 @@ class DPFedBuff(AlgorithmWrapper):
     whose sensitivity is :math:`C/b` whoever arrived. The wrapped algorithm's step applies it as
     :math:`\eta_g (\sum_j \alpha_j)\,\bar\Delta` (:meth:`FedBuff.aggregate_with`): the weights
     :math:`\alpha_j` depend only on staleness, which the server's clock sets, not on the data.
-    Integer buffers are not released. Noise comes from ``(seed, "dp_noise", version)``.
+    Integer buffers are not released. Noise comes from a secret with ``secure_mode`` (see
+    :class:`~fl_lightning.privacy.DPFedAvg`), else from ``(seed, "dp_noise", version)`` with a warning.
 
-    Accounting: one user changes at most one clipped update of an aggregation, so each aggregation
-    is a Gaussian mechanism of multiplier :math:`z`. Arrivals are not sampled (every client is in
-    flight and arrives when its job ends), so no amplification applies: ε at ``delta`` after
+    Neighbouring relation: *zero-out* adjacency (a neighbouring run has one user's updates replaced by
+    zero updates; who arrives when is the same in both runs, since the virtual clock, not the data,
+    sets it). Add/remove-one would change the arrivals, hence every buffer, and is not covered; under
+    replace-one the sum moves by :math:`2C` and ε would be that of multiplier :math:`z/2`. A non-finite
+    update is aggregated as a zero update (:meth:`decode_update`), its neighbour under zero-out, with
+    its weight :math:`\alpha_j`: dropping it would shorten the buffer's step
+    :math:`\eta_g \sum_j \alpha_j`, or leave a buffer empty and release nothing, both data-dependent.
+
+    Accounting: under zero-out adjacency one user changes at most one clipped update of an
+    aggregation by at most :math:`C`, so each aggregation is a Gaussian mechanism of multiplier
+    :math:`z`. Arrivals are not sampled (every client is in flight and arrives when its job ends),
+    so no amplification applies: ε at ``delta`` after
     :math:`T` aggregations is that of :math:`T` composed Gaussian mechanisms (RDP, ``dp-accounting``),
-    logged every aggregation as ``round/dp_epsilon`` — a bound for a client in every buffer. With
+    logged every aggregation as ``round/dp_epsilon`` — a bound for a client in every buffer; it composes
+    what was released, so a run resumed with another ``noise_multiplier`` keeps the aggregations spent
+    at the old one. With
     ``target_epsilon`` no aggregation that would take ε past it runs: the run stops after the last
     affordable one, and a resumed run whose budget is spent stops before its first.
 
@@ -45,7 +63,11 @@ class DPFedBuff(AlgorithmWrapper):
         clip_norm: :math:`C > 0`.
         delta: :math:`\delta \in (0, 1)` at which ε is reported.
         target_epsilon: the ε budget (> 0); ``None`` runs for ``max_epochs`` aggregations.
+        secure_mode: draw the noise from a secret instead of the run's seed.
         algorithm: a :class:`~fl_lightning.FedBuff` or :class:`~fl_lightning.FedStaleWeight`.
+
+    Refused: an ``update_bound`` whose effect on one client depends on the others'
+    (:class:`~fl_lightning.MedianNormFilter`).
     """
 
     summary_metrics: ClassVar[dict[str, str]] = {"dp_epsilon": "final"}
@@ -57,33 +79,65 @@ class DPFedBuff(AlgorithmWrapper):
         clip_norm: float,
         delta: float = 1e-5,
         target_epsilon: float | None = None,
+        secure_mode: bool = False,
         algorithm: Algorithm,
     ) -> None:
         self.noise_multiplier = positive_finite("noise_multiplier", noise_multiplier, inclusive=True)
         self.clip_norm = positive_finite("clip_norm", clip_norm)
         self.delta = check_delta(delta)
         self.target_epsilon = None if target_epsilon is None else positive_finite("target_epsilon", target_epsilon)
+        self.secure_mode = check_secure_mode(secure_mode)
         if not isinstance(algorithm, FedBuff):
             raise ValueError(
                 f"DPFedBuff noises the mean of an asynchronous buffer: it wraps FedBuff or FedStaleWeight, got "
                 f"{type(algorithm).__name__} (use DPFedAvg for synchronous rounds)."
             )
         super().__init__(algorithm)
-        self.aggregations = 0
+        #: The aggregations released so far, per noise multiplier.
+        self.spent = Ledger()
+        self._secret: bytes | None = None
         if self.target_epsilon is not None and self.epsilon(1) > self.target_epsilon:
             raise ValueError(
                 f"One aggregation already spends epsilon={self.epsilon(1):.4g} > target_epsilon={self.target_epsilon}: "
                 "raise noise_multiplier or target_epsilon."
             )
 
-    def epsilon(self, aggregations: int) -> float:
-        """ε at ``delta`` after ``aggregations`` composed Gaussian mechanisms of multiplier :math:`z`."""
-        return gaussian_epsilon(self.noise_multiplier, aggregations, self.delta)
+    @override
+    def setup(self, federation: Federation) -> None:
+        super().setup(federation)
+        self._secret = start_noise("DPFedBuff", self.secure_mode)
+
+    @override
+    def check_update_bound(self, bound: UpdateBound) -> None:
+        refuse_relative_bound("DPFedBuff", bound)
+        super().check_update_bound(bound)
+
+    @override
+    def decode_update(self, update: ClientUpdate) -> ClientUpdate:
+        """The wrapped algorithm's decoded update, or, if it is not finite, a zero update in its place (with a
+        warning): the loop would drop it, changing the buffer's step with the client's data."""
+        decoded = super().decode_update(update)
+        if all_finite(decoded.payload):
+            return decoded
+        rank_zero_warn(
+            f"Client {update.client_id} sent a non-finite update (NaN/Inf); DPFedBuff aggregates a zero update in its "
+            "place, so the buffer's step does not depend on it."
+        )
+        return replace(decoded, payload={name: torch.zeros_like(t) for name, t in decoded.payload.items()})
+
+    @property
+    def aggregations(self) -> int:
+        """Aggregations released so far, at every noise multiplier."""
+        return self.spent.total
+
+    def epsilon(self, more: int = 0) -> float:
+        """ε at ``delta`` of the aggregations released so far and ``more`` at the current multiplier :math:`z`."""
+        return composed_gaussian_epsilon(self.spent.with_more((self.noise_multiplier,), more), self.delta)
 
     @property
     def budget_left(self) -> bool:
         """Whether one more aggregation keeps ε within ``target_epsilon``."""
-        return self.target_epsilon is None or self.epsilon(self.aggregations + 1) <= self.target_epsilon
+        return self.target_epsilon is None or self.epsilon(1) <= self.target_epsilon
 
     @override
     def aggregate(self, round_idx: int, global_state: State, updates: list[ClientUpdate]) -> dict[str, float]:
@@ -93,8 +147,8 @@ class DPFedBuff(AlgorithmWrapper):
         kept = list(first.values())
         assert isinstance(self.inner, FedBuff)
         metrics = self.inner.aggregate_with(round_idx, global_state, kept, lambda payloads: self.release(round_idx, payloads))
-        self.aggregations += 1
-        epsilon = self.epsilon(self.aggregations)
+        self.spent.spend((self.noise_multiplier,))
+        epsilon = self.epsilon()
         if not self.budget_left:
             rank_zero_warn(
                 f"Aggregation {round_idx}: epsilon={epsilon:.4g}; one more would exceed "
@@ -108,17 +162,24 @@ class DPFedBuff(AlgorithmWrapper):
         """The noised mean :math:`\\bar\\Delta` of the clipped ``payloads`` over ``buffer_size``."""
         total, _ = clipped_sum(payloads, self.clip_norm)
         released = [name for name, value in payloads[0].items() if value.is_floating_point()]
-        add_noise(total, released, self.noise_multiplier * self.clip_norm, self.federation.generator("dp_noise", version))
+        source = noise_source(self._secret, self.federation.seed, "dp_noise", version)
+        add_noise(total, released, self.noise_multiplier * self.clip_norm, source)
         b = self.inner.buffer_size  # type: ignore[attr-defined]
         return {name: t / b for name, t in total.items()}
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "aggregations": self.aggregations}
+        return {**super().state_dict(), "spent": self.spent.state_dict()}
 
     @override
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restores the ledger, checked (a tampered entry raises ValueError naming it); a checkpoint from
+        before the ledger holds ``aggregations`` only, accounted at the current noise multiplier."""
         super().load_state_dict(state)
-        self.aggregations = int(state["aggregations"])
+        if "spent" in state:
+            self.spent = Ledger.from_state(state["spent"], "spent", width=1)
+        else:
+            count = check_count("aggregations", state["aggregations"])
+            self.spent = Ledger((((self.noise_multiplier,), count),) if count else ())
         if not self.budget_left and hasattr(self, "federation"):  # a resumed run that spent its budget releases nothing more
             self.federation.services.request_stop()

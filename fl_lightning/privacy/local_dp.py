@@ -11,9 +11,11 @@ from typing_extensions import override
 from fl_lightning.algorithms.shared.base import Algorithm, ClientContext, ClientUpdate
 from fl_lightning.algorithms.shared.wrapper import AlgorithmWrapper
 from fl_lightning.model_state import State
-from fl_lightning.privacy.accountant import check_delta, gaussian_epsilon
+from fl_lightning.federation import Federation
+from fl_lightning.privacy.accountant import check_delta, composed_gaussian_epsilon
+from fl_lightning.privacy.ledger import Ledger, check_count
+from fl_lightning.privacy.noise import check_secure_mode, noise_source, start_noise
 from fl_lightning.update_bounds import positive_finite, update_norm
-from fl_lightning.utils.seeding import make_generator
 
 
 def uploads_plain_delta(algorithm: Algorithm) -> bool:
@@ -36,7 +38,13 @@ class LocalDP(AlgorithmWrapper):
     that took part in every one (sampling does not hide a client from the server it talks to).
     In asynchronous runs (FedBuff, FedStaleWeight) a client may send several updates per
     aggregation, or none: there ε is that of the most uploads any client has made so far (counted
-    from the updates that reach the aggregations).
+    from the updates that reach the aggregations). ε composes what was released: a run resumed with
+    another ``noise_multiplier`` keeps the releases made at the old one (per noise multiplier, the
+    most uploads of any client: a bound for every client).
+
+    Noise: with ``secure_mode`` from a secret no logged or saved value determines
+    (:mod:`fl_lightning.privacy.noise`); without it (research mode, with a warning) from
+    ``(client seed, "local_dp")``, which the server, knowing the run's seed, can regenerate and strip.
 
     Composes with any algorithm whose upload is computed from the delta alone
     (:func:`uploads_plain_delta`: FedAvg, FedProx, server optimizers, FedALIGN over them, the robust
@@ -47,31 +55,46 @@ class LocalDP(AlgorithmWrapper):
         noise_multiplier: :math:`z > 0`.
         clip_norm: :math:`C > 0`.
         delta: :math:`\delta \in (0, 1)` at which ε is reported.
+        secure_mode: draw the noise from a secret instead of the client's seed.
         algorithm: the wrapped algorithm (default :class:`~fl_lightning.FedAvg`).
     """
 
     def __init__(
-        self, *, noise_multiplier: float, clip_norm: float, delta: float = 1e-5, algorithm: Algorithm | None = None
+        self,
+        *,
+        noise_multiplier: float,
+        clip_norm: float,
+        delta: float = 1e-5,
+        secure_mode: bool = False,
+        algorithm: Algorithm | None = None,
     ) -> None:
         self.noise_multiplier = positive_finite("noise_multiplier", noise_multiplier)
         self.clip_norm = positive_finite("clip_norm", clip_norm)
         self.delta = check_delta(delta)
+        self.secure_mode = check_secure_mode(secure_mode)
         super().__init__(algorithm)
         if not uploads_plain_delta(self.inner):
             raise ValueError(
                 f"LocalDP noises the client's delta, but {type(self.inner).__name__} uploads something else "
                 "(a model, masks, a codec's payload); wrap FedAvg, FedProx, FedALIGN, FedBuff or a robust aggregator."
             )
-        self.rounds_done = 0
-        #: Updates of each client that reached an aggregation (asynchronous runs).
+        #: Releases per noise multiplier: rounds (synchronous) or the most uploads of any client (asynchronous).
+        self.spent = Ledger()
+        #: Updates of each client that reached an aggregation at the current noise multiplier (asynchronous runs).
         self.uploads: dict[int, int] = {}
+        self._secret: bytes | None = None
+
+    @override
+    def setup(self, federation: Federation) -> None:
+        super().setup(federation)
+        self._secret = start_noise("LocalDP", self.secure_mode)
 
     @override
     def client_update(self, client: ClientContext, module: pl.LightningModule, delta: State) -> ClientUpdate:
         scale = min(1.0, self.clip_norm / norm) if (norm := update_norm(delta)) > 0 else 1.0
-        std, generator = self.noise_multiplier * self.clip_norm, make_generator(client.seed, "local_dp")
+        std, source = self.noise_multiplier * self.clip_norm, noise_source(self._secret, client.seed, "local_dp")
         noised = {
-            name: t * scale + (torch.randn(t.shape, generator=generator) * std).to(t)
+            name: t * scale + (source.normal(t.shape, torch.get_default_dtype()) * std).to(t)
             if t.is_floating_point()
             else torch.zeros_like(t)
             for name, t in delta.items()
@@ -90,16 +113,32 @@ class LocalDP(AlgorithmWrapper):
         return self._accounted(super().apply_weighted_sum(round_idx, global_state, total, weight))
 
     def _accounted(self, metrics: dict[str, float]) -> dict[str, float]:
-        self.rounds_done += 1
-        releases = max(self.uploads.values(), default=0) if self.asynchronous else self.rounds_done
-        return {**metrics, "local_dp_epsilon": gaussian_epsilon(self.noise_multiplier / 2, releases, self.delta)}
+        # Two datasets of one client give clipped deltas up to 2C apart: each release is a Gaussian of multiplier z/2.
+        setting = (self.noise_multiplier / 2,)
+        if not self.asynchronous:
+            self.spent.spend(setting)
+        else:
+            counted = self.spent.entries[-1][1] if self.spent.entries and self.spent.entries[-1][0] == setting else 0
+            self.spent.spend(setting, max(self.uploads.values(), default=0) - counted)
+        return {**metrics, "local_dp_epsilon": composed_gaussian_epsilon(tuple(self.spent.entries), self.delta)}
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "rounds_done": self.rounds_done, "uploads": dict(self.uploads)}
+        return {**super().state_dict(), "spent": self.spent.state_dict(), "uploads": dict(self.uploads)}
 
     @override
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restores the ledger and upload counts, each checked (a tampered entry raises ValueError naming it);
+        a checkpoint from before the ledger holds ``rounds_done``, accounted at the current noise multiplier."""
         super().load_state_dict(state)
-        self.rounds_done = int(state["rounds_done"])
-        self.uploads = {int(cid): int(n) for cid, n in state.get("uploads", {}).items()}  # older checkpoints lack it
+        setting = (self.noise_multiplier / 2,)
+        if "spent" in state:
+            self.spent = Ledger.from_state(state["spent"], "spent", width=1)
+        else:
+            rounds = check_count("rounds_done", state["rounds_done"])
+            uploads = max(state.get("uploads", {}).values(), default=0)
+            self.spent = Ledger(((setting, uploads if self.asynchronous else rounds),))
+        uploads = state.get("uploads", {})
+        self.uploads = {check_count("uploads", cid): check_count(f"uploads[{cid}]", n) for cid, n in uploads.items()}
+        if self.spent.entries and self.spent.entries[-1][0] != setting:
+            self.uploads = {}  # a new noise multiplier starts a new count of uploads

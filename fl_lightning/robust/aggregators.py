@@ -15,6 +15,8 @@ from fl_lightning.algorithms.shared.summable import can_shard
 from fl_lightning.algorithms.shared.wrapper import AlgorithmWrapper
 from fl_lightning.federation import Federation
 from fl_lightning.model_state import State
+from fl_lightning.privacy.dp_fedavg import DPFedAvg
+from fl_lightning.privacy.dp_fedbuff import DPFedBuff
 from fl_lightning.robust import rules
 
 
@@ -38,6 +40,7 @@ class RobustAggregation(AlgorithmWrapper, ABC):
 
     def __init__(self, *, algorithm: Algorithm | None = None) -> None:
         super().__init__(algorithm)
+        _refuse_central_dp(type(self).__name__, self.inner)
         if not can_combine(self.inner):
             raise ValueError(
                 f"{type(self).__name__} replaces the average of a group of client updates, but {type(self.inner).__name__} "
@@ -89,6 +92,20 @@ class RobustAggregation(AlgorithmWrapper, ABC):
         return out
 
 
+def _refuse_central_dp(rule: str, algorithm: Algorithm) -> None:
+    """Raises ValueError if ``algorithm`` (or one it wraps) is DPFedAvg or DPFedBuff: a robust statistic of the
+    unclipped updates in place of their clipped sum would release far more than the noise was scaled for."""
+    inner: Algorithm | None = algorithm
+    while inner is not None:
+        if isinstance(inner, (DPFedAvg, DPFedBuff)):
+            raise ValueError(
+                f"{rule} would replace {type(inner).__name__}'s clipped sum by a statistic that depends on every "
+                "client's update, so one client could move the release by more than the clip norm the noise is "
+                f"scaled to: {rule} and {type(inner).__name__} cannot be combined (use an update_bound=NormClip instead)."
+            )
+        inner = inner.inner if isinstance(inner, AlgorithmWrapper) else None
+
+
 def _flatten(payloads: list[State], names: list[str]) -> Tensor:
     """The ``(n, d)`` float64 matrix of the ``names`` tensors of each payload, one row per client."""
     return torch.stack([torch.cat([p[name].reshape(-1).double() for name in names]) for p in payloads])
@@ -127,9 +144,39 @@ def _check_byzantine(num_byzantine: int) -> int:
     return num_byzantine
 
 
-class Krum(RobustAggregation):
+class _ByzantineTolerant(RobustAggregation):
+    """A rule sized by :math:`f`, the Byzantine updates it tolerates per group of :math:`n` expected updates.
+
+    An expected update that does not reach the rule (the loop dropped it as non-finite or rejected it, or
+    its client did not report) counts as one of the :math:`f`: a group of :math:`n - d` updates is
+    combined with :math:`f' = \max(f - d, 0)`, which keeps the rule's condition (Krum's
+    :math:`n > 2f + 2`, Bulyan's :math:`n \ge 4f + 3`) whenever it held for the full group, so one
+    attacker within :math:`f` whose update is dropped cannot abort the run. When an honest client
+    is the one missing, the rule then tolerates one Byzantine update fewer than configured.
+    """
+
+    num_byzantine: int
+    _group_size: int
+
+    @override
+    def setup(self, federation: Federation) -> None:
+        super().setup(federation)
+        setting, self._group_size = combine_group(self.inner)
+        self.check_group(setting, self._group_size)
+
+    @abstractmethod
+    def check_group(self, setting: str, n: int) -> None:
+        """Raises ValueError, naming ``setting``, if a full group of ``n`` updates breaks the rule's condition."""
+
+    def byzantine_in(self, n: int) -> int:
+        """:math:`f'`, the Byzantine updates a group of ``n`` may still hold once each missing one counts against :math:`f`."""
+        return max(self.num_byzantine - max(self._group_size - n, 0), 0)
+
+
+class Krum(_ByzantineTolerant):
     """Krum, or Multi-Krum with ``num_selected > 1`` (Blanchard et al. 2017, §4): the mean of the
-    ``num_selected`` deltas closest to their :math:`n - f - 2` nearest neighbours.
+    ``num_selected`` deltas closest to their :math:`n - f - 2` nearest neighbours. A missing update
+    counts against :math:`f` (:class:`_ByzantineTolerant`).
 
     Args:
         num_byzantine: :math:`f`, Byzantine clients tolerated per round; needs :math:`n > 2f + 2`.
@@ -145,17 +192,17 @@ class Krum(RobustAggregation):
         self.num_selected = num_selected
 
     @override
-    def setup(self, federation: Federation) -> None:
-        super().setup(federation)
-        rules.check_krum(combine_group(self.inner)[1], self.num_byzantine)
+    def check_group(self, setting: str, n: int) -> None:
+        rules.check_krum(n, self.num_byzantine)
 
     @override
     def combine(self, updates: Tensor) -> Tensor:
-        return rules.multi_krum(updates, self.num_byzantine, min(self.num_selected, len(updates)))
+        return rules.multi_krum(updates, self.byzantine_in(len(updates)), min(self.num_selected, len(updates)))
 
 
-class Bulyan(RobustAggregation):
-    """Bulyan over Krum (El Mhamdi et al. 2018, Algorithm 1).
+class Bulyan(_ByzantineTolerant):
+    """Bulyan over Krum (El Mhamdi et al. 2018, Algorithm 1). A missing update counts against :math:`f`
+    (:class:`_ByzantineTolerant`).
 
     Args:
         num_byzantine: :math:`f`; needs :math:`n \\ge 4f + 3` updates per round.
@@ -167,12 +214,10 @@ class Bulyan(RobustAggregation):
         super().__init__(algorithm=algorithm)
 
     @override
-    def setup(self, federation: Federation) -> None:
-        super().setup(federation)
-        setting, n = combine_group(self.inner)
+    def check_group(self, setting: str, n: int) -> None:
         if n < 4 * self.num_byzantine + 3:
             raise ValueError(f"Bulyan needs n >= 4f + 3 updates per group: got {setting}={n} for num_byzantine={self.num_byzantine}.")
 
     @override
     def combine(self, updates: Tensor) -> Tensor:
-        return rules.bulyan(updates, self.num_byzantine)
+        return rules.bulyan(updates, self.byzantine_in(len(updates)))

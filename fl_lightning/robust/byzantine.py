@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Sized
 from dataclasses import replace
 from typing import Any
@@ -20,9 +21,10 @@ from fl_lightning.utils.seeding import make_generator
 
 
 def malicious_clients(num_clients: int, fraction: float, seed: int) -> frozenset[int]:
-    """:math:`\\lfloor fN \\rceil` clients drawn without replacement from a generator seeded by ``(seed, "malicious")``."""
+    """:math:`\\lfloor fN + \\tfrac12 \\rfloor` clients (:math:`fN` rounded half up: 2.5 gives 3, 3.5 gives 4) drawn
+    without replacement from a generator seeded by ``(seed, "malicious")``."""
     order = torch.randperm(num_clients, generator=make_generator(seed, "malicious"))
-    return frozenset(order[: round(fraction * num_clients)].tolist())
+    return frozenset(order[: math.floor(fraction * num_clients + 0.5)].tolist())
 
 
 class _MappedBatches:
@@ -67,7 +69,8 @@ class Byzantine(AlgorithmWrapper):
 
     Args:
         attack: e.g. ``SignFlip()``, ``ScaledUpdate(scale=10)``, ``GaussianUpdate(std=1)``, ``LabelFlip(num_classes=10)``.
-        fraction: share of the federation that is malicious, in [0, 1).
+        fraction: share of the federation that is malicious, in [0, 1); the count is :math:`fN` rounded half up
+            (:func:`malicious_clients`).
         algorithm: the algorithm the honest clients run (default :class:`FedAvg`), synchronous or buffered
             asynchronous (FedBuff, FedStaleWeight: malicious clients poison each update they send). Model poisoning
             needs an upload computed from the delta (:func:`~fl_lightning.privacy.local_dp.uploads_plain_delta`);
@@ -94,8 +97,17 @@ class Byzantine(AlgorithmWrapper):
     def setup(self, federation: Federation) -> None:
         self.malicious = malicious_clients(federation.num_clients, self.fraction, federation.seed)
         if self.attack.poisons_data:
+            self._check_batches(federation)
             federation = replace(federation, data=_PoisonedData(federation.data, self.malicious, self.attack))
         super().setup(federation)
+
+    def _check_batches(self, federation: Federation) -> None:
+        """Poisons one batch of a malicious client now, so a batch the attack cannot read (e.g. ``LabelFlip``
+        on a batch without labels it can find) fails at set-up with the attack's error, not mid-run."""
+        if self.malicious:
+            batch = next(iter(federation.probe_batches(min(self.malicious), batch_size=2)), None)
+            if batch is not None:
+                self.attack.poison_batch(batch)
 
     @override
     def client_update(self, client: ClientContext, module: pl.LightningModule, delta: State) -> ClientUpdate:

@@ -3,7 +3,9 @@ Aggregation for Privacy-Preserving Machine Learning", §4, masking with one-time
 
 Values live in :math:`\\mathbb Z_M`, :math:`M = 2^{b}`: a real :math:`x` is encoded as
 :math:`\\mathrm{round}(x\\,2^{f}) \\bmod M` and decoded from the signed (two's complement) residue,
-so sums of encodings decode to the sum of the rounded values while :math:`|\\sum| < 2^{b-1-f}`.
+so sums of encodings decode to the sum of the rounded values while :math:`|\\sum| < 2^{b-1-f}`;
+beyond that the modular sum wraps silently, so a sum of :math:`n` encodings is kept in range by
+refusing any value with :math:`n|x| \\ge 2^{b-1-f}` before it is masked.
 Clients :math:`u < v` share a seed :math:`s_{uv}` (in the protocol, from a Diffie-Hellman key
 agreement; here derived from the run's seed); :math:`u` adds :math:`\\mathrm{PRG}(s_{uv})`, :math:`v`
 subtracts it, so the masks cancel exactly in the sum over every client of the round.
@@ -17,14 +19,16 @@ from torch import Tensor
 from fl_lightning.utils.seeding import make_generator
 
 
-def encode(values: Tensor, modulus_bits: int, fraction_bits: int) -> Tensor:
-    """``values`` (float) in fixed point, as int64 residues in ``[0, 2**modulus_bits)``."""
+def encode(values: Tensor, modulus_bits: int, fraction_bits: int, summands: int = 1) -> Tensor:
+    """``values`` (float) in fixed point, as int64 residues in ``[0, 2**modulus_bits)``, checked so that a sum of
+    ``summands`` such encodings cannot wrap: every :math:`|x| \\cdot` ``summands`` :math:`< 2^{b-1-f}`."""
     scaled = torch.round(values.double() * 2.0**fraction_bits)
-    limit = 2.0 ** (modulus_bits - 1)
-    if scaled.abs().max() >= limit:
+    limit = 2.0 ** (modulus_bits - 1) / summands
+    if scaled.abs().max() * summands >= 2.0 ** (modulus_bits - 1):
         raise OverflowError(
-            f"A value of magnitude {values.abs().max().item():.4g} does not fit {modulus_bits}-bit fixed point with "
-            f"{fraction_bits} fraction bits (|x| < {limit / 2**fraction_bits:.4g}): raise modulus_bits or lower fraction_bits."
+            f"A value of magnitude {values.abs().max().item():.4g} summed over {summands} clients does not fit "
+            f"{modulus_bits}-bit fixed point with {fraction_bits} fraction bits (each |x| must stay below "
+            f"{limit / 2**fraction_bits:.4g}, or the modular sum wraps): raise modulus_bits or lower fraction_bits."
         )
     return scaled.to(torch.int64) % (1 << modulus_bits)
 

@@ -33,7 +33,10 @@ class SecureAggregation(AlgorithmWrapper):
     Client :math:`k` uploads its weighted delta and weight, :math:`(w_k\Delta_k, w_k)`, in
     ``modulus_bits``-bit fixed point with ``fraction_bits`` fraction bits
     (:mod:`fl_lightning.secure.masking`), plus a one-time pad for every other client of the round
-    that cancels in the sum. Any one upload is uniformly random to the server. A fraction
+    that cancels in the sum. Each value is checked before masking so that the sum over the round's
+    :math:`n` clients fits the ring (:math:`n|x| < 2^{b-1-f}`); a client whose value does not fit stops
+    the fit with an ``OverflowError`` naming the value and the settings, as the modular sum would
+    otherwise wrap silently. A fraction
     ``dropout`` of the round's clients (drawn from ``(seed, "secagg_dropout", round, client)``)
     drop after training and before their upload arrives, as do clients the loop rejects; the
     server then removes the survivors' pads with the dropped clients (in the protocol, rebuilt from
@@ -44,9 +47,15 @@ class SecureAggregation(AlgorithmWrapper):
 
     ``upload_bytes`` counts the masked vector (``modulus_bits`` per value) and the protocol's key
     and share messages (:data:`PUBLIC_KEYS_BYTES`, :data:`SHARES_BYTES_PER_PEER` per peer); the
-    recovery round's messages are not counted. Simulated, not secure: the pads are seeded from
-    the run's seed, and the self-masks that protect against a server lying about dropouts are
-    omitted. The server sees no individual update, so an ``update_bound`` is refused. Under client
+    recovery round's messages are not counted.
+
+    Simulated, not secure: the pads are seeded from the run's (logged) seed, so whoever knows it can
+    remove them and read every upload; the self-masks that protect against a server lying about
+    dropouts are omitted. What it measures is the protocol's numerics (quantisation, overflow,
+    dropout recovery) and its bytes. Sent in the clear beside the masked vector, as in the loop's
+    other algorithms: each client's ``num_samples``, ``num_steps`` and training metrics (its loss),
+    which the round's logs report; only the weighted delta and its weight are masked. The server
+    step sees no individual update, so an ``update_bound`` is refused. Under client
     sharding (``strategy="ddp"``) each rank sums its clients' masked vectors (:meth:`masked_sum`), one
     int64 all-reduce adds the ranks' sums (the pads between clients of different ranks cancel there,
     mod :math:`2^b`, as int64 wraps mod :math:`2^{64}`), and every rank unmasks the same sum.
@@ -110,7 +119,7 @@ class SecureAggregation(AlgorithmWrapper):
                 torch.tensor([weight], dtype=torch.float64),
             ]
         )
-        residues = encode(vector, self.modulus_bits, self.fraction_bits)
+        residues = encode(vector, self.modulus_bits, self.fraction_bits, summands=len(self.round_clients))
         pads = masked(residues, client.client_id, self.round_clients, self.federation.seed, client.round_idx, self.modulus_bits)
         peers = len(self.round_clients) - 1
         wire = math.ceil(self.modulus_bits * len(vector) / 8) + PUBLIC_KEYS_BYTES + peers * SHARES_BYTES_PER_PEER

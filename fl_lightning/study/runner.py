@@ -38,6 +38,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from fl_lightning.checkpointing import newest_intact_checkpoint
 from fl_lightning.study.children import die_with_parent
 from fl_lightning.study.lock import RunLock, RunLocked
 from fl_lightning.study.spec import Arm, StudySpec, dump_yaml, expand_dotted, load_yaml, merge
@@ -205,7 +206,9 @@ def prepare(spec: StudySpec, run: Run) -> tuple[RunState, list[str]]:
     run.directory.mkdir(parents=True, exist_ok=True)
     (run.directory / "overrides.yaml").write_text(dump_yaml(overrides))
     (run.directory / "run.yaml").write_text(dump_yaml(run_config(spec, run, state, overrides)))
-    args = command(spec, run, resume_from=run.last_checkpoint if run.last_checkpoint.is_file() else None)
+    # last.ckpt, or the newest intact round_<r>.ckpt when a crash left last.ckpt dangling or cut short.
+    resume_from = newest_intact_checkpoint(run.last_checkpoint.parent)
+    args = command(spec, run, resume_from=None if resume_from is None else Path(resume_from))
     state.command = shlex.join(["fl-lightning", *args[3:]])
     state.fingerprint = spec.fingerprint(run.arm, run.seed)
     return state, args

@@ -8,6 +8,8 @@ state and the logged round metrics to ``<out>/rank<r>.pt``.
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 from datetime import timedelta
 from pathlib import Path
 
@@ -46,6 +48,10 @@ ALGORITHMS = {
     "dpfedavg": lambda: DPFedAvg(
         noise_multiplier=0.5, clip_norm=0.5, adaptive_clipping=AdaptiveClipping(count_noise_std=1.0), algorithm=FedProx(mu=0.1)
     ),
+    # Secure mode: rank 0's secret, broadcast at set-up, gives every rank the same Poisson sample and noise.
+    "dpfedavg-secure": lambda: DPFedAvg(
+        noise_multiplier=0.5, clip_norm=0.5, sampling="poisson", secure_mode=True, algorithm=FedProx(mu=0.1)
+    ),
     # Robust rules need every update: the ranks gather the round's decoded updates and each applies the rule.
     "median": lambda: CoordinateMedian(algorithm=FedProx(mu=0.1)),
     "krum": lambda: Byzantine(
@@ -78,7 +84,24 @@ class CorruptUploads(FederatedCallback):
             update.payload = as_wire(from_wire(update.payload)[:-1])
 
 
-FAULTS = {"none": list, "corrupt": lambda: [CorruptUploads()]}
+class FreezeRank1(FederatedCallback):
+    """Stops rank 1 (SIGSTOP) as round 1 starts, as a frozen node would: a hung peer."""
+
+    def on_clients_selected(self, trainer: pl.Trainer, pl_module: pl.LightningModule, round_idx: int, client_ids: list[int]) -> None:
+        if round_idx == 1 and trainer.global_rank == 1:
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+
+FAULTS = {"none": list, "corrupt": lambda: [CorruptUploads()], "freeze": lambda: [FreezeRank1()]}
+
+
+class StepCosineMLP(MLP):
+    """The standard per-step recipe: a cosine over ``trainer.estimated_stepping_batches``, ``interval="step"``."""
+
+    def configure_optimizers(self) -> dict:
+        optimizer = super().configure_optimizers()
+        scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=self.trainer.estimated_stepping_batches)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 UPDATE_BOUNDS = {
     "none": lambda: None,
@@ -98,10 +121,12 @@ def fit(
     resume: Path | None = None,
     update_bound: str = "none",
     fault: str = "none",
+    step_schedule: bool = False,
+    timeout: float = 600.0,
 ) -> None:
     """Runs the federated fit; every rank saves its final global state, round metrics and history."""
     pl.seed_everything(0, verbose=False)
-    model = MODELS.get(algorithm, MLP)(in_features=64, hidden=(32,), lr=0.1)
+    model = (StepCosineMLP if step_schedule else MODELS.get(algorithm, MLP))(in_features=64, hidden=(32,), lr=0.1)
     data = FederatedDataModule(
         Digits(split="train"), Digits(split="test"), partitioner=Dirichlet(alpha=0.5), num_clients=12, batch_size=16
     )
@@ -117,13 +142,13 @@ def fit(
         accelerator="cpu",
         devices=devices,
         num_nodes=num_nodes,
-        strategy=FederatedDDPStrategy(timeout=timedelta(seconds=600)) if devices * num_nodes > 1 else "auto",
+        strategy=FederatedDDPStrategy(timeout=timedelta(seconds=timeout)) if devices * num_nodes > 1 else "auto",
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
         num_sanity_val_steps=0,
         default_root_dir=out,
-        callbacks=[pl.callbacks.ModelCheckpoint(dirpath=out / "ckpt", save_last=True, save_top_k=0), *FAULTS[fault]()],
+        callbacks=FAULTS[fault](),  # and the trainer's own checkpoint: <out>/checkpoints/round_<r>.ckpt, last.ckpt
     )
     trainer.fit(model, datamodule=data, ckpt_path=resume)
     torch.save(
@@ -148,6 +173,8 @@ def main() -> None:
     parser.add_argument("--resume", type=Path, default=None, help="checkpoint to resume from")
     parser.add_argument("--update-bound", choices=sorted(UPDATE_BOUNDS), default="none")
     parser.add_argument("--fault", choices=sorted(FAULTS), default="none")
+    parser.add_argument("--step-schedule", action="store_true", help="a per-step cosine LR schedule")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds a process waits for the others")
     args = parser.parse_args()
     torch.set_num_threads(1)
     fit(
@@ -161,6 +188,8 @@ def main() -> None:
         resume=args.resume,
         update_bound=args.update_bound,
         fault=args.fault,
+        step_schedule=args.step_schedule,
+        timeout=args.timeout,
     )
 
 

@@ -85,10 +85,19 @@ def two_processes_match_one(tmp_path: Path, algorithm: str, executor: str, fault
     return rank0["metrics"]
 
 
+@pytest.mark.parametrize("executor", ["lightning", "lean"])
+def test_a_step_lr_schedule_gives_two_processes_the_weights_of_one(tmp_path, executor):
+    # Ranks train 3 and 2 clients: every client must still start the round's schedule from its start.
+    fit(tmp_path / "one", executor=executor, step_schedule=True)
+    run(tmp_path / "two", "--devices", "2", "--executor", executor, "--step-schedule")
+    one, rank0 = result(tmp_path / "one"), result(tmp_path / "two", 0)
+    assert max_diff(one["global_state"], rank0["global_state"]) <= TOLERANCE
+
+
 def test_resume_with_two_processes_matches_one_uninterrupted(tmp_path):
     # FedAvgM: the server momentum must survive the checkpoint too.
     run(tmp_path / "first", "--devices", "2", "--algorithm", "fedavgm", "--rounds", "2")
-    checkpoint = tmp_path / "first" / "ckpt" / "last.ckpt"
+    checkpoint = tmp_path / "first" / "checkpoints" / "last.ckpt"
     run(tmp_path / "resumed", "--devices", "2", "--algorithm", "fedavgm", "--rounds", "4", "--resume", str(checkpoint))
     fit(tmp_path / "one", algorithm="fedavgm", rounds=4)
     resumed, one = result(tmp_path / "resumed"), result(tmp_path / "one")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from fl_lightning.data import FederatedDataModule, InMemoryDataset
-from fl_lightning.data.partition_io import load_partition, save_partition
+from fl_lightning.data.partition_io import load_partition, max_partition_bytes, save_partition
 
 NUM_SAMPLES = 12
 TRAIN = InMemoryDataset(
@@ -87,3 +88,45 @@ def test_what_the_writer_writes_is_valid_and_read_back_sorted(tmp_path: Path) ->
     save_partition(parts, tmp_path / "p.json")
     loaded = load_partition(tmp_path / "p.json", num_clients=4, num_samples=NUM_SAMPLES)
     assert [part.tolist() for part in loaded] == GOOD and {part.dtype for part in loaded} == {np.dtype(np.int64)}
+
+
+@pytest.mark.parametrize("kind", ["folder", "FIFO", "device"])
+def test_a_path_that_is_not_a_regular_file_is_refused_without_reading_it(tmp_path: Path, kind: str) -> None:
+    path = tmp_path / "partition.json"
+    if kind == "folder":
+        path.mkdir()
+    elif kind == "FIFO":
+        os.mkfifo(path)  # an open for reading would block until a writer came
+    else:
+        path = Path("/dev/zero")  # would be read until memory runs out
+    expected = {"folder": "a folder", "FIFO": "a FIFO", "device": "a device or socket"}[kind]
+    with pytest.raises(ValueError, match=rf"^partition file '{re.escape(str(path))}' is {expected}, not a regular file\.$"):
+        load_partition(path, num_clients=4, num_samples=NUM_SAMPLES)
+
+
+def test_a_file_larger_than_any_partition_is_refused_unread(tmp_path: Path) -> None:
+    limit = max_partition_bytes(4, NUM_SAMPLES)
+    assert len(json.dumps({"num_clients": 4, "clients": GOOD}, indent=40)) < limit  # even indented, a partition fits
+    path = tmp_path / "huge.json"
+    path.write_text(" " * limit + json.dumps({"num_clients": 4, "clients": GOOD}))
+    with pytest.raises(ValueError, match=rf"is larger than {limit} bytes, the most a partition of this dataset can take"):
+        load_partition(path, num_clients=4, num_samples=NUM_SAMPLES)
+
+
+def test_a_partial_cover_is_refused_unless_allowed(tmp_path: Path) -> None:
+    path = tmp_path / "partial.json"
+    path.write_text(json.dumps({"num_clients": 4, "clients": [[0, 1], [3, 4, 5], [6, 7, 8], [9, 10, 11]]}))
+    with pytest.raises(ValueError, match=r"gives 1 of the 12 samples it must cover to no client \(e\.g\. index 2\); "
+                       r"FederatedDataModule\(partial_partition=True\) accepts that\.$"):
+        FederatedDataModule(TRAIN, num_clients=4, partition_file=str(path)).setup("fit")
+    allowed = FederatedDataModule(TRAIN, num_clients=4, partition_file=str(path), partial_partition=True)
+    allowed.setup("fit")
+    assert [allowed.client_num_samples(c) for c in range(4)] == [2, 3, 3, 3]
+
+
+def test_the_validation_split_need_not_be_covered(tmp_path: Path) -> None:
+    data = FederatedDataModule(TRAIN, num_clients=2, val_fraction=0.25, partition_file=str(tmp_path / "p.json"))
+    data.setup("fit")  # writes the partition of the 9 training samples
+    again = FederatedDataModule(TRAIN, num_clients=2, val_fraction=0.25, partition_file=str(tmp_path / "p.json"))
+    again.setup("fit")  # reads it back: the 3 validation samples are no client's
+    assert sum(again.client_num_samples(c) for c in range(2)) == NUM_SAMPLES - 3

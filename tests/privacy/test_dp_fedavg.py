@@ -94,7 +94,7 @@ def test_sharded_sums_equal_one_aggregate(federation):
     sharded.setup(federation)
     parts = [sharded.weighted_delta_sum(updates[rank::2]) for rank in range(2)]
     total = {name: parts[0][0][name] + parts[1][0][name] for name in parts[0][0]}
-    assert parts[0][1] + parts[1][1] == 2.0  # the unclipped count travels as the weight
+    assert parts[0][1] + parts[1][1] == 2 - 4 / 2  # the centred unclipped count (2 of 4 fit) travels as the weight
     after = {k: v.clone() for k, v in state.items()}
     sharded_metrics = sharded.apply_weighted_sum(2, after, total, parts[0][1] + parts[1][1])
 

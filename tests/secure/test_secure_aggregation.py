@@ -34,6 +34,33 @@ def test_fixed_point_round_trip_and_overflow():
         encode(torch.tensor([2.0**30]), BITS, FRACTION)
 
 
+def test_a_sum_that_would_wrap_the_ring_is_refused_before_masking():
+    """The audit's case: 6 clients' 5000 * 20000 each fit 48-bit, 20-fraction fixed point (|x| < 2^27), their
+    sum does not and wrapped to a wrong aggregate; a value whose sum over the round's clients could wrap is refused."""
+    value = torch.tensor([5000.0 * 20000.0], dtype=torch.float64)
+    six = sum(encode(value, BITS, FRACTION) for _ in range(6)) % (1 << BITS)
+    assert decode(six, BITS, FRACTION).item() == 6e8 - 4 * 2.0**27  # what the modular sum gives silently: wrapped twice
+    with pytest.raises(OverflowError, match="summed over 6 clients does not fit 48-bit fixed point"):
+        encode(value, BITS, FRACTION, summands=6)
+    assert decode(encode(value, BITS, FRACTION, summands=1), BITS, FRACTION).item() == 1e8
+
+
+def test_secure_aggregation_refuses_a_client_whose_value_could_wrap_the_round_s_sum(federation):  # noqa: F811
+    updates = _updates(_global_state(federation.module))
+    algorithm = SecureAggregation()
+    algorithm.setup(federation)
+    algorithm.select_clients(0)
+    update = updates[0]
+    value = 2.0**27 / 3 / update.num_samples  # times the client's weight: 2^27 / 3
+    big = {n: torch.full_like(t, value) if t.is_floating_point() else t for n, t in update.payload.items()}
+    context = ClientContext(
+        round_idx=0, client_id=update.client_id, num_samples=update.num_samples, num_epochs=1, num_steps=None, seed=0
+    )
+    assert len(algorithm.round_clients) == 4  # one value is 2^27 / 3: it fits alone, not four times
+    with pytest.raises(OverflowError, match="summed over 4 clients does not fit"):
+        algorithm.client_update(context, federation.module, big)
+
+
 def _round(algorithm, federation, updates):  # noqa: F811
     """Every client's masked upload (as ``client_update`` makes it) and the global state after aggregation."""
     algorithm.setup(federation)

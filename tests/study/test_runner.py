@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from fl_lightning.study.config_check import config_error
@@ -115,10 +116,23 @@ def test_a_run_with_a_checkpoint_resumes_from_it_and_keeps_its_wandb_id(tmp_path
     assert "--ckpt_path" not in args
     state.save(run)
     run.last_checkpoint.parent.mkdir(parents=True)
-    run.last_checkpoint.write_bytes(b"")
+    torch.save({}, run.last_checkpoint)
     again, args = prepare(spec, run)
     assert args[-2:] == ["--ckpt_path", str(run.last_checkpoint)] and again.wandb_id == state.wandb_id
     assert command(spec, run, resume_from=None)[-1].endswith("run.yaml")
+
+
+def test_a_run_whose_last_checkpoint_a_crash_left_dangling_resumes_from_its_newest_intact_round(tmp_path):
+    spec = make_spec(tmp_path)
+    run = plan(spec)[0]
+    folder = run.last_checkpoint.parent
+    folder.mkdir(parents=True)
+    torch.save({}, folder / "round_2.ckpt")
+    (folder / "round_3.ckpt").write_bytes(b"PK\x03\x04 cut short")
+    run.last_checkpoint.symlink_to("round_4.ckpt")
+    with pytest.warns(UserWarning, match="last.ckpt is dangling"):
+        _, args = prepare(spec, run)
+    assert args[-2:] == ["--ckpt_path", str(folder / "round_2.ckpt")]
 
 
 def test_a_corrupt_state_file_counts_as_not_finished(tmp_path):

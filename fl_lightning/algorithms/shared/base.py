@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import lightning.pytorch as pl
 import torch
@@ -13,6 +13,9 @@ from fl_lightning.algorithms.shared.client_update import TRAINING_METRICS, Clien
 from fl_lightning.federation import Federation
 from fl_lightning.model_state import State, tensor_bytes
 from fl_lightning.utils.init_args import RecordsInitArgs
+
+if TYPE_CHECKING:
+    from fl_lightning.update_bounds import UpdateBound
 
 
 class Algorithm(RecordsInitArgs, ABC):
@@ -74,6 +77,15 @@ class Algorithm(RecordsInitArgs, ABC):
         """Whether :meth:`decode_update` gives deltas ``local - global``: the trainer's ``update_bound``
         (:mod:`fl_lightning.update_bounds`) needs them and is refused otherwise."""
         return True
+
+    def check_update_bound(self, bound: UpdateBound) -> None:
+        """Raises ValueError, naming both, if this algorithm cannot run under the trainer's update ``bound``."""
+
+    @property
+    def aggregates_empty_rounds(self) -> bool:
+        """Whether :meth:`aggregate` runs (with no updates) when none survives the loop's checks: a DP
+        mechanism must release its noise then too. Otherwise such a round leaves the model unchanged."""
+        return False
 
     @property
     def gathers_updates(self) -> bool:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
 from typing_extensions import override
@@ -12,6 +12,9 @@ from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.algorithms.shared.summable import SupportsWeightedSum
 from fl_lightning.federation import Federation
 from fl_lightning.model_state import State
+
+if TYPE_CHECKING:
+    from fl_lightning.update_bounds import UpdateBound
 
 
 class AlgorithmWrapper(Algorithm):
@@ -59,6 +62,15 @@ class AlgorithmWrapper(Algorithm):
     @override
     def gathers_updates(self) -> bool:
         return self.inner.gathers_updates
+
+    @override
+    def check_update_bound(self, bound: UpdateBound) -> None:
+        self.inner.check_update_bound(bound)
+
+    @property
+    @override
+    def aggregates_empty_rounds(self) -> bool:
+        return self.inner.aggregates_empty_rounds
 
     @override
     def decode_update(self, update: ClientUpdate) -> ClientUpdate:

@@ -1,0 +1,163 @@
+"""What each argument of Lightning 2.6's ``Trainer.__init__`` means under :class:`~fl_lightning.FederatedTrainer`.
+
+Every argument is honoured as in Lightning, reinterpreted per round (one Lightning epoch is one round), or
+refused at construction with one ``ValueError`` that names it and says what to use instead. The table in
+``docs/lightning_integration.md`` ("Trainer arguments under federation") says the same in words;
+``tests/test_trainer_arguments.py`` checks that both cover ``Trainer.__init__``'s signature and walks them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from lightning.pytorch.accelerators import AcceleratorRegistry
+
+Meaning = Literal["honoured", "per round", "refused"]
+
+#: How ``FederatedTrainer`` treats each ``Trainer.__init__`` argument ("refused": the values that
+#: :func:`check_trainer_arguments` names).
+MEANINGS: dict[str, Meaning] = {
+    "accelerator": "honoured",
+    "strategy": "honoured",
+    "devices": "honoured",
+    "num_nodes": "honoured",
+    "precision": "honoured",
+    "logger": "honoured",
+    "callbacks": "honoured",
+    "fast_dev_run": "per round",
+    "max_epochs": "per round",
+    "min_epochs": "per round",
+    "max_steps": "per round",
+    "min_steps": "per round",
+    "max_time": "per round",
+    "limit_train_batches": "per round",
+    "limit_val_batches": "honoured",
+    "limit_test_batches": "honoured",
+    "limit_predict_batches": "honoured",
+    "overfit_batches": "per round",
+    "val_check_interval": "refused",
+    "check_val_every_n_epoch": "per round",
+    "num_sanity_val_steps": "honoured",
+    "log_every_n_steps": "honoured",
+    "enable_checkpointing": "honoured",
+    "enable_progress_bar": "honoured",
+    "enable_model_summary": "honoured",
+    "accumulate_grad_batches": "honoured",
+    "gradient_clip_val": "honoured",
+    "gradient_clip_algorithm": "honoured",
+    "deterministic": "honoured",
+    "benchmark": "honoured",
+    "inference_mode": "honoured",
+    "use_distributed_sampler": "refused",
+    "profiler": "honoured",
+    "detect_anomaly": "honoured",
+    "barebones": "refused",
+    "plugins": "honoured",
+    "sync_batchnorm": "refused",
+    "reload_dataloaders_every_n_epochs": "refused",
+    "default_root_dir": "honoured",
+    "enable_autolog_hparams": "honoured",
+    "model_registry": "honoured",
+}
+
+
+def check_trainer_arguments(kwargs: Mapping[str, Any]) -> None:
+    """Raises one ``ValueError`` for the first Lightning ``Trainer`` argument in ``kwargs`` that federation
+    refuses or that is out of range (checked here so the message says what is allowed; Lightning's own
+    ``MisconfigurationException`` often does not)."""
+    _check_count(kwargs, "max_epochs", minimum=0, unlimited=True, what="rounds")
+    _check_count(kwargs, "min_epochs", minimum=0, what="rounds before EarlyStopping or should_stop may end the fit")
+    _check_count(kwargs, "max_steps", minimum=0, unlimited=True, what="optimizer steps over all clients")
+    _check_count(kwargs, "min_steps", minimum=0, what="optimizer steps over all clients")
+    _check_count(kwargs, "check_val_every_n_epoch", minimum=1, what="rounds between two validations", none_ok=False)
+    _check_devices(kwargs.get("devices", "auto"))
+    _check_accelerator(kwargs.get("accelerator", "auto"))
+    interval = kwargs.get("val_check_interval")
+    if interval is not None and not (isinstance(interval, float) and interval == 1.0):  # the int 1 is every batch
+        raise ValueError(
+            f"`val_check_interval={interval!r}` would validate inside a round, where the module holds one client's "
+            "weights; FederatedTrainer validates the global model at the end of each round: use "
+            "`check_val_every_n_epoch=N` to validate every N rounds."
+        )
+    if kwargs.get("limit_train_batches") == 0:
+        raise ValueError(
+            "`limit_train_batches=0` trains no client: use trainer.validate(...) to evaluate only, or a positive limit "
+            "(batches per client per round)."
+        )
+    if kwargs.get("reload_dataloaders_every_n_epochs", 0):
+        raise ValueError(
+            f"`reload_dataloaders_every_n_epochs={kwargs['reload_dataloaders_every_n_epochs']!r}` cannot be honoured: "
+            "the clients' batches are drawn afresh every round from the federated datamodule, seeded by (seed, round, "
+            "client), and the server's validation set is fixed; remove it."
+        )
+    if kwargs.get("sync_batchnorm", False):
+        raise ValueError(
+            "`sync_batchnorm=True` would synchronise BatchNorm statistics across processes on every step, but each "
+            "process trains different clients (with different step counts); BatchNorm buffers are aggregated at the "
+            "end of each round instead: remove it."
+        )
+    if kwargs.get("barebones", False):
+        raise ValueError(
+            "`barebones=True` disables the logging and callbacks that report and checkpoint rounds: use "
+            "`logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False`."
+        )
+
+
+def batches_per_round(num_batches: int, limit: int | float | None) -> int:
+    """How many of a client's ``num_batches`` batches of a round it trains under ``limit_train_batches``
+    (which ``overfit_batches`` and ``fast_dev_run`` set): at most ``limit`` batches (an int), or that
+    fraction of them (a float), at least one. One Lightning epoch is one round, so Lightning's per-epoch
+    limit is a limit per client per round, local epochs included."""
+    if limit is None or (isinstance(limit, float) and limit >= 1.0):
+        return num_batches
+    if isinstance(limit, float):
+        return min(num_batches, max(1, int(num_batches * limit)))
+    return min(num_batches, limit)
+
+
+def _check_count(
+    kwargs: Mapping[str, Any], name: str, *, minimum: int, what: str, unlimited: bool = False, none_ok: bool = True
+) -> None:
+    if name not in kwargs or (kwargs[name] is None and none_ok):
+        return
+    value = kwargs[name]
+    if isinstance(value, int) and not isinstance(value, bool) and (value >= minimum or (unlimited and value == -1)):
+        return
+    allowed = f"an integer >= {minimum}" + (" or -1 (no limit)" if unlimited else "")
+    raise ValueError(f"`{name}` ({what}) must be {allowed}, got {value!r}.")
+
+
+def _check_devices(devices: Any) -> None:
+    if isinstance(devices, str):
+        text = devices.strip()
+        if text == "auto" or text.lstrip("-").isdigit():
+            devices = "auto" if text == "auto" else int(text)
+        else:  # "0,1": Lightning parses a list of indices
+            return
+    if isinstance(devices, list) and devices and all(isinstance(d, int) and d >= 0 for d in devices):
+        return
+    if devices == "auto" or (isinstance(devices, int) and not isinstance(devices, bool) and (devices > 0 or devices == -1)):
+        return
+    raise ValueError(
+        f"`devices` must be 'auto', a positive number of devices, -1 (all of them) or a non-empty list of device "
+        f"indices, got {devices!r}."
+    )
+
+
+def _check_accelerator(accelerator: Any) -> None:
+    if not isinstance(accelerator, str) or accelerator == "auto":
+        return
+    available = available_accelerators()
+    if accelerator not in AcceleratorRegistry.available_accelerators() and accelerator != "gpu":
+        raise ValueError(f"`accelerator={accelerator!r}` is not an accelerator Lightning knows: use one of {available}.")
+    name = "cuda" if accelerator == "gpu" else accelerator
+    usable = name in available or (accelerator == "gpu" and "mps" in available)
+    if not usable:
+        raise ValueError(f"`accelerator={accelerator!r}` is not available on this machine: use one of {available}.")
+
+
+def available_accelerators() -> list[str]:
+    """``"auto"`` and the registered accelerators this machine can run."""
+    names = sorted(AcceleratorRegistry.available_accelerators())
+    return ["auto", *(name for name in names if AcceleratorRegistry[name]["accelerator"].is_available())]

@@ -1,0 +1,41 @@
+"""Issue 25 item 9: a frozen rank (SIGSTOP, as a hung node) ends a 2-process run within the
+strategy's ``timeout`` with one clear error, and the run resumes from its last round's checkpoint
+to the weights of one uninterrupted process."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from tests.distributed.ddp_run import fit
+from tests.distributed.launch import _kill_session, child_env
+from tests.distributed.test_ddp_equivalence import SCRIPT, TOLERANCE, max_diff, result, run
+
+TIMEOUT_S = 30  # above the start-up of a rank on a loaded machine: the rendezvous waits as long
+
+
+def test_a_frozen_peer_ends_the_run_within_its_timeout_and_the_run_resumes(tmp_path: Path) -> None:
+    frozen = tmp_path / "frozen"
+    command = [sys.executable, str(SCRIPT), "--out", str(frozen), "--devices", "2", "--algorithm", "fedavgm",
+               "--fault", "freeze", "--timeout", str(TIMEOUT_S)]  # fmt: skip
+    with tempfile.TemporaryFile("w+") as log:
+        # Rank 0's launcher; the frozen rank 1 keeps the output open, so its end is not awaited.
+        proc = subprocess.Popen(command, env=child_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            proc.wait(timeout=300)  # a generous bound for a loaded machine; torch's default would be 30 min
+        finally:
+            _kill_session(proc)  # SIGKILL ends the stopped rank
+        log.seek(0)
+        output = log.read()
+    assert proc.returncode != 0, output[-4000:]
+    expected = "PeerFailureError: Rank 0: a round's all-reduce failed, most likely because another process hung"
+    assert expected in output, output[-4000:]
+    assert f"waits 0:00:{TIMEOUT_S}" in output
+
+    run(tmp_path / "resumed", "--devices", "2", "--algorithm", "fedavgm", "--resume", str(frozen / "checkpoints" / "last.ckpt"))
+    fit(tmp_path / "one", algorithm="fedavgm")
+    resumed, one = result(tmp_path / "resumed"), result(tmp_path / "one")
+    assert resumed["history"] == one["history"]
+    assert max_diff(one["global_state"], resumed["global_state"]) <= TOLERANCE
