@@ -1,5 +1,6 @@
 """fl_lightning: federated learning research as a first-class citizen of PyTorch Lightning."""
 
+from fl_lightning._moved import install as install_moved_modules
 from fl_lightning._quiet import silence_leafspec_warning, silence_lightning_tips
 from fl_lightning.algorithms import (
     AllClients,
@@ -37,6 +38,8 @@ from fl_lightning.robust import Bulyan, CoordinateMedian, Krum, TrimmedMean
 from fl_lightning.trainer import FederatedTrainer
 from fl_lightning.update_bounds import MedianNormFilter, NormClip, UpdateBound
 
+# The modules moved in 0.2 still import from their old paths, with a DeprecationWarning.
+install_moved_modules()
 # Lightning's pytree helper warns while a fit runs, not on import.
 silence_leafspec_warning()
 # Lightning's product tips are logged by every Trainer, whichever way it is built (Python, any LightningCLI).

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from fl_lightning.algorithms.shared.base import ClientUpdate
+    from fl_lightning.algorithms.shared.client_update import ClientUpdate
 
 #: One optimizer's per-parameter state, copied to the CPU (``optimizer.state_dict()["state"]``).
 OptimizerState = dict[int, dict[str, Any]]

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+import lightning.pytorch as pl
 from typing_extensions import override
 
 from fl_lightning import _lightning_compat as compat
@@ -12,15 +13,20 @@ from fl_lightning.algorithms.shared.client_state import load_optimizer_state, op
 from fl_lightning.schedulers import restart_staircases
 from fl_lightning.services import OptimizerState, ServerServices
 
-if TYPE_CHECKING:
-    from fl_lightning.loops.federated_fit_loop import FederatedFitLoop
+class RunsClients(Protocol):
+    """What the services need of a loop (``FederatedFitLoop``, ``AsyncFitLoop``): its trainer and its
+    client training; a protocol, so that this module and the loops do not import each other."""
+
+    trainer: pl.Trainer
+
+    def train_client(self, round_idx: int, client_id: int, *, seed: int) -> ClientUpdate: ...
 
 
 class LoopServices(ServerServices):
     """Binds the algorithm's services to ``loop`` and its trainer: the only place an algorithm's
     request reaches the trainer."""
 
-    def __init__(self, loop: FederatedFitLoop) -> None:
+    def __init__(self, loop: RunsClients) -> None:
         super().__init__()
         self._loop = loop
 

@@ -4,67 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import lightning.pytorch as pl
 import torch
-from torch import Tensor
 
+# Re-exported: the contract names all three.
+from fl_lightning.algorithms.shared.client_update import TRAINING_METRICS, ClientContext, ClientUpdate
 from fl_lightning.federation import Federation
 from fl_lightning.model_state import State, tensor_bytes
 from fl_lightning.utils.init_args import RecordsInitArgs
 
 if TYPE_CHECKING:
     from fl_lightning.update_bounds import UpdateBound
-
-
-#: The training metrics every client reports in ``metrics`` when its steps return a loss: the
-#: mean task loss, and the mean of any term a mixin added to it (:mod:`fl_lightning.mixins.regularized`).
-#: Each round logs their means over its clients as ``round/<key>``.
-TRAINING_METRICS = ("train_loss", "train_regularizer")
-
-
-@dataclass
-class ClientContext:
-    """One client's assignment in one round.
-
-    ``configure_client`` may change the local work (``num_epochs`` / ``num_steps``, exactly
-    one of them set); the loop fills ``completed_steps`` and ``metrics`` after local training.
-    """
-
-    round_idx: int
-    client_id: int
-    num_samples: int
-    num_epochs: int | None
-    num_steps: int | None
-    seed: int
-    completed_steps: int = 0
-    metrics: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass
-class ClientUpdate:
-    """What a client sends back to the server.
-
-    Attributes:
-        client_id: the client.
-        num_samples: its number of training samples (FedAvg's weight).
-        num_steps: optimizer steps it completed.
-        payload: the tensors sent, by default the delta ``local - global`` of every tensor.
-        upload_bytes: exact size of the payload on the wire.
-        metrics: client-side metrics (:data:`TRAINING_METRICS` and any the algorithm adds).
-        staleness: model versions between the client's dispatch and the aggregation that
-            uses its update (set by the asynchronous loop; 0 in synchronous rounds).
-    """
-
-    client_id: int
-    num_samples: int
-    num_steps: int
-    payload: dict[str, Tensor]
-    upload_bytes: int
-    metrics: dict[str, float] = field(default_factory=dict)
-    staleness: int = 0
 
 
 class Algorithm(RecordsInitArgs, ABC):
