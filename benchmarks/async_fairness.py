@@ -205,7 +205,7 @@ def run_one(spec: RunSpec) -> RunResult:
 
     from fl_lightning import FederatedTrainer
     from fl_lightning.models import LogisticRegression
-    from fl_lightning.probe import sample_metrics
+    from fl_lightning.evaluation.probe import sample_metrics
 
     s = spec.settings
     scale = versions_per_aggregation(spec.algorithm)

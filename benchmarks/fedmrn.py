@@ -136,7 +136,7 @@ def run_one(method: str, seed: int, args: argparse.Namespace) -> RunResult:
     from fl_lightning import FederatedTrainer
     from fl_lightning.callbacks import TestCurve
     from fl_lightning.data import Digits, Dirichlet, FederatedDataModule
-    from fl_lightning.models.fedmrn import MaskedMLP, ProbabilityMaskedMLP
+    from fl_lightning.models.masked_networks import MaskedMLP, ProbabilityMaskedMLP
 
     factory = _methods()[method]
     data = FederatedDataModule(
@@ -190,7 +190,7 @@ def speed(args: argparse.Namespace) -> str:
     quiet()
     from fl_lightning import FedAvg, FederatedTrainer, FedMRN, FedPM
     from fl_lightning.data import IID, FederatedDataModule, InMemoryDataset
-    from fl_lightning.models.fedmrn import CNN4, ProbabilityMaskedCNN4
+    from fl_lightning.models.masked_networks import CNN4, ProbabilityMaskedCNN4
 
     g = torch.Generator().manual_seed(0)
     n = 10 * 64 * args.speed_steps

@@ -132,7 +132,7 @@ def run_one(spec: RunSpec) -> RunResult:
     from fl_lightning.data import FederatedDataModule, FedProxSynthetic, Natural
     from fl_lightning.models import LogisticRegression
     from fl_lightning.participation import TraceParticipation
-    from fl_lightning.schedulers import StaircaseLR
+    from fl_lightning.models.schedulers import StaircaseLR
 
     s = spec.settings
     num_rounds, first = spec.rounds, spec.first_evaluated

@@ -1,7 +1,7 @@
 """fl_lightning: federated learning research as a first-class citizen of PyTorch Lightning."""
 
 from fl_lightning._moved import install as install_moved_modules
-from fl_lightning._quiet import silence_leafspec_warning, silence_lightning_tips
+from fl_lightning.utils._quiet import silence_leafspec_warning, silence_lightning_tips
 from fl_lightning.algorithms import (
     AllClients,
     Algorithm,
@@ -31,12 +31,12 @@ from fl_lightning.algorithms import (
     ServerYogi,
 )
 from fl_lightning.callbacks import FederatedCallback, FederatedEvaluation, FederatedProgressBar, TestCurve
-from fl_lightning.federation import FederatedDataSource, Federation
+from fl_lightning.server.federation import FederatedDataSource, Federation
 from fl_lightning.privacy import AdaptiveClipping, DPFedAvg
 from fl_lightning.mixins import MaskedNoiseMixin, MixtureWeightedMixin, ProbabilityMaskMixin, ProximalMixin
 from fl_lightning.robust import Bulyan, CoordinateMedian, Krum, TrimmedMean
 from fl_lightning.trainer import FederatedTrainer
-from fl_lightning.update_bounds import MedianNormFilter, NormClip, UpdateBound
+from fl_lightning.robust.update_bounds import MedianNormFilter, NormClip, UpdateBound
 
 # The modules moved in 0.2 still import from their old paths, with a DeprecationWarning.
 install_moved_modules()

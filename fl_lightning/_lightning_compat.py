@@ -32,7 +32,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from lightning.pytorch.utilities.signature_utils import is_param_in_hook_signature
 from typing_extensions import override
 
-from fl_lightning._quiet import sync_dist_advice_silenced
+from fl_lightning.utils._quiet import sync_dist_advice_silenced
 
 __all__ = [
     "ClientEpochLoop",

@@ -13,20 +13,20 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from typing_extensions import override
 
-from fl_lightning.algorithms.shared.base import Algorithm
+from fl_lightning.algorithms.shared.algorithm import Algorithm
 from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.callbacks.progress import FederatedProgressBar
-from fl_lightning.checkpoint_io import CheckedCheckpointIO
+from fl_lightning.checkpointing.checkpoint_io import CheckedCheckpointIO
 from fl_lightning.checkpointing import GlobalModelCheckpoint, find_last_checkpoint, round_checkpoint
-from fl_lightning.data._checks import check_int
+from fl_lightning.data._data_checks import check_int
 from fl_lightning.data.federated import Federated
 from fl_lightning.data.partitioners import Partitioner
 from fl_lightning.distributed.strategy import FederatedDDPStrategy
-from fl_lightning.federation import FederatedDataSource, require_federated_data
+from fl_lightning.server.federation import FederatedDataSource, require_federated_data
 from fl_lightning.loops.async_fit_loop import AsyncFitLoop
 from fl_lightning.loops.federated_fit_loop import FederatedFitLoop
 from fl_lightning.trainer_arguments import check_trainer_arguments
-from fl_lightning.update_bounds import UpdateBound
+from fl_lightning.robust.update_bounds import UpdateBound
 
 
 class FederatedTrainer(pl.Trainer):
@@ -92,12 +92,12 @@ class FederatedTrainer(pl.Trainer):
             default: all of a round's clients.
         update_bound: a bound on the clients' update norms applied before every aggregation (synchronous
             rounds, asynchronous buffers, sharded rounds): :class:`~fl_lightning.NormClip` or
-            :class:`~fl_lightning.MedianNormFilter` (:mod:`fl_lightning.update_bounds`); default none.
+            :class:`~fl_lightning.MedianNormFilter` (:mod:`fl_lightning.robust.update_bounds`); default none.
         allow_resume_changes: resume from a checkpoint whose federation (clients, partition, algorithm
             and its arguments, update bound, clients per round, seed, local work, model
             hyper-parameters, optimizer and LR-scheduler settings, datamodule arguments) differs
             from this run's, with a warning listing the changes; by default such a resume is
-            refused (:mod:`fl_lightning.fingerprint`).
+            refused (:mod:`fl_lightning.checkpointing.fingerprint`).
         use_distributed_sampler: must be ``False`` (the default). The loop shards clients over the
             processes itself and every rank evaluates the whole validation set; Lightning's
             ``DistributedSampler`` would split the evaluation data across ranks, so the logged
@@ -176,7 +176,7 @@ class FederatedTrainer(pl.Trainer):
         self._partitioner = partitioner
         if update_bound is not None and not isinstance(update_bound, UpdateBound):
             raise TypeError(
-                f"`update_bound` must be an fl_lightning.update_bounds.UpdateBound (NormClip, MedianNormFilter) "
+                f"`update_bound` must be an fl_lightning.robust.update_bounds.UpdateBound (NormClip, MedianNormFilter) "
                 f"or None, got {type(update_bound).__name__}."
             )
         if not isinstance(allow_resume_changes, bool):
@@ -237,7 +237,7 @@ class FederatedTrainer(pl.Trainer):
         """The optimizer steps of one client's step-interval LR schedule over the whole fit: ``max_epochs``
         rounds times the most steps a client takes in a round (``inf`` with ``max_epochs=-1``). Every client
         of a round starts from the round's point of the schedule, which moves on one round at its end
-        (:class:`~fl_lightning.schedulers.RoundStepSchedules`), so
+        (:class:`~fl_lightning.models.schedulers.RoundStepSchedules`), so
         ``CosineAnnealingLR(optimizer, T_max=trainer.estimated_stepping_batches)`` with ``interval="step"``
         ends at the last step of the last round."""
         rounds = self.fit_loop.max_epochs

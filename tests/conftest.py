@@ -27,7 +27,7 @@ def one_thread_per_worker():
 def cli_in_tmp_path(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     """For CLI tests: run in ``tmp_path`` (relative log and checkpoint paths land there), with no pytest
     arguments in ``sys.argv`` (they are not the CLI's) and without the CLI's traceback switch."""
-    from fl_lightning.cli_errors import DEBUG_ENV
+    from fl_lightning.cli.errors import DEBUG_ENV
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["fl-lightning"])

@@ -16,8 +16,8 @@ from lightning.pytorch.loggers import CSVLogger
 from fl_lightning import FedBuff, FederatedCallback
 from fl_lightning.checkpointing import RoundCheckpoint
 from fl_lightning.participation import ConstantDelay
-from fl_lightning.checkpoint_io import CheckpointWriteError
-from fl_lightning.fingerprint import ResumeMismatchError
+from fl_lightning.checkpointing.checkpoint_io import CheckpointWriteError
+from fl_lightning.checkpointing.fingerprint import ResumeMismatchError
 from fl_lightning.models import MLP
 from tests.integration.conftest import QUIET, digits_data, quiet_trainer
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fl_lightning.cli_help import plain_text
+from fl_lightning.cli.help import plain_text
 
 
 @pytest.mark.parametrize(

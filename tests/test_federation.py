@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from fl_lightning.data import FederatedDataModule, InMemoryDataset
-from fl_lightning.federation import Federation, require_federated_data
-from fl_lightning.services import ServerServices
+from fl_lightning.server.federation import Federation, require_federated_data
+from fl_lightning.server.services import ServerServices
 
 
 class Sizes:

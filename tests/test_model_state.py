@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import fl_lightning
-from fl_lightning.model_state import all_finite, compute_delta, live_tensors, load_into, snapshot, tensor_bytes
+from fl_lightning.server.model_state import all_finite, compute_delta, live_tensors, load_into, snapshot, tensor_bytes
 
 
 def _net(dtype: torch.dtype = torch.float32) -> nn.Module:
@@ -154,4 +154,4 @@ def test_state_is_defined_once_in_the_package():
         for node in ast.walk(ast.parse(path.read_text()))
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "State" for t in node.targets)
     ]
-    assert definitions == ["model_state.py"]
+    assert definitions == ["server/model_state.py"]

@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 
 from fl_lightning.data import FederatedDataModule, InMemoryDataset
-from fl_lightning.federation import Federation
+from fl_lightning.server.federation import Federation
 from fl_lightning.models import CNN, MLP
-from fl_lightning.probe import probe, sample_metrics
+from fl_lightning.evaluation.probe import probe, sample_metrics
 
 
 def dataset(n: int = 40, image: bool = False) -> InMemoryDataset:

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from fl_lightning.models import CNN
-from fl_lightning.probe import WeightSets, sample_metrics, sample_metrics_many
+from fl_lightning.evaluation.probe import WeightSets, sample_metrics, sample_metrics_many
 
 
 def _states(module: nn.Module, count: int) -> list[dict[str, torch.Tensor]]:

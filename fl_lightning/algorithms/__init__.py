@@ -2,7 +2,7 @@
 
 from fl_lightning.algorithms.shared.aggregation import apply_delta, weighted_average, weighted_sum
 from fl_lightning.algorithms.shared.asynchronous import AsyncAlgorithm
-from fl_lightning.algorithms.shared.base import Algorithm, ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientContext, ClientUpdate
 from fl_lightning.algorithms.compressed import CompressedFedAvg
 from fl_lightning.algorithms.shared.epsilon_schedules import ConstantEpsilon, EpsilonSchedule, LinearEpsilon, StepEpsilon
 from fl_lightning.algorithms.fedalign import AllClients, FedALIGN, PriorityOnly, alignment_decision

@@ -8,15 +8,15 @@ from typing import Literal
 import lightning.pytorch as pl
 from typing_extensions import override
 
-from fl_lightning.algorithms.shared.base import ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.algorithm import ClientContext, ClientUpdate
 from fl_lightning.algorithms.shared.combinable import Combine, apply_combined
 from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.algorithms.shared.server_optimizers import ServerOptimizer
-from fl_lightning.compression.base import Codec, UpdateCodec
+from fl_lightning.compression.codec import Codec, UpdateCodec
 from fl_lightning.compression.wire import Layout, as_wire, device_generator, from_wire
-from fl_lightning.federation import Federation
+from fl_lightning.server.federation import Federation
 from fl_lightning.mixins.masked_noise import default_maskable_names
-from fl_lightning.model_state import State, live_tensors
+from fl_lightning.server.model_state import State, live_tensors
 from fl_lightning.utils.seeding import derive_seed
 
 

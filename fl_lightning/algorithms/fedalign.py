@@ -14,12 +14,12 @@ import numpy as np
 import torch
 from typing_extensions import override
 
-from fl_lightning.algorithms.shared.base import Algorithm
+from fl_lightning.algorithms.shared.algorithm import Algorithm
 from fl_lightning.algorithms.shared.epsilon_schedules import ConstantEpsilon, EpsilonSchedule
 from fl_lightning.algorithms.local_only import check_client_ids, holdout_metrics
 from fl_lightning.algorithms.shared.wrapper import AlgorithmWrapper
-from fl_lightning.federation import Federation
-from fl_lightning.probe import probe, sample_metrics
+from fl_lightning.server.federation import Federation
+from fl_lightning.evaluation.probe import probe, sample_metrics
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,11 @@ from typing_extensions import override
 
 from fl_lightning.algorithms.shared.aggregation import apply_delta
 from fl_lightning.algorithms.shared.asynchronous import AsyncAlgorithm, PullPolicy, TrainAt
-from fl_lightning.algorithms.shared.base import ClientContext, ClientUpdate
-from fl_lightning.federation import Federation
+from fl_lightning.algorithms.shared.algorithm import ClientContext, ClientUpdate
+from fl_lightning.server.federation import Federation
 from fl_lightning.mixins.required import require_mixin
 from fl_lightning.mixins.proximal import ProximalMixin
-from fl_lightning.model_state import State, compute_delta, snapshot
+from fl_lightning.server.model_state import State, compute_delta, snapshot
 from fl_lightning.participation.speed import DelayModel
 
 StalenessFunction = Literal["constant", "polynomial", "hinge"]

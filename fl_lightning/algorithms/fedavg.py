@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from fl_lightning.algorithms.shared.base import ClientUpdate
+from fl_lightning.algorithms.shared.algorithm import ClientUpdate
 from fl_lightning.algorithms.shared.server_optimizers import ServerOptimizer, ServerSGD
 from fl_lightning.algorithms.shared.summable import SummableAggregation
-from fl_lightning.model_state import State
+from fl_lightning.server.model_state import State
 
 
 class FedAvg(SummableAggregation):

@@ -7,13 +7,13 @@ from typing import Literal
 import lightning.pytorch as pl
 from typing_extensions import override
 
-from fl_lightning.algorithms.shared.base import ClientContext
+from fl_lightning.algorithms.shared.algorithm import ClientContext
 from fl_lightning.algorithms.compressed import CompressedFedAvg
 from fl_lightning.algorithms.fedmrn import final_mask_seed, masked_noise_seed
 from fl_lightning.algorithms.shared.server_optimizers import ServerOptimizer
-from fl_lightning.compression.masked_noise import MaskedNoiseCodec, MaskType, NoiseType, sample_mask
+from fl_lightning.compression.masked_noise_codec import MaskedNoiseCodec, MaskType, NoiseType, sample_mask
 from fl_lightning.compression.wire import device_generator
-from fl_lightning.model_state import State
+from fl_lightning.server.model_state import State
 
 
 class FedAvgSM(CompressedFedAvg):

@@ -12,9 +12,9 @@ from typing_extensions import override
 
 from fl_lightning.algorithms.shared.aggregation import apply_delta, weighted_sum
 from fl_lightning.algorithms.shared.asynchronous import AsyncAlgorithm, PullPolicy, TrainAt
-from fl_lightning.algorithms.shared.base import ClientUpdate
+from fl_lightning.algorithms.shared.algorithm import ClientUpdate
 from fl_lightning.algorithms.shared.combinable import Combine
-from fl_lightning.model_state import State
+from fl_lightning.server.model_state import State
 from fl_lightning.participation.speed import DelayModel
 
 Discount = Literal["constant", "inverse", "inverse_sqrt"]

@@ -12,13 +12,13 @@ from torch import Tensor
 from typing_extensions import override
 
 from fl_lightning.algorithms.shared.aggregation import apply_delta, weighted_average
-from fl_lightning.algorithms.shared.base import ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.algorithm import ClientContext, ClientUpdate
 from fl_lightning.algorithms.shared.clustered_algorithm import ClusteredAlgorithm
-from fl_lightning.federation import Federation
+from fl_lightning.server.federation import Federation
 from fl_lightning.mixins.required import require_mixin
 from fl_lightning.mixins.mixture_weighted import MixtureWeightedMixin, responsibilities
-from fl_lightning.model_state import State, compute_delta
-from fl_lightning.probe import WeightSets
+from fl_lightning.server.model_state import State, compute_delta
+from fl_lightning.evaluation.probe import WeightSets
 
 
 class FedEM(ClusteredAlgorithm):

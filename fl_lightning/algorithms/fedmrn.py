@@ -10,15 +10,15 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
-from fl_lightning.algorithms.shared.base import ClientContext
+from fl_lightning.algorithms.shared.algorithm import ClientContext
 from fl_lightning.algorithms.compressed import CompressedFedAvg
 from fl_lightning.algorithms.shared.server_optimizers import ServerOptimizer
-from fl_lightning.compression.masked_noise import MaskedNoiseCodec, MaskType, NoiseType
+from fl_lightning.compression.masked_noise_codec import MaskedNoiseCodec, MaskType, NoiseType
 from fl_lightning.compression.wire import Layout, TensorSpec, device_generator
-from fl_lightning.federation import Federation
+from fl_lightning.server.federation import Federation
 from fl_lightning.mixins.required import require_mixin
 from fl_lightning.mixins.masked_noise import MaskedNoiseMixin
-from fl_lightning.model_state import State
+from fl_lightning.server.model_state import State
 from fl_lightning.utils.seeding import derive_seed
 
 

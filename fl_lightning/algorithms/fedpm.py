@@ -10,23 +10,23 @@ import lightning.pytorch as pl
 import torch
 
 from fl_lightning.algorithms.shared.aggregation import weighted_average
-from fl_lightning.algorithms.shared.base import ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.algorithm import ClientContext, ClientUpdate
 from fl_lightning.algorithms.compressed import CompressedFedAvg
 from fl_lightning.algorithms.shared.server_optimizers import ServerOptimizer
-from fl_lightning.compression.probability_mask import (
+from fl_lightning.compression.probability_mask_codec import (
     DEFAULT_EPS,
     ProbabilityMaskCodec,
     check_eps,
 )
 from fl_lightning.compression.wire import device_generator
-from fl_lightning.federation import Federation
+from fl_lightning.server.federation import Federation
 from fl_lightning.mixins.required import require_mixin
 from fl_lightning.mixins.probability_mask import (
     WEIGHT_INITS,
     ProbabilityMaskMixin,
     WeightInit,
 )
-from fl_lightning.model_state import State, live_tensors
+from fl_lightning.server.model_state import State, live_tensors
 from fl_lightning.utils.seeding import derive_seed
 
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import lightning.pytorch as pl
 
-from fl_lightning.algorithms.shared.base import ClientContext
+from fl_lightning.algorithms.shared.algorithm import ClientContext
 from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.algorithms.shared.server_optimizers import ServerOptimizer
-from fl_lightning.federation import Federation
+from fl_lightning.server.federation import Federation
 from fl_lightning.mixins.proximal import ProximalMixin
 from fl_lightning.mixins.required import require_mixin
-from fl_lightning.model_state import State
+from fl_lightning.server.model_state import State
 
 
 class FedProx(FedAvg):

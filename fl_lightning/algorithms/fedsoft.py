@@ -10,7 +10,7 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor
 
-from fl_lightning.algorithms.shared.base import ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.algorithm import ClientContext, ClientUpdate
 from fl_lightning.algorithms.shared.client_state import ClientStates, cpu_copy
 from fl_lightning.algorithms.shared.clustered_algorithm import ClusteredAlgorithm
 from fl_lightning.algorithms.shared.combinable import Combine
@@ -21,10 +21,10 @@ from fl_lightning.algorithms.shared.cluster_math import (
     importance_weights,
     select_per_cluster,
 )
-from fl_lightning.federation import Federation
+from fl_lightning.server.federation import Federation
 from fl_lightning.mixins.proximal import ProximalMixin
 from fl_lightning.mixins.required import require_mixin
-from fl_lightning.model_state import State, tensor_bytes
+from fl_lightning.server.model_state import State, tensor_bytes
 
 
 class FedSoft(ClusteredAlgorithm):
@@ -36,7 +36,7 @@ class FedSoft(ClusteredAlgorithm):
 
     1. **Importance** (every :math:`\tau` rounds, over all :math:`N` clients): each client scores
        its samples with every centre (one ``vmap``-ed pass over the :math:`S` centres,
-       :func:`~fl_lightning.probe.sample_metrics_many`), assigns each sample to the centre with
+       :func:`~fl_lightning.evaluation.probe.sample_metrics_many`), assigns each sample to the centre with
        the lowest loss and sends :math:`u_{ks} = \max(n_{ks}/n_k, \sigma)`, not renormalised
        (:func:`~fl_lightning.algorithms.shared.cluster_math.importance_weights`).
     2. **Selection**: :math:`v_{sk} = u_{ks} n_k / \sum_{j=1}^N u_{js} n_j` (eq. 6 normalised over

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from fl_lightning.algorithms.shared.base import ClientUpdate
+from fl_lightning.algorithms.shared.algorithm import ClientUpdate
 from fl_lightning.algorithms.fedbuff import FedBuff
 from fl_lightning.algorithms.shared.staleness import StalenessTracker
 

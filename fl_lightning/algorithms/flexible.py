@@ -13,10 +13,10 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
 
 from fl_lightning.algorithms.shared.aggregation import apply_delta, weighted_sum
-from fl_lightning.algorithms.shared.base import Algorithm, ClientContext, ClientUpdate
-from fl_lightning.federation import Federation
-from fl_lightning.model_state import State
-from fl_lightning.participation.base import ParticipationModel
+from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientContext, ClientUpdate
+from fl_lightning.server.federation import Federation
+from fl_lightning.server.model_state import State
+from fl_lightning.participation.participation_model import ParticipationModel
 from fl_lightning.participation.events import Arrival, Departure, ObjectiveSchedule
 from fl_lightning.participation.steps import FullParticipation
 
@@ -64,7 +64,7 @@ class FlexibleParticipation(Algorithm):
 
     Objective shifts: an :class:`~fl_lightning.participation.Arrival` adds the device to
     :math:`C_\tau` (weights recomputed) and restarts any
-    :class:`~fl_lightning.schedulers.StaircaseLR` (:math:`\eta_0/(\tau-\tau_0)`); with
+    :class:`~fl_lightning.models.schedulers.StaircaseLR` (:math:`\eta_0/(\tau-\tau_0)`); with
     ``fast_reboot`` its weight is :math:`p^l (1 + b/(\tau - \tau_0 + 1)^2)`, i.e. :math:`3p^l` in its first
     round for :math:`b = 2`, decaying to :math:`p^l` (the paper states 3p decaying as O(τ⁻²) without
     the formula; ours is the notes' suggestion). A :class:`~fl_lightning.participation.Departure`

@@ -10,10 +10,10 @@ import torch
 from torch import Tensor
 
 from fl_lightning.algorithms.shared.aggregation import apply_delta, weighted_average
-from fl_lightning.algorithms.shared.base import ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.algorithm import ClientContext, ClientUpdate
 from fl_lightning.algorithms.shared.clustered_algorithm import ClusteredAlgorithm
-from fl_lightning.federation import Federation
-from fl_lightning.model_state import State, compute_delta
+from fl_lightning.server.federation import Federation
+from fl_lightning.server.model_state import State, compute_delta
 
 
 class IFCA(ClusteredAlgorithm):

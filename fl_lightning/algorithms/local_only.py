@@ -14,11 +14,11 @@ import lightning.pytorch as pl
 import torch
 from typing_extensions import override
 
-from fl_lightning.algorithms.shared.base import Algorithm, ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientContext, ClientUpdate
 from fl_lightning.algorithms.shared.client_state import cpu_copy
-from fl_lightning.federation import Federation
-from fl_lightning.model_state import State, live_tensors, load_into, snapshot
-from fl_lightning.probe import sample_metrics
+from fl_lightning.server.federation import Federation
+from fl_lightning.server.model_state import State, live_tensors, load_into, snapshot
+from fl_lightning.evaluation.probe import sample_metrics
 
 
 def check_client_ids(name: str, clients: Sequence[int], num_clients: int) -> list[int]:

@@ -9,7 +9,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from fl_lightning.callbacks.federated_callback import FederatedCallback
-from fl_lightning.algorithms.shared.base import TRAINING_METRICS
+from fl_lightning.algorithms.shared.algorithm import TRAINING_METRICS
 from fl_lightning.mixins.regularized import split_losses
 
 

@@ -8,7 +8,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 
 if TYPE_CHECKING:
-    from fl_lightning.algorithms.shared.base import ClientContext, ClientUpdate
+    from fl_lightning.algorithms.shared.algorithm import ClientContext, ClientUpdate
 
 
 class FederatedCallback(Callback):

@@ -12,7 +12,7 @@ from lightning.pytorch.utilities.seed import isolate_rng
 from typing_extensions import override
 
 from fl_lightning import _lightning_compat as compat
-from fl_lightning.algorithms.shared.base import Algorithm
+from fl_lightning.algorithms.shared.algorithm import Algorithm
 from fl_lightning.callbacks.federated_callback import FederatedCallback
 from fl_lightning.evaluation.clients import evaluate_clients
 from fl_lightning.evaluation.results import ClientEvaluation
@@ -41,7 +41,7 @@ class FederatedEvaluation(FederatedCallback):
     table goes to loggers that take tables (W&B), else to a CSV file (:class:`ClientTable`).
     Formulas: :mod:`fl_lightning.evaluation.summary`; details: ``docs/federated_evaluation.md``.
 
-    The evaluation is a no-grad, eval-mode probe (:mod:`fl_lightning.probe`) that leaves the
+    The evaluation is a no-grad, eval-mode probe (:mod:`fl_lightning.evaluation.probe`) that leaves the
     module's weights, training modes, BatchNorm statistics and the global RNG states as they
     were, so training is bit-identical with and without it. With several processes every rank
     evaluates the same clients, without collectives (like the trainer's validation): the

@@ -14,7 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Column
 from typing_extensions import override
 
-from fl_lightning.algorithms.shared.base import ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.algorithm import ClientContext, ClientUpdate
 from fl_lightning.callbacks.federated_callback import FederatedCallback
 from fl_lightning.distributed.sharding import shard
 

@@ -1,7 +1,7 @@
 """Payload codecs with exact byte accounting: FedMRN's 1-bit masks + seed, and the baselines."""
 
-from fl_lightning.compression.base import Codec, UpdateCodec
-from fl_lightning.compression.masked_noise import (
+from fl_lightning.compression.codec import Codec, UpdateCodec
+from fl_lightning.compression.masked_noise_codec import (
     DEFAULT_ALPHA,
     MaskedNoiseCodec,
     clip_update,
@@ -13,7 +13,7 @@ from fl_lightning.compression.masked_noise import (
     sample_mask,
 )
 from fl_lightning.compression.hadamard import fwht
-from fl_lightning.compression.probability_mask import (
+from fl_lightning.compression.probability_mask_codec import (
     ProbabilityMaskCodec,
     bernoulli_mask,
     sample_probability_mask,

@@ -11,7 +11,7 @@ from abc import abstractmethod
 import torch
 from torch import Tensor
 
-from fl_lightning.compression.base import UpdateCodec
+from fl_lightning.compression.codec import UpdateCodec
 from fl_lightning.compression.hadamard import padded_length, rotate, unrotate
 from fl_lightning.compression.wire import PayloadError, TensorSpec, pack_bits, unpack_bits
 

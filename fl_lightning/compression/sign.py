@@ -7,8 +7,8 @@ import struct
 import torch
 from torch import Tensor
 
-from fl_lightning.compression.base import UpdateCodec
-from fl_lightning.compression.masked_noise import masked_noise, sample_mask
+from fl_lightning.compression.codec import UpdateCodec
+from fl_lightning.compression.masked_noise_codec import masked_noise, sample_mask
 from fl_lightning.compression.wire import PayloadError, TensorSpec, pack_bits, unpack_bits
 
 _SCALE = struct.Struct("<f")

@@ -7,7 +7,7 @@ import struct
 import torch
 from torch import Tensor
 
-from fl_lightning.compression.base import UpdateCodec
+from fl_lightning.compression.codec import UpdateCodec
 from fl_lightning.compression.wire import PayloadError, TensorSpec
 
 _SCALE = struct.Struct("<f")

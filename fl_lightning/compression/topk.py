@@ -7,7 +7,7 @@ import math
 import torch
 from torch import Tensor
 
-from fl_lightning.compression.base import UpdateCodec
+from fl_lightning.compression.codec import UpdateCodec
 from fl_lightning.compression.wire import PayloadError, TensorSpec, from_le_bytes, to_le_bytes
 
 

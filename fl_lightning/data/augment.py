@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fl_lightning.data._checks import check_int
+from fl_lightning.data._data_checks import check_int
 from fl_lightning.utils.seeding import derive_seed
 
 

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from fl_lightning.data._checks import check_bool, check_int
+from fl_lightning.data._data_checks import check_bool, check_int
 from fl_lightning.data.augment import augmentation_generator
 from fl_lightning.data.loader_settings import check_dataloader_kwargs
 

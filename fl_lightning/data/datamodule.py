@@ -14,7 +14,7 @@ from typing_extensions import override
 
 from fl_lightning import _lightning_compat as compat
 from fl_lightning.data import partition_io
-from fl_lightning.data._checks import check_bool, check_int
+from fl_lightning.data._data_checks import check_bool, check_int
 from fl_lightning.data.batches import ClientBatches, client_batches
 from fl_lightning.data.loader_settings import check_dataloader_kwargs, federated_loader_settings
 from fl_lightning.data.partitioners import IID, Partitioner

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 from typing_extensions import override
 
-from fl_lightning.data._checks import check_int
+from fl_lightning.data._data_checks import check_int
 from fl_lightning.data.partitioners import Partitioner, _split_labels
 
 

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from fl_lightning.data._checks import check_partition, out_of_range
+from fl_lightning.data._data_checks import check_partition, out_of_range
 
 _KEYS = ("num_clients", "clients")
 _EXAMPLE = '{"num_clients": n, "clients": [[...], ...]}'

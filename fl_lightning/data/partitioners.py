@@ -12,7 +12,7 @@ from typing import Literal
 import numpy as np
 from typing_extensions import override
 
-from fl_lightning.data._checks import check_int, check_partition
+from fl_lightning.data._data_checks import check_int, check_partition
 from fl_lightning.utils.init_args import RecordsInitArgs
 
 Needs = Literal["targets", "client_ids", "none"]

@@ -9,8 +9,8 @@ import torch
 from lightning.pytorch.strategies import Strategy
 
 from fl_lightning.algorithms.shared.aggregation import accumulator_dtype
-from fl_lightning.algorithms.shared.base import TRAINING_METRICS, ClientUpdate
-from fl_lightning.model_state import State
+from fl_lightning.algorithms.shared.algorithm import TRAINING_METRICS, ClientUpdate
+from fl_lightning.server.model_state import State
 
 #: Per-client scalars that travel in the round's all-reduce (one row per selected client).
 _COUNT_FIELDS = ("trained", "dropped", "rejected", "num_samples", "num_steps", "upload_bytes")

@@ -1,6 +1,6 @@
 """Each client's loss and accuracy on its own held-out data, for the global and its own model.
 
-Built on the probes of :mod:`fl_lightning.probe` (no-grad, eval mode, BatchNorm statistics and
+Built on the probes of :mod:`fl_lightning.evaluation.probe` (no-grad, eval mode, BatchNorm statistics and
 training modes untouched). When every client's held-out loader is a plain sequential
 ``DataLoader``, all clients are scored in **one** pass over the concatenation of their data and
 the per-sample metrics are split back by client: one forward per batch of ``eval_batch_size``
@@ -21,7 +21,7 @@ from torch.utils.data import ConcatDataset, DataLoader, SequentialSampler, Subse
 
 from fl_lightning.evaluation.protocols import SupportsHoldout
 from fl_lightning.evaluation.results import ClientEvaluation
-from fl_lightning.probe import sample_metrics, sample_metrics_many
+from fl_lightning.evaluation.probe import sample_metrics, sample_metrics_many
 
 Score = Callable[[Iterable[Any]], dict[str, Tensor]]
 

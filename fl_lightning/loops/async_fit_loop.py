@@ -12,10 +12,10 @@ import torch
 from typing_extensions import override
 
 from fl_lightning.algorithms.shared.asynchronous import AsyncAlgorithm
-from fl_lightning.algorithms.shared.base import Algorithm, ClientUpdate
+from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientUpdate
 from fl_lightning.algorithms.shared.wrapper import AlgorithmWrapper
 from fl_lightning.loops.federated_fit_loop import FederatedFitLoop
-from fl_lightning.model_state import load_into, moved
+from fl_lightning.server.model_state import load_into, moved
 from fl_lightning.utils.seeding import derive_seed
 
 

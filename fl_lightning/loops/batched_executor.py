@@ -36,7 +36,7 @@ from torch.utils._pytree import TreeSpec, tree_flatten
 from typing_extensions import override
 
 from fl_lightning import _lightning_compat as compat
-from fl_lightning.algorithms.shared.base import Algorithm, ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientContext, ClientUpdate
 from fl_lightning.loops.batched_sgd import (
     SGD_OPTIONS,
     BatchedStep,
@@ -48,7 +48,7 @@ from fl_lightning.loops.batched_sgd import (
     unflatten,
 )
 from fl_lightning.loops.client_executor import ClientExecutor, ClientRuntime
-from fl_lightning.model_state import State, load_into
+from fl_lightning.server.model_state import State, load_into
 
 __all__ = ["BatchedExecutor", "check_batched_support", "check_mean_step", "flatten_stream", "group_clients"]
 

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 import lightning.pytorch as pl
 from typing_extensions import override
 
-from fl_lightning.algorithms.shared.base import Algorithm, ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientContext, ClientUpdate
 from fl_lightning.callbacks.client_loss import ClientLossRecorder
 from fl_lightning.callbacks.federated_callback import call_federated_hook
-from fl_lightning.data._checks import ClientDataError
-from fl_lightning.model_state import State, compute_delta, load_into
-from fl_lightning.schedulers import RoundStepSchedules
+from fl_lightning.data._data_checks import ClientDataError
+from fl_lightning.server.model_state import State, compute_delta, load_into
+from fl_lightning.models.schedulers import RoundStepSchedules
 
 #: PyTorch's refusal to batch-normalise one value per channel in training (a batch of one sample).
 _ONE_VALUE_PER_CHANNEL = "Expected more than 1 value per channel when training"

@@ -15,26 +15,26 @@ from typing_extensions import override
 
 import lightning.pytorch as pl
 from fl_lightning import _lightning_compat as compat
-from fl_lightning.algorithms.shared.base import TRAINING_METRICS, Algorithm, ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.algorithm import TRAINING_METRICS, Algorithm, ClientContext, ClientUpdate
 from fl_lightning.algorithms.shared.summable import SupportsWeightedSum, apply_sum, can_shard
 from fl_lightning.callbacks.client_loss import ClientLossRecorder
 from fl_lightning.callbacks.federated_callback import call_federated_hook
-from fl_lightning.checkpoint_io import CheckpointError, validate_federated_state, validate_restored_state
+from fl_lightning.checkpointing.checkpoint_io import CheckpointError, validate_federated_state, validate_restored_state
 from fl_lightning.distributed.sharding import ClientSharding
 from fl_lightning.distributed.strategy import FederatedDDPStrategy
-from fl_lightning.federation import FederatedDataSource, Federation, require_federated_data
-from fl_lightning.fingerprint import check_resume, federation_fingerprint, training_fingerprint
+from fl_lightning.server.federation import FederatedDataSource, Federation, require_federated_data
+from fl_lightning.checkpointing.fingerprint import check_resume, federation_fingerprint, training_fingerprint
 from fl_lightning.loops.client_executor import ClientExecutor, ClientRuntime
 from fl_lightning.loops.executor_choice import make_executor
 from fl_lightning.loops.guards import aggregate_or_roll_back, apply_bound, bound_updates, decode_and_screen
 from fl_lightning.loops.round_log import log_round
-from fl_lightning.loops.services import LoopServices
+from fl_lightning.loops.loop_services import LoopServices
 from fl_lightning.loops.stop_reason import failure_reason, stop_reason
-from fl_lightning.model_state import State, live_tensors, load_into, snapshot
-from fl_lightning.schedulers import RoundStepSchedules
+from fl_lightning.server.model_state import State, live_tensors, load_into, snapshot
+from fl_lightning.models.schedulers import RoundStepSchedules
 from fl_lightning.secure.secure_aggregation import SecureAggregation
 from fl_lightning.trainer_arguments import batches_per_round
-from fl_lightning.update_bounds import UpdateBound, update_norm
+from fl_lightning.robust.update_bounds import UpdateBound, update_norm
 from fl_lightning.utils.init_args import RecordsInitArgs, flat_hparams
 from fl_lightning.utils.seeding import derive_seed
 
@@ -518,7 +518,7 @@ class FederatedFitLoop(compat.FitLoopBase):
     def steps_per_round(self) -> int:
         """The most optimizer steps a client takes in a round (its local work, cut to ``limit_train_batches``,
         over ``accumulate_grad_batches``): one round of a step-interval LR schedule
-        (:class:`~fl_lightning.schedulers.RoundStepSchedules`)."""
+        (:class:`~fl_lightning.models.schedulers.RoundStepSchedules`)."""
         trainer = self.trainer
         data = require_federated_data(trainer.datamodule)
 

@@ -19,10 +19,10 @@ import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor
 
-from fl_lightning.algorithms.shared.base import Algorithm, ClientUpdate
+from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientUpdate
 from fl_lightning.compression.wire import PayloadError
-from fl_lightning.model_state import State, all_finite, load_into
-from fl_lightning.update_bounds import UpdateBound, scaled, update_norm
+from fl_lightning.server.model_state import State, all_finite, load_into
+from fl_lightning.robust.update_bounds import UpdateBound, scaled, update_norm
 
 
 @dataclass

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from fl_lightning.compression.masked_noise import (
+from fl_lightning.compression.masked_noise_codec import (
     MaskType,
     check_mask_type,
     deterministic_mask,

@@ -7,7 +7,7 @@ from typing import Any
 from torch import Tensor
 from typing_extensions import override
 
-from fl_lightning.probe import WeightSets, sample_metrics_many
+from fl_lightning.evaluation.probe import WeightSets, sample_metrics_many
 
 
 def responsibilities(losses: Tensor, log_pi: Tensor) -> Tensor:

@@ -28,7 +28,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from fl_lightning.compression.probability_mask import (
+from fl_lightning.compression.probability_mask_codec import (
     DEFAULT_EPS,
     bernoulli_mask,
     sample_probability_mask,
@@ -151,7 +151,7 @@ class ProbabilityMaskMixin:
 
     def reset_random_network(self, seed: int, *, weight_init: WeightInit = "signed_constant") -> None:
         r"""Re-draws the evaluation draws :math:`U` and, with ``weight_init="signed_constant"``, the
-        frozen weights (:func:`~fl_lightning.compression.probability_mask.signed_constant_`), from
+        frozen weights (:func:`~fl_lightning.compression.probability_mask_codec.signed_constant_`), from
         ``seed`` on the CPU, so any party holding the seed rebuilds them bit for bit. ``"module"``
         keeps the module's own initialisation. :math:`\theta` is left as it is."""
         if weight_init not in WEIGHT_INITS:

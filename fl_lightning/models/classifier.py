@@ -65,7 +65,7 @@ class ClassificationModule(pl.LightningModule):
         return F.cross_entropy(self(x), y)
 
     def sample_metrics(self, batch: tuple[Tensor, Tensor]) -> dict[str, Tensor]:
-        """Per-sample cross-entropy and correctness, for loss probes (:mod:`fl_lightning.probe`)."""
+        """Per-sample cross-entropy and correctness, for loss probes (:mod:`fl_lightning.evaluation.probe`)."""
         x, y = batch
         logits = self(x)
         return {"loss": F.cross_entropy(logits, y, reduction="none"), "correct": (logits.argmax(-1) == y).float()}

@@ -4,7 +4,7 @@ Pluggable into every algorithm; see :class:`ParticipationModel` for the contract
 al., "Towards Flexible Device Participation in Federated Learning" (AISTATS 2021).
 """
 
-from fl_lightning.participation.base import ParticipationModel
+from fl_lightning.participation.participation_model import ParticipationModel
 from fl_lightning.participation.events import Arrival, Departure, ObjectiveSchedule, should_exclude
 from fl_lightning.participation.inactivity import Inactivity
 from fl_lightning.participation.recovery import crossing_rounds, recovery_rounds

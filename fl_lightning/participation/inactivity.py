@@ -7,8 +7,8 @@ from typing import Any
 
 from typing_extensions import override
 
-from fl_lightning.participation._checks import check_probabilities, per_client
-from fl_lightning.participation.base import ParticipationModel
+from fl_lightning.participation._participation_checks import check_probabilities, per_client
+from fl_lightning.participation.participation_model import ParticipationModel
 
 
 class Inactivity(ParticipationModel):

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-from fl_lightning.participation._checks import check_int, per_client
+from fl_lightning.participation._participation_checks import check_int, per_client
 from fl_lightning.utils.init_args import RecordsInitArgs
 from fl_lightning.utils.seeding import make_generator
 

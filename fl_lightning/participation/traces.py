@@ -44,8 +44,8 @@ import numpy as np
 import torch
 from typing_extensions import override
 
-from fl_lightning.participation._checks import check_int, check_requested
-from fl_lightning.participation.base import ParticipationModel
+from fl_lightning.participation._participation_checks import check_int, check_requested
+from fl_lightning.participation.participation_model import ParticipationModel
 from fl_lightning.utils.seeding import make_generator
 
 Rounding = Literal["round", "floor", "ceil"]

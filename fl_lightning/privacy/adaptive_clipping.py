@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 
 from fl_lightning.privacy.noise import NoiseSource
-from fl_lightning.update_bounds import positive_finite
+from fl_lightning.robust.update_bounds import positive_finite
 from fl_lightning.utils.init_args import RecordsInitArgs
 
 

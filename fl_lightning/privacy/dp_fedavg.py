@@ -10,17 +10,17 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
 
 from fl_lightning.algorithms.shared.aggregation import accumulator_dtype, weighted_sum
-from fl_lightning.algorithms.shared.base import Algorithm, ClientUpdate
+from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientUpdate
 from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.algorithms.shared.summable import aggregate_weighted_sum, can_shard
 from fl_lightning.algorithms.shared.wrapper import AlgorithmWrapper
-from fl_lightning.federation import Federation
-from fl_lightning.model_state import State
+from fl_lightning.server.federation import Federation
+from fl_lightning.server.model_state import State
 from fl_lightning.privacy.accountant import RoundAccountant, Sampling, check_delta
 from fl_lightning.privacy.adaptive_clipping import AdaptiveClipping
 from fl_lightning.privacy.ledger import Entries, Ledger, check_count
 from fl_lightning.privacy.noise import NoiseSource, check_secure_mode, noise_source, start_noise
-from fl_lightning.update_bounds import UpdateBound, positive_finite, update_norm
+from fl_lightning.robust.update_bounds import UpdateBound, positive_finite, update_norm
 
 
 class DPFedAvg(AlgorithmWrapper):

@@ -11,15 +11,15 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
 
 from fl_lightning.algorithms.fedbuff import FedBuff
-from fl_lightning.algorithms.shared.base import Algorithm, ClientUpdate
+from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientUpdate
 from fl_lightning.algorithms.shared.wrapper import AlgorithmWrapper
-from fl_lightning.model_state import State, all_finite
-from fl_lightning.federation import Federation
+from fl_lightning.server.model_state import State, all_finite
+from fl_lightning.server.federation import Federation
 from fl_lightning.privacy.accountant import check_delta, composed_gaussian_epsilon
 from fl_lightning.privacy.dp_fedavg import add_noise, clipped_sum, refuse_relative_bound
 from fl_lightning.privacy.ledger import Ledger, check_count
 from fl_lightning.privacy.noise import check_secure_mode, noise_source, start_noise
-from fl_lightning.update_bounds import UpdateBound, positive_finite
+from fl_lightning.robust.update_bounds import UpdateBound, positive_finite
 
 
 class DPFedBuff(AlgorithmWrapper):

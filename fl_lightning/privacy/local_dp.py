@@ -8,14 +8,14 @@ import lightning.pytorch as pl
 import torch
 from typing_extensions import override
 
-from fl_lightning.algorithms.shared.base import Algorithm, ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientContext, ClientUpdate
 from fl_lightning.algorithms.shared.wrapper import AlgorithmWrapper
-from fl_lightning.model_state import State
-from fl_lightning.federation import Federation
+from fl_lightning.server.model_state import State
+from fl_lightning.server.federation import Federation
 from fl_lightning.privacy.accountant import check_delta, composed_gaussian_epsilon
 from fl_lightning.privacy.ledger import Ledger, check_count
 from fl_lightning.privacy.noise import check_secure_mode, noise_source, start_noise
-from fl_lightning.update_bounds import positive_finite, update_norm
+from fl_lightning.robust.update_bounds import positive_finite, update_norm
 
 
 def uploads_plain_delta(algorithm: Algorithm) -> bool:

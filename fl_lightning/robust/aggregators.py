@@ -9,12 +9,12 @@ from torch import Tensor
 from typing_extensions import override
 
 from fl_lightning.algorithms.shared.aggregation import accumulator_dtype
-from fl_lightning.algorithms.shared.base import Algorithm, ClientUpdate
+from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientUpdate
 from fl_lightning.algorithms.shared.combinable import aggregate_with, can_combine, combine_group
 from fl_lightning.algorithms.shared.summable import can_shard
 from fl_lightning.algorithms.shared.wrapper import AlgorithmWrapper
-from fl_lightning.federation import Federation
-from fl_lightning.model_state import State
+from fl_lightning.server.federation import Federation
+from fl_lightning.server.model_state import State
 from fl_lightning.privacy.dp_fedavg import DPFedAvg
 from fl_lightning.privacy.dp_fedbuff import DPFedBuff
 from fl_lightning.robust import rules

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from typing_extensions import override
 
-from fl_lightning.model_state import State
-from fl_lightning.update_bounds import positive_finite
+from fl_lightning.server.model_state import State
+from fl_lightning.robust.update_bounds import positive_finite
 from fl_lightning.utils.init_args import RecordsInitArgs
 
 

@@ -11,11 +11,11 @@ import lightning.pytorch as pl
 import torch
 from typing_extensions import override
 
-from fl_lightning.algorithms.shared.base import Algorithm, ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientContext, ClientUpdate
 from fl_lightning.algorithms.shared.wrapper import AlgorithmWrapper
 from fl_lightning.privacy.local_dp import uploads_plain_delta
-from fl_lightning.federation import Federation
-from fl_lightning.model_state import State
+from fl_lightning.server.federation import Federation
+from fl_lightning.server.model_state import State
 from fl_lightning.robust.attacks import Attack
 from fl_lightning.utils.seeding import make_generator
 

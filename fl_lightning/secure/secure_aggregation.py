@@ -13,10 +13,10 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
 
 from fl_lightning.algorithms.shared.aggregation import accumulator_dtype
-from fl_lightning.algorithms.shared.base import Algorithm, ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientContext, ClientUpdate
 from fl_lightning.algorithms.shared.summable import SummableAggregation
 from fl_lightning.algorithms.shared.wrapper import AlgorithmWrapper
-from fl_lightning.model_state import State
+from fl_lightning.server.model_state import State
 from fl_lightning.secure.masking import decode, encode, masked
 
 #: Protocol messages a client uploads besides its masked vector (Bonawitz et al. 2017, Fig. 4):

@@ -19,7 +19,7 @@ from typing import Literal
 
 from jsonargparse import auto_cli
 
-from fl_lightning.cli_errors import configuration_errors
+from fl_lightning.cli.errors import configuration_errors
 from fl_lightning.study.compare import StudyResult, run_study
 from fl_lightning.study.spec import WandbSpec, load_study
 from fl_lightning.utils.working_directory import import_from_working_directory

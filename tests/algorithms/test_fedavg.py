@@ -9,7 +9,7 @@ from torch import nn
 
 import lightning.pytorch as pl
 from fl_lightning.algorithms import ClientUpdate, FedAvg, ServerAdam, ServerSGD
-from fl_lightning.federation import Federation
+from fl_lightning.server.federation import Federation
 
 NUM_SAMPLES = [12, 3, 40, 7]
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fl_lightning import FedAvg, FedAvgSM
-from fl_lightning.compression.masked_noise import generate_noise
+from fl_lightning.compression.masked_noise_codec import generate_noise
 from fl_lightning.utils.seeding import derive_seed, make_generator
 
 from .fedmrn_fixtures import Tiny, digits, trainer

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fl_lightning import FedBuff
-from fl_lightning.algorithms.shared.base import ClientUpdate
+from fl_lightning.algorithms.shared.algorithm import ClientUpdate
 from fl_lightning.participation.speed import ConstantDelay
 
 from .quadratic import CENTRES, Quadratic, quadratic_data, quadratic_trainer

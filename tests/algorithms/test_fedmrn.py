@@ -11,7 +11,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from fl_lightning import FedAvg, FedMRN, FedMRNS
-from fl_lightning.algorithms.shared.base import ClientUpdate
+from fl_lightning.algorithms.shared.algorithm import ClientUpdate
 from fl_lightning.compression import masked_noise
 from fl_lightning.compression.wire import WIRE_KEY, as_wire, from_wire
 from fl_lightning.models import MLP

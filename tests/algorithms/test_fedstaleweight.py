@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from fl_lightning.algorithms.shared.base import ClientUpdate
+from fl_lightning.algorithms.shared.algorithm import ClientUpdate
 from fl_lightning.algorithms.fedbuff import FedBuff
 from fl_lightning.algorithms.fedstaleweight import FedStaleWeight
 from fl_lightning.algorithms.shared.staleness import StalenessTracker

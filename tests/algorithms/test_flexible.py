@@ -12,7 +12,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from fl_lightning.algorithms.flexible import FlexibleParticipation, scheme_coefficients
 from fl_lightning.participation import FixedSteps
 from fl_lightning.participation.events import Arrival, Departure, ObjectiveSchedule, should_exclude
-from fl_lightning.schedulers import StaircaseLR
+from fl_lightning.models.schedulers import StaircaseLR
 
 from .quadratic import CENTRES, Quadratic, quadratic_data, quadratic_trainer
 

@@ -8,7 +8,7 @@ import torch
 from fl_lightning import FedALIGN, FederatedTrainer, LocalOnly, PriorityOnly
 from fl_lightning.data import Digits, Dirichlet, FederatedDataModule
 from fl_lightning.models import MLP
-from fl_lightning.probe import sample_metrics
+from fl_lightning.evaluation.probe import sample_metrics
 
 from ..integration.conftest import QUIET
 

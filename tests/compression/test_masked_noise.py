@@ -20,7 +20,7 @@ from fl_lightning.compression import (
     sample_mask,
 )
 from fl_lightning.compression.wire import PREFIX
-from fl_lightning.models.fedmrn import CNN4, CNN8
+from fl_lightning.models.masked_networks import CNN4, CNN8
 
 ALPHA = 0.01
 

@@ -10,7 +10,7 @@ import torchvision.datasets
 
 from fl_lightning.data import CIFAR10, client_batches
 from fl_lightning.data.augment import RandomCropFlip, augmentation_generator
-from fl_lightning.data.datasets.base import InMemoryDataset
+from fl_lightning.data.datasets.in_memory import InMemoryDataset
 
 
 def reference(images: torch.Tensor, generator: torch.Generator, padding: int, fill: list[float]) -> torch.Tensor:

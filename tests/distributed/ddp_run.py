@@ -34,7 +34,7 @@ from fl_lightning.compression import TopKCodec, as_wire, from_wire
 from fl_lightning.data import Digits, Dirichlet, FederatedDataModule
 from fl_lightning.distributed import FederatedDDPStrategy
 from fl_lightning.models import MLP
-from fl_lightning.models.fedmrn import MaskedMLP
+from fl_lightning.models.masked_networks import MaskedMLP
 from fl_lightning.robust import Byzantine, CoordinateMedian, Krum, SignFlip
 from fl_lightning.secure import SecureAggregation
 

@@ -12,7 +12,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from fl_lightning import FedAvg, FedSoft, FedStaleWeight, ServerAdam
-from fl_lightning.checkpoint_io import CheckpointError
+from fl_lightning.checkpointing.checkpoint_io import CheckpointError
 
 from .aggregate_helpers import same, tiny_data, tiny_trainer
 from .test_counters import CASES

@@ -10,8 +10,8 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from fl_lightning import FedAvg, FedBuff, ServerAdam, ServerSGD
-from fl_lightning.checkpoint_io import CheckpointError
-from fl_lightning.fingerprint import ResumeMismatchError, fingerprint_differences
+from fl_lightning.checkpointing.checkpoint_io import CheckpointError
+from fl_lightning.checkpointing.fingerprint import ResumeMismatchError, fingerprint_differences
 
 from .aggregate_helpers import RoundRecorder, tiny_data, tiny_model, tiny_trainer
 

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from fl_lightning import FedAvg, FedBuff, ServerAdam
-from fl_lightning.algorithms.shared.base import Algorithm
+from fl_lightning.algorithms.shared.algorithm import Algorithm
 from fl_lightning.checkpointing import round_checkpoint
 from fl_lightning.participation import ConstantDelay
 

@@ -23,7 +23,7 @@ from fl_lightning.cli import FederatedCLI
 from fl_lightning.compression import TopKCodec
 from fl_lightning.loops.guards import nested_finite
 from fl_lightning.participation import ConstantDelay
-from fl_lightning.update_bounds import update_norm
+from fl_lightning.robust.update_bounds import update_norm
 
 from ..algorithms.quadratic import Quadratic, quadratic_data, quadratic_trainer
 from ..distributed.ddp_run import fit
@@ -177,7 +177,7 @@ def test_algorithms_without_delta_uploads_refuse_a_bound(algorithm):
         (lambda: NormClip(max_norm=float("inf")), ValueError, "`max_norm` must be a finite number"),
         (lambda: NormClip(max_norm="1"), TypeError, "`max_norm` must be a number, got '1'"),
         (lambda: MedianNormFilter(factor=0.5), ValueError, r"`factor` must be a finite number >= 1.0, got 0.5"),
-        (lambda: FederatedTrainer(update_bound=3.0), TypeError, "`update_bound` must be an fl_lightning.update_bounds.Upd"),
+        (lambda: FederatedTrainer(update_bound=3.0), TypeError, "`update_bound` must be an fl_lightning.robust.update_bounds.Upd"),
     ],
 )
 def test_bad_bounds_are_refused(make, error, match):

@@ -11,7 +11,7 @@ import torch
 import torchvision.datasets.mnist
 
 from fl_lightning.cli import main
-from fl_lightning.cli_errors import DEBUG_ENV, EXIT_STATUS
+from fl_lightning.cli.errors import DEBUG_ENV, EXIT_STATUS
 from fl_lightning.models import MLP
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fl_lightning.cli import FederatedCLI, main
-from fl_lightning.model_state import live_tensors
+from fl_lightning.server.model_state import live_tensors
 
 from .test_cli_errors import FAST, QUICKSTART, one_line_error
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from fl_lightning import CompressedFedAvg, FedAvg, FedMRN, FedPM, Federation, MaskedNoiseMixin, ProbabilityMaskMixin
-from fl_lightning.model_state import tensor_bytes
+from fl_lightning.server.model_state import tensor_bytes
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "papers"
 PAPER = sorted(p for p in CONFIGS.glob("fedmrn_*.yaml") if p.name != "fedmrn_digits.yaml")

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from fl_lightning import FedAvg, FedBuff, FedProx
-from fl_lightning.algorithms.shared.base import ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.algorithm import ClientContext, ClientUpdate
 from fl_lightning.algorithms.shared.server_optimizers import ServerSGD
 from fl_lightning.callbacks.federated_callback import FederatedCallback
 from fl_lightning.data import Dirichlet, FederatedDataModule, InMemoryDataset

@@ -7,7 +7,7 @@ import torch
 
 from fl_lightning import Algorithm, ClientUpdate
 from fl_lightning.algorithms.shared.aggregation import apply_delta, weighted_average
-from fl_lightning.loops.services import LoopServices
+from fl_lightning.loops.loop_services import LoopServices
 
 from ..algorithms.quadratic import CENTRES, Quadratic, quadratic_data, quadratic_trainer
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fl_lightning.cli_errors import EXIT_STATUS, RunStarted, configuration_errors
+from fl_lightning.cli.errors import EXIT_STATUS, RunStarted, configuration_errors
 from fl_lightning.data import FederatedDataModule, InMemoryDataset
-from fl_lightning.data._checks import ClientDataError
+from fl_lightning.data._data_checks import ClientDataError
 
 from ..algorithms.fedmrn_fixtures import Tiny, trainer
 

@@ -16,7 +16,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from fl_lightning import FedAvg, FedBuff, FederatedTrainer
-from fl_lightning.algorithms.shared.base import ClientContext
+from fl_lightning.algorithms.shared.algorithm import ClientContext
 from fl_lightning.callbacks.federated_callback import FederatedCallback
 from fl_lightning.data import FederatedDataModule, InMemoryDataset, Natural
 from fl_lightning.models import LogisticRegression

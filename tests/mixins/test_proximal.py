@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 import lightning.pytorch as pl
 from fl_lightning.algorithms import FedProx
-from fl_lightning.federation import Federation
+from fl_lightning.server.federation import Federation
 from fl_lightning.mixins import ProximalMixin
 
 MU = 0.3

@@ -19,7 +19,8 @@ from fl_lightning.participation import (
     ParticipationModel,
     TraceParticipation,
 )
-from fl_lightning.participation import base, inactivity, steps, traces
+from fl_lightning.participation import inactivity, steps, traces
+from fl_lightning.participation import participation_model as base
 
 NUM_CLIENTS = 6
 E = 8

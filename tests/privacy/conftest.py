@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from fl_lightning.algorithms import ClientUpdate
-from fl_lightning.federation import Federation
+from fl_lightning.server.federation import Federation
 from tests.algorithms.test_fedavg import _Data, _global_state
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fl_lightning import DPFedAvg, FedBuff
-from fl_lightning.checkpoint_io import CheckpointError
+from fl_lightning.checkpointing.checkpoint_io import CheckpointError
 from fl_lightning.privacy import DPFedBuff, LocalDP
 from tests.algorithms.quadratic import CENTRES, Quadratic, quadratic_data, quadratic_trainer
 from tests.privacy import reference

@@ -10,7 +10,7 @@ import torch
 from typing_extensions import override
 
 from fl_lightning import FedBuff
-from fl_lightning.model_state import State
+from fl_lightning.server.model_state import State
 from fl_lightning.participation.speed import ConstantDelay
 from fl_lightning.robust import Attack, Bulyan, Byzantine, CoordinateMedian, Krum, TrimmedMean, rules
 from tests.algorithms.quadratic import Quadratic, quadratic_data, quadratic_trainer

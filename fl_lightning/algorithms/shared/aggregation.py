@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor
 
-from fl_lightning.model_state import State
+from fl_lightning.server.model_state import State
 
 
 def weighted_sum(deltas: Sequence[Mapping[str, Tensor]], weights: Sequence[float]) -> State:

@@ -9,9 +9,9 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 from typing_extensions import override
 
-from fl_lightning.algorithms.shared.base import Algorithm, ClientUpdate
+from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientUpdate
 from fl_lightning.evaluation.protocols import SupportsClientGroups
-from fl_lightning.federation import Federation
+from fl_lightning.server.federation import Federation
 from fl_lightning.participation.speed import DelayModel, UniformDelay
 
 PullPolicy = Literal["immediate", "wait_new_version"]

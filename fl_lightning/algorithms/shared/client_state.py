@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fl_lightning.model_state import State
+from fl_lightning.server.model_state import State
 
 
 def cpu_copy(tensors: Mapping[str, Tensor]) -> State:

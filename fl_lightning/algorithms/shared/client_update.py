@@ -1,6 +1,6 @@
 """What passes between the server and one client in a round: the assignment and the update.
 
-Apart from :mod:`~fl_lightning.algorithms.shared.base` so that the server's services can name a
+Apart from :mod:`~fl_lightning.algorithms.shared.algorithm` so that the server's services can name a
 :class:`ClientUpdate` without importing the algorithm contract (which imports the federation).
 """
 

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from fl_lightning.algorithms.shared.aggregation import weighted_average
-from fl_lightning.model_state import State
+from fl_lightning.server.model_state import State
 
 
 def importance_weights(losses: Tensor, sigma: float) -> Tensor:

@@ -12,12 +12,12 @@ import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor
 
-from fl_lightning.algorithms.shared.base import Algorithm
+from fl_lightning.algorithms.shared.algorithm import Algorithm
 from fl_lightning.algorithms.shared.client_state import cpu_copy
 from fl_lightning.algorithms.shared.cluster_math import match_clusters
-from fl_lightning.federation import Federation
-from fl_lightning.model_state import State, live_tensors, load_into, tensor_bytes
-from fl_lightning.probe import SupportsSampleMetrics, WeightSets, sample_metrics_many
+from fl_lightning.server.federation import Federation
+from fl_lightning.server.model_state import State, live_tensors, load_into, tensor_bytes
+from fl_lightning.evaluation.probe import SupportsSampleMetrics, WeightSets, sample_metrics_many
 from fl_lightning.utils.seeding import derive_seed
 
 

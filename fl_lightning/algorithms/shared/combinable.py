@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
-from fl_lightning.algorithms.shared.base import Algorithm, ClientUpdate
+from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientUpdate
 from fl_lightning.algorithms.shared.summable import SupportsWeightedSum, can_shard
-from fl_lightning.model_state import State
+from fl_lightning.server.model_state import State
 
 #: A statistic of a group of payloads (every client counting once) that replaces their average.
 Combine = Callable[[list[State]], State]

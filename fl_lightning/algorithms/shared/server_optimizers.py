@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from fl_lightning.algorithms.shared.aggregation import apply_delta
-from fl_lightning.model_state import State
+from fl_lightning.server.model_state import State
 from fl_lightning.utils.init_args import RecordsInitArgs
 
 

@@ -12,8 +12,8 @@ from abc import abstractmethod
 from typing import Protocol, runtime_checkable
 
 from fl_lightning.algorithms.shared.aggregation import weighted_sum
-from fl_lightning.algorithms.shared.base import Algorithm, ClientUpdate
-from fl_lightning.model_state import State
+from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientUpdate
+from fl_lightning.server.model_state import State
 
 
 @runtime_checkable

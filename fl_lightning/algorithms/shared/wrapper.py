@@ -7,14 +7,14 @@ from typing import TYPE_CHECKING, Any
 import lightning.pytorch as pl
 from typing_extensions import override
 
-from fl_lightning.algorithms.shared.base import Algorithm, ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientContext, ClientUpdate
 from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.algorithms.shared.summable import SupportsWeightedSum
-from fl_lightning.federation import Federation
-from fl_lightning.model_state import State
+from fl_lightning.server.federation import Federation
+from fl_lightning.server.model_state import State
 
 if TYPE_CHECKING:
-    from fl_lightning.update_bounds import UpdateBound
+    from fl_lightning.robust.update_bounds import UpdateBound
 
 
 class AlgorithmWrapper(Algorithm):

@@ -1,6 +1,6 @@
 """Datasets that hold their samples in memory as tensors."""
 
-from fl_lightning.data.datasets.base import InMemoryDataset
+from fl_lightning.data.datasets.in_memory import InMemoryDataset
 from fl_lightning.data.datasets.digits import Digits
 from fl_lightning.data.datasets.mixture import RotatedMixture, SourceMixture, SyntheticRegressionMixture
 from fl_lightning.data.datasets.prioritized_synthetic import PrioritizedSynthetic

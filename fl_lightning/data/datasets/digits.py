@@ -7,8 +7,8 @@ from typing import Literal
 import numpy as np
 import torch
 
-from fl_lightning.data._checks import check_choice
-from fl_lightning.data.datasets.base import InMemoryDataset
+from fl_lightning.data._data_checks import check_choice
+from fl_lightning.data.datasets.in_memory import InMemoryDataset
 
 
 class Digits(InMemoryDataset):

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from fl_lightning.data._checks import check_choice, check_int
+from fl_lightning.data._data_checks import check_choice, check_int
 from fl_lightning.utils.init_args import RecordsInitArgs
 
 

@@ -8,8 +8,8 @@ from typing import Literal
 import numpy as np
 import torch
 
-from fl_lightning.data._checks import check_choice, check_int
-from fl_lightning.data.datasets.base import InMemoryDataset
+from fl_lightning.data._data_checks import check_choice, check_int
+from fl_lightning.data.datasets.in_memory import InMemoryDataset
 from fl_lightning.data.partitioners import _proportional_sizes as proportional_sizes
 
 # Share of each device's samples in the train split, as in the reference generator.

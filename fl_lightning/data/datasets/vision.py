@@ -17,9 +17,9 @@ import torch
 from torch import Tensor
 from typing_extensions import override
 
-from fl_lightning.data._checks import check_choice
+from fl_lightning.data._data_checks import check_choice
 from fl_lightning.data.augment import RandomCropFlip
-from fl_lightning.data.datasets.base import InMemoryDataset
+from fl_lightning.data.datasets.in_memory import InMemoryDataset
 
 # Classes per EMNIST split; ``letters`` counts 26 because its labels are shifted to start at 0.
 _EMNIST_CLASSES = {"byclass": 62, "bymerge": 47, "balanced": 47, "letters": 26, "digits": 10, "mnist": 10}

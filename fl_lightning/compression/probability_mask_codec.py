@@ -17,10 +17,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fl_lightning.compression.base import Codec
-from fl_lightning.compression.masked_noise import straight_through
+from fl_lightning.compression.codec import Codec
+from fl_lightning.compression.masked_noise_codec import straight_through
 from fl_lightning.compression.wire import Layout, TensorSpec, decode_bits, encode_bits
-from fl_lightning.model_state import State
+from fl_lightning.server.model_state import State
 
 #: The FedPM authors' clamp of the aggregated probabilities before ``logit``.
 DEFAULT_EPS = 0.01

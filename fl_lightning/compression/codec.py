@@ -20,7 +20,7 @@ from fl_lightning.compression.wire import (
     decode_dense,
     encode_dense,
 )
-from fl_lightning.model_state import State
+from fl_lightning.server.model_state import State
 from fl_lightning.utils.init_args import RecordsInitArgs
 
 

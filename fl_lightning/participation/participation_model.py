@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fl_lightning.participation._checks import check_int, check_requested
+from fl_lightning.participation._participation_checks import check_int, check_requested
 from fl_lightning.utils.init_args import RecordsInitArgs
 from fl_lightning.utils.seeding import make_generator
 

@@ -11,8 +11,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fl_lightning.model_state import State, live_tensors, load_into
-from fl_lightning.services import ServerServices
+from fl_lightning.server.model_state import State, live_tensors, load_into
+from fl_lightning.server.services import ServerServices
 from fl_lightning.utils.seeding import make_generator
 
 
@@ -64,7 +64,7 @@ class Federation:
         local_steps: local optimizer steps requested per client per round (or ``None``).
         num_rounds: the run's number of rounds (``max_epochs``; ``None`` if unbounded).
         services: what the loop does for the algorithm (optimizer state, LR schedules, evaluation
-            data, round metrics...; :mod:`fl_lightning.services`).
+            data, round metrics...; :mod:`fl_lightning.server.services`).
     """
 
     data: FederatedDataSource

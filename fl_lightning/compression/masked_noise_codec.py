@@ -16,9 +16,9 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from fl_lightning.compression.base import Codec
+from fl_lightning.compression.codec import Codec
 from fl_lightning.compression.wire import PREFIX, Layout, PayloadError, TensorSpec, decode_bits, encode_bits
-from fl_lightning.model_state import State
+from fl_lightning.server.model_state import State
 
 MaskType = Literal["binary", "signed"]
 NoiseType = Literal["uniform", "gaussian", "bernoulli"]

@@ -1,7 +1,7 @@
 """What the federated loop does for an algorithm, so that no algorithm reaches into the trainer.
 
 An algorithm reaches these through :attr:`Federation.services <fl_lightning.Federation.services>`;
-the loops install :class:`~fl_lightning.loops.services.LoopServices`. Outside a fit (an algorithm
+the loops install :class:`~fl_lightning.loops.loop_services.LoopServices`. Outside a fit (an algorithm
 set up by hand, in a unit test) the services that need a trainer raise a ``RuntimeError``
 naming themselves; the round-metrics channel works everywhere.
 """
@@ -20,7 +20,7 @@ OptimizerState = dict[int, dict[str, Any]]
 class ServerServices:
     """The services an algorithm may ask of the loop running it (none when run by hand).
 
-    Subclassed by :class:`~fl_lightning.loops.services.LoopServices`, which binds them to a trainer.
+    Subclassed by :class:`~fl_lightning.loops.loop_services.LoopServices`, which binds them to a trainer.
     """
 
     def __init__(self) -> None:
@@ -41,7 +41,7 @@ class ServerServices:
         raise self._needs_loop("load_optimizer_states")
 
     def restart_lr_schedules(self, round_idx: int) -> int:
-        """Restarts every :class:`~fl_lightning.schedulers.StaircaseLR` at ``round_idx``; returns how many."""
+        """Restarts every :class:`~fl_lightning.models.schedulers.StaircaseLR` at ``round_idx``; returns how many."""
         raise self._needs_loop("restart_lr_schedules")
 
     def reload_evaluation_data(self) -> None:

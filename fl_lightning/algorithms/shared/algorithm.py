@@ -10,13 +10,13 @@ import lightning.pytorch as pl
 import torch
 
 # Re-exported: the contract names all three.
-from fl_lightning.algorithms.shared.client_update import TRAINING_METRICS, ClientContext, ClientUpdate
-from fl_lightning.federation import Federation
-from fl_lightning.model_state import State, tensor_bytes
+from fl_lightning.algorithms.shared.client_update import TRAINING_METRICS, ClientContext, ClientUpdate  # noqa: F401
+from fl_lightning.server.federation import Federation
+from fl_lightning.server.model_state import State, tensor_bytes
 from fl_lightning.utils.init_args import RecordsInitArgs
 
 if TYPE_CHECKING:
-    from fl_lightning.update_bounds import UpdateBound
+    from fl_lightning.robust.update_bounds import UpdateBound
 
 
 class Algorithm(RecordsInitArgs, ABC):
@@ -84,7 +84,7 @@ class Algorithm(RecordsInitArgs, ABC):
     @property
     def uploads_deltas(self) -> bool:
         """Whether :meth:`decode_update` gives deltas ``local - global``: the trainer's ``update_bound``
-        (:mod:`fl_lightning.update_bounds`) needs them and is refused otherwise."""
+        (:mod:`fl_lightning.robust.update_bounds`) needs them and is refused otherwise."""
         return True
 
     def check_update_bound(self, bound: UpdateBound) -> None:

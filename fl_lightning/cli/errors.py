@@ -4,7 +4,7 @@ A value that a constructor refuses (``ValueError``/``TypeError`` raised when Lig
 trainer, model, data or one of their parts), or that ``fit`` refuses before its first client trains (a
 missing file included), is the user's configuration, not a bug: the traceback says nothing the message does not.
 Errors raised once the run has started (a bug in a ``training_step``, a diverging run) keep their
-traceback, except a :class:`~fl_lightning.data._checks.ClientDataError` (a client's data the configuration
+traceback, except a :class:`~fl_lightning.data._data_checks.ClientDataError` (a client's data the configuration
 cannot train, such as a 1-sample batch under BatchNorm). ``FL_LIGHTNING_DEBUG=1`` keeps every traceback.
 """
 
@@ -28,8 +28,8 @@ import lightning.pytorch as pl
 from typing_extensions import override
 
 from fl_lightning.algorithms import ClientContext
-from fl_lightning.cli_help import PlainHelpParser
-from fl_lightning.data._checks import ClientDataError
+from fl_lightning.cli.help import PlainHelpParser
+from fl_lightning.data._data_checks import ClientDataError
 from fl_lightning.callbacks.federated_callback import FederatedCallback
 from fl_lightning.checkpointing import run_directory
 

@@ -1,4 +1,4 @@
-"""The :class:`~fl_lightning.services.ServerServices` of a running federated loop."""
+"""The :class:`~fl_lightning.server.services.ServerServices` of a running federated loop."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import lightning.pytorch as pl
 from typing_extensions import override
 
 from fl_lightning import _lightning_compat as compat
-from fl_lightning.algorithms.shared.base import ClientUpdate
+from fl_lightning.algorithms.shared.algorithm import ClientUpdate
 from fl_lightning.algorithms.shared.client_state import load_optimizer_state, optimizer_state_to_cpu
-from fl_lightning.schedulers import restart_staircases
-from fl_lightning.services import OptimizerState, ServerServices
+from fl_lightning.models.schedulers import restart_staircases
+from fl_lightning.server.services import OptimizerState, ServerServices
 
 class RunsClients(Protocol):
     """What the services need of a loop (``FederatedFitLoop``, ``AsyncFitLoop``): its trainer and its

@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from fl_lightning.data._checks import check_int
+from fl_lightning.data._data_checks import check_int
 from fl_lightning.utils.init_args import RecordsInitArgs
 
 

@@ -4,7 +4,7 @@
     fl-lightning fit --config configs/quickstart.yaml --trainer.max_epochs 5 --print_config
 
 A bad value in the configuration ends the command with one ``error: ...`` line and exit status 2
-(:mod:`fl_lightning.cli_errors`; ``FL_LIGHTNING_DEBUG=1`` shows the traceback).
+(:mod:`fl_lightning.cli.errors`; ``FL_LIGHTNING_DEBUG=1`` shows the traceback).
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from rich.console import Console
 from rich.table import Table
 from typing_extensions import override
 
-from fl_lightning.checkpoint_io import CheckpointWriteError, model_settings_replaced, read_checkpoint
+from fl_lightning.checkpointing.checkpoint_io import CheckpointWriteError, model_settings_replaced, read_checkpoint
 from fl_lightning.checkpointing import run_directory
-from fl_lightning.cli_errors import DEBUG_ENV, ConsoleParser, RunStarted, configuration_errors
-from fl_lightning.cli_help import PlainHelpParser
+from fl_lightning.cli.errors import DEBUG_ENV, ConsoleParser, RunStarted, configuration_errors
+from fl_lightning.cli.help import PlainHelpParser
 from fl_lightning.trainer import FederatedTrainer
 from fl_lightning.utils.metric_names import logged_test_metrics, logged_validation_metrics, monitored_metrics, require_logged
 from fl_lightning.utils.run_names import stamp_wandb_names
@@ -128,7 +128,7 @@ class FederatedCLI(LightningCLI):
     (:class:`~fl_lightning.data.Federated` wraps a user's datamodule), or a plain datamodule that the
     trainer federates with ``trainer.num_clients`` and ``trainer.partitioner`` (``docs/lightning_integration.md``).
 
-    Its help is plain text (:class:`~fl_lightning.cli_help.PlainHelpParser`); a W&B logger's fixed
+    Its help is plain text (:class:`~fl_lightning.cli.help.PlainHelpParser`); a W&B logger's fixed
     ``name`` gets the run's start time appended (:mod:`fl_lightning.utils.run_names`).
     """
 
@@ -153,7 +153,7 @@ class FederatedCLI(LightningCLI):
     def _parse_ckpt_path(self) -> None:
         """``--ckpt_path FILE`` is read through the checks a resume makes (one error naming a truncated
         or foreign file). ``fit`` keeps the configuration's model settings, which the resume's
-        fingerprint compares with the checkpoint's (:mod:`fl_lightning.fingerprint`); ``validate``,
+        fingerprint compares with the checkpoint's (:mod:`fl_lightning.checkpointing.fingerprint`); ``validate``,
         ``test`` and ``predict`` build the model with the checkpoint's, as LightningCLI does, and warn
         naming each setting that replaces a configured one."""
         subcommand = self.config.get("subcommand")
@@ -185,7 +185,7 @@ _DESCRIPTION = (
 
 
 def main(args: list[str] | None = None) -> None:
-    """Console-script entry point: configuration errors as one line (:mod:`fl_lightning.cli_errors`);
+    """Console-script entry point: configuration errors as one line (:mod:`fl_lightning.cli.errors`);
     the config's class paths import from the working directory, as under ``python -m``."""
     import_from_working_directory()
     started = RunStarted()
@@ -195,7 +195,3 @@ def main(args: list[str] | None = None) -> None:
         except CheckpointWriteError as error:  # a full disk mid-run: the message says all
             print(f"error: {error}", file=sys.stderr)
             raise SystemExit(1) from None
-
-
-if __name__ == "__main__":
-    main()

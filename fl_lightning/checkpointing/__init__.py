@@ -34,7 +34,7 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
 
-from fl_lightning.checkpoint_io import sync_folder
+from fl_lightning.checkpointing.checkpoint_io import sync_folder
 
 #: The file name of each round's checkpoint (``round_3.ckpt``: the model after 0-based round 3).
 ROUND_FILENAME = "round_{epoch}"
@@ -159,7 +159,7 @@ def find_last_checkpoint(trainer: pl.Trainer) -> str | None:
     run's own ``<run>/checkpoints`` comes first, then those of the experiment's other runs
     (``<save_dir>/<name>/*/checkpoints``, Lightning's layout), the most recently written first;
     without a logger, ``<default_root_dir>/checkpoints``. The fingerprint check then refuses a
-    checkpoint of another configuration (:mod:`fl_lightning.fingerprint`)."""
+    checkpoint of another configuration (:mod:`fl_lightning.checkpointing.fingerprint`)."""
     for folder in _checkpoint_folders(trainer):
         path = newest_intact_checkpoint(folder)
         if path is not None:

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from fl_lightning.utils.init_args import RecordsInitArgs
-from fl_lightning.model_state import State
+from fl_lightning.server.model_state import State
 
 
 def positive_finite(name: str, value: float, *, minimum: float = 0.0, inclusive: bool = False) -> float:

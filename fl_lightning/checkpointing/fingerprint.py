@@ -18,9 +18,9 @@ import lightning.pytorch as pl
 import numpy as np
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
-from fl_lightning.algorithms.shared.base import Algorithm
-from fl_lightning.federation import Federation
-from fl_lightning.update_bounds import UpdateBound
+from fl_lightning.algorithms.shared.algorithm import Algorithm
+from fl_lightning.server.federation import Federation
+from fl_lightning.robust.update_bounds import UpdateBound
 from fl_lightning.utils.init_args import RecordsInitArgs, flat_hparams
 
 _ABSENT = "<absent>"
