@@ -42,8 +42,12 @@ class Algorithm(RecordsInitArgs, ABC):
 
     def check_client_ids(self, ids: Iterable[int], entry: str) -> None:
         """Raises ``ValueError`` naming ``entry`` when per-client state loaded from a checkpoint is filed
-        under an id that is not a client of this federation (a tampered or foreign checkpoint)."""
-        num_clients = self.federation.num_clients
+        under an id that is not a client of this federation (a tampered or foreign checkpoint). Before
+        :meth:`setup` the population is unknown and nothing is checked; the loop restores after it."""
+        federation = getattr(self, "federation", None)
+        if federation is None:
+            return
+        num_clients = federation.num_clients
         unknown = sorted(c for c in map(int, ids) if not 0 <= c < num_clients)
         if unknown:
             raise ValueError(f"`{entry}` names client {unknown[0]}, but this federation has clients 0..{num_clients - 1}")
