@@ -27,6 +27,7 @@ from typing_extensions import override
 
 from fl_lightning.utils.seeding import make_generator
 
+
 class NoiseSource(ABC):
     """A stream of random draws, consumed in order."""
 
