@@ -127,14 +127,26 @@ class RoundAccountant:
         return _rdp_epsilon(self, tuple(entries))
 
 
-@functools.lru_cache(maxsize=1024)
-def _rdp_epsilon(accountant: RoundAccountant, entries: Entries) -> float:
-    """Cached: the budget check asks for the next round's ε, which that round then logs."""
-    entries = tuple((setting, rounds) for setting, rounds in entries if rounds > 0)
+def _released(entries: Entries) -> Entries:
+    """The ledger ``entries`` that released at least once."""
+    return tuple((setting, count) for setting, count in entries if count > 0)
+
+
+def _trivial_epsilon(entries: Entries) -> float | None:
+    """ε without an accountant: 0 when nothing was released, ∞ when a release had no noise (z = 0)."""
     if not entries:
         return 0.0
     if any(setting[0] == 0 for setting, _ in entries):
         return math.inf
+    return None
+
+
+@functools.lru_cache(maxsize=1024)
+def _rdp_epsilon(accountant: RoundAccountant, entries: Entries) -> float:
+    """Cached: the budget check asks for the next round's ε, which that round then logs."""
+    entries = _released(entries)
+    if (trivial := _trivial_epsilon(entries)) is not None:
+        return trivial
     dp = import_dp_accounting()
     relation = dp.NeighboringRelation
     rdp = dp.rdp.RdpAccountant(
@@ -156,11 +168,9 @@ def composed_gaussian_epsilon(entries: Entries, delta: float) -> float:
     multiplier :math:`z` (noise std over L2 sensitivity) each, in turn, without sampling (RDP accountant).
 
     Cached: a budget check asks for the next aggregation's ε, which that aggregation then logs."""
-    entries = tuple((setting, count) for setting, count in entries if count > 0)
-    if not entries:
-        return 0.0
-    if any(setting[0] == 0 for setting, _ in entries):
-        return math.inf
+    entries = _released(entries)
+    if (trivial := _trivial_epsilon(entries)) is not None:
+        return trivial
     dp = import_dp_accounting()
     accountant = dp.rdp.RdpAccountant()
     accountant.compose(dp.ComposedDpEvent([dp.SelfComposedDpEvent(dp.GaussianDpEvent(s[0]), c) for s, c in entries]))
