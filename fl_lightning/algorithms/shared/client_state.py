@@ -7,23 +7,13 @@ here lives on the CPU and is copied to the device only for the client that train
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from fl_lightning.server.client_store import cpu_copy  # noqa: F401  (re-exported: FedSoft and LocalOnly import it here)
 from fl_lightning.server.model_state import State
-
-
-def cpu_copy(tensors: Mapping[str, Tensor]) -> State:
-    """Detached CPU copies; floating-point tensors in at least float32 (the master-copy rule)."""
-    return {
-        name: t.detach().to(
-            device="cpu", dtype=torch.promote_types(t.dtype, torch.float32) if t.is_floating_point() else t.dtype, copy=True
-        )
-        for name, t in tensors.items()
-    }
 
 
 def optimizer_state_to_cpu(optimizer: torch.optim.Optimizer) -> dict[int, dict[str, Any]]:
