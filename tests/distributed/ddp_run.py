@@ -27,6 +27,7 @@ from fl_lightning import (
     FedMRN,
     FedProx,
     MedianNormFilter,
+    QFedAvg,
     ServerSGD,
 )
 from fl_lightning.algorithms import ClientContext, ClientUpdate
@@ -69,6 +70,8 @@ ALGORITHMS = {
     # Over FedMRN's decoded updates: DP clips and sums per rank; the median gathers them to every rank.
     "dpfedmrn": lambda: DPFedAvg(noise_multiplier=0.5, clip_norm=0.05, algorithm=FedMRN(weighting="uniform")),
     "median-fedmrn": lambda: CoordinateMedian(algorithm=FedMRN()),
+    # Each client's h_k rides as its weight: the h-weighted sum shards like FedAvg's.
+    "qffedavg": lambda: QFedAvg(q=1.0),
 }
 
 #: FedMRN masks seeded noise, which needs MaskedNoiseMixin; the other algorithms train the plain MLP.

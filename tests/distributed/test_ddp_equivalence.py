@@ -40,10 +40,11 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     [
         ("fedavg", "lightning"), ("fedprox", "lean"), ("fedalign", "lean"), ("fedavgm", "batched"), ("dpfedavg", "lean"),
         ("median", "lightning"), ("krum", "lean"), ("secagg", "lean"), ("byzantine", "lean"),
+        ("qffedavg", "lean"),
     ],  # fmt: skip
     ids=[
         "fedavg-lightning", "fedprox-lean", "fedalign-lean", "fedavgm-batched", "dpfedavg-lean", "median-lightning", "krum-lean",
-        "secagg-lean", "byzantine-lean",
+        "secagg-lean", "byzantine-lean", "qffedavg-lean",
     ],  # fmt: skip
 )
 def test_two_processes_match_one(tmp_path, algorithm, executor):
