@@ -16,8 +16,8 @@ from fl_lightning.evaluation.probe import probe
 from fl_lightning.server.federation import Federation
 from fl_lightning.server.model_state import State, tensor_bytes
 
-#: ``ClientUpdate.metrics`` keys: :math:`F_k(w^t)`, probed before local training, and :math:`h_k`.
-START_LOSS, H = "qffl_start_loss", "qffl_h"
+#: ``ClientUpdate.metrics`` keys: :math:`F_k(w^t)` and :math:`L`, both read before local training, and :math:`h_k`.
+START_LOSS, LIPSCHITZ, H = "qffl_start_loss", "qffl_lipschitz", "qffl_h"
 #: Added to :math:`F_k` before powers, as the authors' code does (``loss + 1e-10``): a client with zero
 #: loss would otherwise give :math:`h_k = 0` at :math:`q > 0` and :math:`0^{q-1}` at :math:`q < 1`.
 LOSS_EPS = 1e-10
@@ -98,18 +98,19 @@ class QFedAvg(SummableAggregation):
         return sorted(chosen.tolist())
 
     def lipschitz_constant(self, module: pl.LightningModule) -> float:
-        """:math:`L`: ``lipschitz``, or :math:`1/\\eta` of the client optimizer now."""
+        """:math:`L`: ``lipschitz``, or :math:`1/\\eta` of the client optimizer now (a client's start)."""
         if self.lipschitz is not None:
             return float(self.lipschitz)
         return 1.0 / float(module.trainer.optimizers[0].param_groups[0]["lr"])
 
     def configure_client(self, client: ClientContext, module: pl.LightningModule, global_state: State) -> None:
-        # The module holds the global weights now, before any local step: F_k(w^t) of Algorithm 2.
+        # The module holds the global weights now, before any local step: F_k(w^t) of Algorithm 2; and L from
+        # the learning rate the client starts with (a per-step schedule has moved it by the end).
         client.metrics[START_LOSS] = probe(module, self.federation.probe_batches(client.client_id)).loss
+        client.metrics[LIPSCHITZ] = self.lipschitz_constant(module)
 
     def client_update(self, client: ClientContext, module: pl.LightningModule, delta: State) -> ClientUpdate:
-        lipschitz = self.lipschitz_constant(module)
-        loss = client.metrics[START_LOSS] + LOSS_EPS
+        lipschitz, loss = client.metrics[LIPSCHITZ], client.metrics[START_LOSS] + LOSS_EPS
         # delta = local - global, so Delta w_k = -L * delta.
         params = [t.double() for name, t in delta.items() if name in self.federation.param_names]
         norm_sq = lipschitz**2 * float(sum(t.square().sum() for t in params))
