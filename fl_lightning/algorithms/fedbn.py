@@ -58,7 +58,8 @@ class FedBN(PersonalizedFedAvg):
         if not names:
             raise ValueError(
                 f"FedBN keeps the BatchNorm layers on the clients, but {type(federation.module).__name__} has no "
-                "torch.nn BatchNorm1d/2d/3d or SyncBatchNorm layer: add one, or use FedAvg."
+                "torch.nn BatchNorm1d/2d/3d or SyncBatchNorm layer with parameters or running statistics: add one, "
+                "or use FedAvg."
             )
         super().setup(federation)
         self.local_names = frozenset(names)

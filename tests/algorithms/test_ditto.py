@@ -80,6 +80,14 @@ def test_matches_a_plain_pytorch_algorithm_1(executor):
         assert not torch.allclose(store.get(cid)["net.1.weight"], w["net.1.weight"])  # its own model
 
 
+def test_the_lean_executor_gives_the_lightning_executors_weights_bit_for_bit():
+    lean, lean_trainer = fit(Ditto(lam=LAM), client_executor="lean")
+    full, full_trainer = fit(Ditto(lam=LAM), client_executor="lightning")
+    assert torch.equal(lean.net[1].weight, full.net[1].weight)
+    for cid, state in full_trainer.algorithm.personal.items():
+        assert all(torch.equal(t, lean_trainer.algorithm.personal.get(cid)[k]) for k, t in state.items())
+
+
 def test_the_global_model_is_fedavgs():
     ditto, _ = fit(Ditto(lam=LAM))
     fedavg, _ = fit(FedAvg())

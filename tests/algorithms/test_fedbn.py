@@ -100,6 +100,14 @@ def test_matches_a_plain_pytorch_algorithm_1(executor):
     assert float(trainer.callback_metrics["round/upload_bytes"]) == PER_ROUND * shared_bytes
 
 
+def test_the_lean_executor_gives_the_lightning_executors_weights_bit_for_bit():
+    lean, lean_trainer = fit(FedBN(), client_executor="lean")
+    full, full_trainer = fit(FedBN(), client_executor="lightning")
+    assert all(torch.equal(t, full.state_dict()[k]) for k, t in lean.state_dict().items())
+    for cid, state in full_trainer.algorithm.personal.items():
+        assert all(torch.equal(t, lean_trainer.algorithm.personal.get(cid)[k]) for k, t in state.items())
+
+
 def test_clients_are_evaluated_with_their_own_batch_norm():
     callback = FederatedEvaluation()
     model, trainer = fit(FedBN(), data=feature_shift_data(holdout_fraction=1 / 3), callbacks=[callback], precision="32-true")
@@ -155,6 +163,15 @@ def test_multi_process_sharding_is_refused(monkeypatch):
     monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: 2)
     with pytest.raises(ValueError, match=r"FedBN keeps each client's own state on the process that trains it.*2 processes.*devices=1"):
         FedBN().setup(federation(new_model()))
+
+
+def test_a_checkpoint_naming_an_unknown_client_is_refused():
+    algorithm = FedBN()
+    algorithm.setup(federation(new_model()))  # 3 clients
+    saved = FedBN()
+    saved.personal.put(7, {"net.1.weight": torch.ones(HIDDEN)})
+    with pytest.raises(ValueError, match=r"`personal` names client 7, but this federation has clients 0..2"):
+        algorithm.load_state_dict(saved.state_dict())
 
 
 def test_the_batched_executor_is_refused():
