@@ -41,6 +41,7 @@ def oracle(trainer) -> tuple[dict, dict]:
     torch.manual_seed(0)
     start = LogisticRegression(in_features=FEATURES, num_classes=CLASSES).double()
     w = {k: v.detach().clone() for k, v in start.state_dict().items()}
+    initial = {k: t.clone() for k, t in w.items()}
     personal: dict[int, dict] = {}
     for r, selected in enumerate(loop.history):
         deltas, sizes = [], []
@@ -55,9 +56,7 @@ def oracle(trainer) -> tuple[dict, dict]:
             def personal_loss(v, x, y, centre=centre):
                 return logistic_loss(v, x, y) + LAM / 2 * sum(((v[k] - centre[k]) ** 2).sum() for k in v)
 
-            personal[cid] = sgd_steps(personal.get(cid, w if r == 0 else initial), personal_loss, loop.client_batches(personal_work), LR)
-        if r == 0:
-            initial = {k: t.clone() for k, t in w.items()}
+            personal[cid] = sgd_steps(personal.get(cid, initial), personal_loss, loop.client_batches(personal_work), LR)
         total = sum(sizes)
         w = {k: w[k] + sum(n * d[k] for n, d in zip(sizes, deltas, strict=True)) / total for k in w}
     return w, personal

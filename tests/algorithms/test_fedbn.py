@@ -63,12 +63,14 @@ def oracle(trainer, initial: dict) -> tuple[dict, dict]:
 
             def loss(p, x, y, bn=bn):
                 h = F.linear(x, p["net.0.weight"], p["net.0.bias"])
-                h = F.batch_norm(h, bn["net.1.running_mean"], bn["net.1.running_var"], p["net.1.weight"], p["net.1.bias"], training=True)
+                mean, var = bn["net.1.running_mean"], bn["net.1.running_var"]  # updated in place
+                h = F.batch_norm(h, mean, var, p["net.1.weight"], p["net.1.bias"], training=True)
                 bn["net.1.num_batches_tracked"] += 1
                 return F.cross_entropy(F.linear(h.relu(), p["net.3.weight"], p["net.3.bias"]), y)
 
             client = loop.client_context(r, cid)
-            trained = sgd_steps({**w, "net.1.weight": bn["net.1.weight"], "net.1.bias": bn["net.1.bias"]}, loss, loop.client_batches(client), LR)
+            start = {**w, "net.1.weight": bn["net.1.weight"], "net.1.bias": bn["net.1.bias"]}
+            trained = sgd_steps(start, loss, loop.client_batches(client), LR)
             own[cid] = {**bn, "net.1.weight": trained["net.1.weight"], "net.1.bias": trained["net.1.bias"]}
             deltas.append({k: trained[k] - w[k] for k in SHARED})
             sizes.append(client.num_samples)
@@ -142,7 +144,9 @@ def test_resume_equals_an_uninterrupted_run(tmp_path):
         assert all(torch.equal(t, again.algorithm.personal.get(cid)[k]) for k, t in state.items())
 
 
-@pytest.mark.parametrize("wrap", [lambda a: DPFedAvg(noise_multiplier=0.5, clip_norm=1.0, algorithm=a), lambda a: CoordinateMedian(algorithm=a)])
+@pytest.mark.parametrize(
+    "wrap", [lambda a: DPFedAvg(noise_multiplier=0.5, clip_norm=1.0, algorithm=a), lambda a: CoordinateMedian(algorithm=a)]
+)
 def test_composes_with_dp_and_robust_rules_over_the_shared_layers(wrap):
     model = new_model()
     initial = {k: v.detach().double().clone() for k, v in model.state_dict().items()}
@@ -161,7 +165,8 @@ def test_a_model_without_batch_norm_is_refused():
 def test_multi_process_sharding_is_refused(monkeypatch):
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: 2)
-    with pytest.raises(ValueError, match=r"FedBN keeps each client's own state on the process that trains it.*2 processes.*devices=1"):
+    refusal = r"FedBN keeps each client's own state on the process that trains it.*2 processes.*devices=1"
+    with pytest.raises(ValueError, match=refusal):
         FedBN().setup(federation(new_model()))
 
 
