@@ -9,6 +9,8 @@ from fl_lightning.algorithms.fedalign import AllClients, FedALIGN, PriorityOnly,
 from fl_lightning.algorithms.fedasync import FedAsync, staleness_weight
 from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.algorithms.fedavg_sm import FedAvgSM
+from fl_lightning.algorithms.ditto import Ditto
+from fl_lightning.algorithms.fedbn import FedBN
 from fl_lightning.algorithms.fedmrn import FedMRN, FedMRNS
 from fl_lightning.algorithms.fedpm import FedPM
 from fl_lightning.algorithms.fedbuff import FedBuff
@@ -38,12 +40,14 @@ __all__ = [
     "ClientContext",
     "ClientUpdate",
     "CompressedFedAvg",
+    "Ditto",
     "ConstantEpsilon",
     "EpsilonSchedule",
     "FedALIGN",
     "FedAsync",
     "FedAvg",
     "FedAvgSM",
+    "FedBN",
     "FedBuff",
     "FedMRN",
     "FedMRNS",

@@ -8,6 +8,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import pytest
+from torch import nn
 
 import fl_lightning
 from fl_lightning import (
@@ -17,11 +18,13 @@ from fl_lightning import (
     Bulyan,
     CompressedFedAvg,
     CoordinateMedian,
+    Ditto,
     DPFedAvg,
     FedALIGN,
     FedAvg,
     FedAsync,
     FedAvgSM,
+    FedBN,
     FedBuff,
     FedEM,
     FederatedCallback,
@@ -59,6 +62,12 @@ class ProbabilityMaskedLogisticRegression(ProbabilityMaskMixin, LogisticRegressi
 
 class MixtureLogisticRegression(MixtureWeightedMixin, LogisticRegression):
     pass
+
+
+class BatchNormLogisticRegression(LogisticRegression):
+    def __init__(self) -> None:
+        super().__init__(in_features=3, num_classes=2, lr=0.1)
+        self.net = nn.Sequential(nn.BatchNorm1d(3), nn.Linear(3, 2))
 
 
 class CorruptPayload(FederatedCallback):
@@ -109,6 +118,9 @@ CASES: dict[type[Algorithm], tuple[Callable[[], Algorithm], dict[str, Any]]] = {
         {**dense(), "model": _masked(MixtureLogisticRegression), "fault": lambda: Poison({VICTIM}, float("nan"), limit=2)},
     ),
     DPFedAvg: (lambda: DPFedAvg(noise_multiplier=0.5, clip_norm=1.0), dense()),
+    # Ditto's personal pass (inside client_update) ends first, with an empty upload: the second poisoning hits.
+    Ditto: (lambda: Ditto(lam=0.1), {**dense(), "fault": lambda: Poison({VICTIM}, float("nan"), limit=2)}),
+    FedBN: (FedBN, dense(model=BatchNormLogisticRegression)),
     FedAvgSM: (FedAvgSM, compressed()),
     LocalOnly: (lambda: LocalOnly(clients=[0, 1, 2, 3]), dense(data={"holdout_fraction": 0.25})),
     CoordinateMedian: (CoordinateMedian, dense()),

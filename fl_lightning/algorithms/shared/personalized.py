@@ -1,0 +1,68 @@
+"""FedAvg whose clients also keep a model, or part of one, of their own: Ditto's :math:`v_k`, FedBN's norm layers."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import torch.distributed as dist
+from torch import Tensor
+from typing_extensions import override
+
+from fl_lightning.algorithms.fedavg import FedAvg
+from fl_lightning.algorithms.shared.algorithm import ClientUpdate
+from fl_lightning.algorithms.shared.server_optimizers import ServerOptimizer
+from fl_lightning.server.client_store import ClientStore
+from fl_lightning.server.federation import Federation
+
+
+class PersonalizedFedAvg(FedAvg):
+    """FedAvg's global model plus per-client state in :attr:`personal` (a :class:`ClientStore`).
+
+    The client-side hooks write a client's entry when it trains; :meth:`personalized_state` hands it to
+    :class:`~fl_lightning.FederatedEvaluation`, whose ``clients/personal/*`` metrics then score each
+    client's own model on its held-out data. The store is saved in :meth:`state_dict`.
+
+    The global aggregation stays FedAvg's weighted sum (so DP and robust wrappers compose), but a client's
+    entry is written on the process that trains it, and the store does not yet gather entries across
+    processes: multi-process client sharding is refused in :meth:`setup` rather than checkpointing only
+    rank 0's clients.
+    """
+
+    def __init__(
+        self,
+        *,
+        server_optimizer: ServerOptimizer | None = None,
+        weighting: Literal["samples", "uniform"] = "samples",
+    ) -> None:
+        super().__init__(server_optimizer=server_optimizer, weighting=weighting)
+        #: Client id -> that client's own tensors (by ``state_dict`` name), on the CPU.
+        self.personal = ClientStore()
+
+    @override
+    def setup(self, federation: Federation) -> None:
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            raise ValueError(
+                f"{type(self).__name__} keeps each client's own state on the process that trains it, which the "
+                f"client store does not yet share across the {dist.get_world_size()} processes (a checkpoint "
+                "would hold only rank 0's clients): run it with devices=1."
+            )
+        super().setup(federation)
+
+    def personalized_state(self, client_id: int) -> Mapping[str, Tensor] | None:
+        """Client ``client_id``'s own tensors (``None`` before its first round), for federated evaluation."""
+        return self.personal.get(client_id)
+
+    @override
+    def report_metrics(self, reports: list[ClientUpdate]) -> dict[str, float]:
+        return {**super().report_metrics(reports), "client_state_mib": self.personal.nbytes() / 2**20}
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "personal": self.personal.state_dict()}
+
+    @override
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.personal.load_state_dict(state["personal"])
+        self.check_client_ids(self.personal.ids(), "personal")
