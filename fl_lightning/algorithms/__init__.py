@@ -13,6 +13,8 @@ from fl_lightning.algorithms.fedmrn import FedMRN, FedMRNS
 from fl_lightning.algorithms.fedpm import FedPM
 from fl_lightning.algorithms.fedbuff import FedBuff
 from fl_lightning.algorithms.fedprox import FedProx
+from fl_lightning.algorithms.feddyn import FedDyn
+from fl_lightning.algorithms.scaffold import SCAFFOLD
 from fl_lightning.algorithms.fedstaleweight import FedStaleWeight
 from fl_lightning.algorithms.fedem import FedEM
 from fl_lightning.algorithms.fedsoft import FedSoft
@@ -47,6 +49,8 @@ __all__ = [
     "FedMRNS",
     "FedPM",
     "FedProx",
+    "FedDyn",
+    "SCAFFOLD",
     "FedStaleWeight",
     "FedEM",
     "FedSoft",
