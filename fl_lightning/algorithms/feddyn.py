@@ -12,7 +12,7 @@ import torch
 from fl_lightning.algorithms.shared.algorithm import ClientContext, ClientUpdate
 from fl_lightning.algorithms.shared.aggregation import apply_delta
 from fl_lightning.algorithms.shared.summable import SummableAggregation, aggregate_weighted_sum
-from fl_lightning.mixins.linear_term import LinearTermMixin
+from fl_lightning.mixins.linear_term import LinearTermMixin, check_linear_term_applied
 from fl_lightning.mixins.proximal import ProximalMixin
 from fl_lightning.mixins.required import require_mixin
 from fl_lightning.server.client_store import ClientStore, cpu_copy
@@ -74,7 +74,13 @@ class FedDyn(SummableAggregation):
     def configure_client(self, client: ClientContext, module: pl.LightningModule, global_state: State) -> None:
         module.set_proximal_center(global_state, self.alpha)  # type: ignore[attr-defined]
         gradient = self.gradients.get(client.client_id)
-        module.set_linear_term(None if gradient is None else {n: -g for n, g in gradient.items()})  # type: ignore[attr-defined]
+        # A zero term in a client's first round adds an exact 0 to each gradient, and lets client_update see that it applies.
+        direction = {n: torch.zeros_like(h) if gradient is None else -gradient[n] for n, h in self.h.items()}
+        module.set_linear_term(direction)  # type: ignore[attr-defined]
+
+    def client_update(self, client: ClientContext, module: pl.LightningModule, delta: State) -> ClientUpdate:
+        check_linear_term_applied(module, client.completed_steps, self)
+        return super().client_update(client, module, delta)
 
     def aggregation_weight(self, update: ClientUpdate) -> float:
         return 1.0  # the server averages the active clients' models uniformly

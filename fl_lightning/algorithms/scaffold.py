@@ -13,7 +13,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from fl_lightning.algorithms.shared.algorithm import ClientContext, ClientUpdate
 from fl_lightning.algorithms.shared.server_optimizers import ServerSGD
 from fl_lightning.algorithms.shared.summable import SummableAggregation, aggregate_weighted_sum
-from fl_lightning.mixins.linear_term import LinearTermMixin
+from fl_lightning.mixins.linear_term import LinearTermMixin, check_linear_term_applied
 from fl_lightning.mixins.required import require_mixin
 from fl_lightning.server.client_store import ClientStore, cpu_copy
 from fl_lightning.server.federation import Federation
@@ -97,6 +97,7 @@ class SCAFFOLD(SummableAggregation):
 
     def client_update(self, client: ClientContext, module: pl.LightningModule, delta: State) -> ClientUpdate:
         steps, lr = client.completed_steps, _local_lr(module)
+        check_linear_term_applied(module, steps, self)
         delta_c = {}
         for name, c in self.control.items():
             dy = delta[name]

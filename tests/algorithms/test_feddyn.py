@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fl_lightning import CoordinateMedian, DPFedAvg, FedAvg, FedDyn, FederatedTrainer, LinearTermMixin, NormClip
+from fl_lightning import CoordinateMedian, DPFedAvg, FedAvg, FedDyn, FederatedTrainer, LinearTermMixin, NormClip, ProximalMixin
 from fl_lightning.algorithms.shared.summable import can_shard
 
 from ..integration.conftest import QUIET
@@ -92,6 +92,16 @@ def test_a_module_without_either_term_is_rejected(module, mixin):
     trainer = FederatedTrainer(**{**QUIET, "max_epochs": 1, "local_steps": 1, "algorithm": FedDyn()})
     with pytest.raises(TypeError, match=rf"FedDyn needs a LightningModule that inherits `fl_lightning.{mixin}`"):
         trainer.fit(module(), datamodule=quadratic_data())
+
+
+class Bypassing(LinearTermMixin, ProximalMixin, Quadratic):
+    training_step = Quadratic.training_step  # defined in the class that lists the mixins: they never run
+
+
+def test_a_training_step_that_bypasses_the_mixins_is_refused():
+    trainer = FederatedTrainer(**{**QUIET, "max_epochs": 1, "local_steps": 1, "limit_val_batches": 0, "algorithm": FedDyn()})
+    with pytest.raises(TypeError, match=r"Bypassing.training_step bypasses LinearTermMixin.training_step, so FedDyn's"):
+        trainer.fit(Bypassing(), datamodule=quadratic_data())
 
 
 def test_refuses_dp_robust_rules_update_bounds_sharding_and_the_batched_executor():

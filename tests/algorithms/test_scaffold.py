@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fl_lightning import SCAFFOLD, CoordinateMedian, DPFedAvg, FedAvg, FederatedTrainer, NormClip
+from fl_lightning import SCAFFOLD, CoordinateMedian, DPFedAvg, FedAvg, FederatedTrainer, LinearTermMixin, NormClip
 from fl_lightning.algorithms.shared.summable import can_shard
 
 from ..integration.conftest import QUIET
@@ -94,6 +94,16 @@ def test_a_module_without_the_linear_term_is_rejected():
     trainer = FederatedTrainer(**{**QUIET, "max_epochs": 1, "local_steps": 1, "algorithm": SCAFFOLD()})
     with pytest.raises(TypeError, match=r"SCAFFOLD needs a LightningModule that inherits `fl_lightning.LinearTermMixin`"):
         trainer.fit(Quadratic(), datamodule=quadratic_data())
+
+
+class Bypassing(LinearTermMixin, Quadratic):
+    training_step = Quadratic.training_step  # defined in the class that lists the mixin: the mixin never runs
+
+
+def test_a_training_step_that_bypasses_the_mixin_is_refused():
+    trainer = FederatedTrainer(**{**QUIET, "max_epochs": 1, "local_steps": 1, "limit_val_batches": 0, "algorithm": SCAFFOLD()})
+    with pytest.raises(TypeError, match=r"Bypassing.training_step bypasses LinearTermMixin.training_step, so SCAFFOLD's"):
+        trainer.fit(Bypassing(), datamodule=quadratic_data())
 
 
 def test_an_optimizer_other_than_plain_sgd_warns():

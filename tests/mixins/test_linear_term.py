@@ -46,3 +46,13 @@ def test_a_direction_missing_a_parameter_names_it():
     names = [name for name, _ in net.named_parameters()]
     with pytest.raises(ValueError, match=rf"no tensor for the trainable parameter\(s\) \['{names[-1]}'\]"):
         net.set_linear_term({name: torch.zeros(1) for name in names[:-1]})
+
+
+def test_counts_the_steps_that_added_the_term():
+    net = LinearNet()
+    net.set_linear_term({name: torch.zeros_like(p) for name, p in net.named_parameters()})
+    net.training_step(batch(), 0)
+    net.training_step(batch(), 1)
+    assert net.linear_term_batches == 2
+    net.set_linear_term(None)
+    assert net.linear_term_batches == 0
