@@ -11,6 +11,7 @@ import torch
 
 from fl_lightning.algorithms.shared.algorithm import ClientContext, ClientUpdate
 from fl_lightning.algorithms.shared.aggregation import apply_delta
+from fl_lightning.algorithms.shared.parameter_state import state_norm, zero_parameter_state
 from fl_lightning.algorithms.shared.summable import SummableAggregation, aggregate_weighted_sum
 from fl_lightning.mixins.linear_term import LinearTermMixin, check_linear_term_applied
 from fl_lightning.mixins.proximal import ProximalMixin
@@ -68,8 +69,7 @@ class FedDyn(SummableAggregation):
         require_mixin(federation.module, ProximalMixin, self)
         super().setup(federation)
         if not self.h:
-            weights = cpu_copy(federation.local_weights())
-            self.h = {name: torch.zeros_like(t) for name, t in weights.items() if name in federation.param_names}
+            self.h = zero_parameter_state(federation)
 
     def configure_client(self, client: ClientContext, module: pl.LightningModule, global_state: State) -> None:
         module.set_proximal_center(global_state, self.alpha)  # type: ignore[attr-defined]
@@ -103,7 +103,7 @@ class FedDyn(SummableAggregation):
         for name, h in self.h.items():
             mean_delta[name] = mean_delta[name] - h.to(mean_delta[name]) / self.alpha
         apply_delta(global_state, mean_delta)
-        return {"h_norm": float(torch.sqrt(sum((h.double() ** 2).sum() for h in self.h.values())))}
+        return {"h_norm": state_norm(self.h)}
 
     def check_update_bound(self, bound: UpdateBound) -> None:
         raise ValueError(

@@ -11,6 +11,7 @@ import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from fl_lightning.algorithms.shared.algorithm import ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.parameter_state import state_norm, zero_parameter_state
 from fl_lightning.algorithms.shared.server_optimizers import ServerSGD
 from fl_lightning.algorithms.shared.summable import SummableAggregation, aggregate_weighted_sum
 from fl_lightning.mixins.linear_term import LinearTermMixin, check_linear_term_applied
@@ -71,21 +72,9 @@ class SCAFFOLD(SummableAggregation):
     def setup(self, federation: Federation) -> None:
         require_mixin(federation.module, LinearTermMixin, self)
         super().setup(federation)
-        optimizers = federation.module.trainer.optimizers
-        if len(optimizers) != 1:
-            raise ValueError(f"SCAFFOLD needs exactly one optimizer (its step size is eta_l), got {len(optimizers)}.")
-        optimizer = optimizers[0]
-        if not isinstance(optimizer, torch.optim.SGD) or any(group.get("momentum", 0) for group in optimizer.param_groups):
-            rank_zero_warn(
-                f"SCAFFOLD's control variates (option II) assume plain SGD local steps; the module's optimizer is "
-                f"{type(optimizer).__name__}{' with momentum' if isinstance(optimizer, torch.optim.SGD) else ''}, "
-                "so (x - y_i) / (K lr) is not the mean corrected gradient."
-            )
+        _check_local_steps(federation.module.trainer)
         if not self.control:
-            self.control = {name: torch.zeros_like(t) for name, t in self._params(cpu_copy(federation.local_weights())).items()}
-
-    def _params(self, state: State) -> State:
-        return {name: t for name, t in state.items() if name in self.federation.param_names}
+            self.control = zero_parameter_state(federation)
 
     def _client_control(self, client_id: int) -> State:
         stored = self.client_controls.get(client_id)
@@ -121,7 +110,7 @@ class SCAFFOLD(SummableAggregation):
         num_clients = self.federation.num_clients
         for name, c in self.control.items():
             c.add_(total[CONTROL + name].cpu(), alpha=1.0 / num_clients)
-        return {"control_norm": float(torch.sqrt(sum((c.double() ** 2).sum() for c in self.control.values())))}
+        return {"control_norm": state_norm(self.control)}
 
     def check_update_bound(self, bound: UpdateBound) -> None:
         raise ValueError(
@@ -138,9 +127,30 @@ class SCAFFOLD(SummableAggregation):
         self.client_controls.load_state_dict(state["client_controls"])
 
 
+def _check_local_steps(trainer: pl.Trainer) -> None:
+    """Raises unless the trainer has one optimizer; warns once where option II's :math:`(x - y_i)/(K \\eta_l)`
+    is not the mean corrected gradient: a local optimizer other than plain SGD, or a learning rate that a
+    step-interval scheduler moves within a round (option II then uses the rate when the client finishes)."""
+    optimizers = trainer.optimizers
+    if len(optimizers) != 1:
+        raise ValueError(f"SCAFFOLD needs exactly one optimizer (its step size is eta_l), got {len(optimizers)}.")
+    optimizer = optimizers[0]
+    if not isinstance(optimizer, torch.optim.SGD) or any(group.get("momentum", 0) for group in optimizer.param_groups):
+        rank_zero_warn(
+            f"SCAFFOLD's control variates (option II) assume plain SGD local steps; the module's optimizer is "
+            f"{type(optimizer).__name__}{' with momentum' if isinstance(optimizer, torch.optim.SGD) else ''}, "
+            "so (x - y_i) / (K lr) is not the mean corrected gradient."
+        )
+    if any(config.interval == "step" for config in trainer.lr_scheduler_configs):
+        rank_zero_warn(
+            "SCAFFOLD's control variates (option II) divide by K * lr, but an interval='step' LR scheduler changes lr "
+            "within a round: the lr when each client finishes is used."
+        )
+
+
 def _local_lr(module: pl.LightningModule) -> float:
     """:math:`\\eta_l`: the learning rate of the module's optimizer (the same in every parameter group)."""
     rates = {float(group["lr"]) for group in module.trainer.optimizers[0].param_groups}
     if len(rates) != 1:
-        raise ValueError(f"SCAFFOLD needs one local learning rate eta_l, but the optimizer's parameter groups have {sorted(rates)}.")
+        raise ValueError(f"SCAFFOLD needs one local learning rate eta_l; the optimizer's parameter groups have {sorted(rates)}.")
     return rates.pop()

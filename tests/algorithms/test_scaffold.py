@@ -111,6 +111,19 @@ def test_an_optimizer_other_than_plain_sgd_warns():
         fit(SCAFFOLD(), rounds=1, momentum=0.9)
 
 
+class StepScheduled(LinearTermMixin, Quadratic):
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=self.lr)
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def test_a_step_interval_scheduler_warns():
+    trainer = FederatedTrainer(**{**QUIET, "max_epochs": 1, "local_steps": 2, "limit_val_batches": 0, "algorithm": SCAFFOLD()})
+    with pytest.warns(UserWarning, match=r"divide by K \* lr, but an interval='step' LR scheduler changes lr within a round"):
+        trainer.fit(StepScheduled(), datamodule=quadratic_data())
+
+
 def test_refuses_dp_robust_rules_update_bounds_sharding_and_the_batched_executor():
     assert not can_shard(SCAFFOLD())
     with pytest.raises(ValueError, match="DPFedAvg needs a synchronous algorithm whose aggregation is a sum"):
