@@ -115,6 +115,6 @@ class FedDyn(SummableAggregation):
         return {"h": dict(self.h), "gradients": self.gradients.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.check_client_ids(state["gradients"]["entries"], "gradients")
         self.h = cpu_copy(state["h"])
         self.gradients.load_state_dict(state["gradients"])
+        self.check_client_ids(self.gradients.ids(), "gradients")

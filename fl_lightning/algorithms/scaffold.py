@@ -122,9 +122,9 @@ class SCAFFOLD(SummableAggregation):
         return {"control": dict(self.control), "client_controls": self.client_controls.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.check_client_ids(state["client_controls"]["entries"], "client_controls")
         self.control = cpu_copy(state["control"])
         self.client_controls.load_state_dict(state["client_controls"])
+        self.check_client_ids(self.client_controls.ids(), "client_controls")
 
 
 def _check_local_steps(trainer: pl.Trainer) -> None:
