@@ -19,6 +19,7 @@ from fl_lightning.mixins.required import require_mixin
 from fl_lightning.server.client_store import ClientStore, cpu_copy
 from fl_lightning.server.federation import Federation
 from fl_lightning.server.model_state import State
+from fl_lightning.server.services import ServerServices
 
 if TYPE_CHECKING:
     from fl_lightning.robust.update_bounds import UpdateBound
@@ -72,7 +73,7 @@ class SCAFFOLD(SummableAggregation):
     def setup(self, federation: Federation) -> None:
         require_mixin(federation.module, LinearTermMixin, self)
         super().setup(federation)
-        _check_local_steps(federation.module.trainer)
+        _check_local_steps(federation.services)
         if not self.control:
             self.control = zero_parameter_state(federation)
 
@@ -85,7 +86,7 @@ class SCAFFOLD(SummableAggregation):
         module.set_linear_term({name: c - c_i[name] for name, c in self.control.items()})  # type: ignore[attr-defined]
 
     def client_update(self, client: ClientContext, module: pl.LightningModule, delta: State) -> ClientUpdate:
-        steps, lr = client.completed_steps, _local_lr(module)
+        steps, lr = client.completed_steps, _local_lr(self.federation.services)
         check_linear_term_applied(module, steps, self)
         delta_c = {}
         for name, c in self.control.items():
@@ -127,11 +128,11 @@ class SCAFFOLD(SummableAggregation):
         self.check_client_ids(self.client_controls.ids(), "client_controls")
 
 
-def _check_local_steps(trainer: pl.Trainer) -> None:
+def _check_local_steps(services: ServerServices) -> None:
     """Raises unless the trainer has one optimizer; warns once where option II's :math:`(x - y_i)/(K \\eta_l)`
     is not the mean corrected gradient: a local optimizer other than plain SGD, or a learning rate that a
     step-interval scheduler moves within a round (option II then uses the rate when the client finishes)."""
-    optimizers = trainer.optimizers
+    optimizers = services.optimizers()
     if len(optimizers) != 1:
         raise ValueError(f"SCAFFOLD needs exactly one optimizer (its step size is eta_l), got {len(optimizers)}.")
     optimizer = optimizers[0]
@@ -141,16 +142,16 @@ def _check_local_steps(trainer: pl.Trainer) -> None:
             f"{type(optimizer).__name__}{' with momentum' if isinstance(optimizer, torch.optim.SGD) else ''}, "
             "so (x - y_i) / (K lr) is not the mean corrected gradient."
         )
-    if any(config.interval == "step" for config in trainer.lr_scheduler_configs):
+    if "step" in services.lr_scheduler_intervals():
         rank_zero_warn(
             "SCAFFOLD's control variates (option II) divide by K * lr, but an interval='step' LR scheduler changes lr "
             "within a round: the lr when each client finishes is used."
         )
 
 
-def _local_lr(module: pl.LightningModule) -> float:
+def _local_lr(services: ServerServices) -> float:
     """:math:`\\eta_l`: the learning rate of the module's optimizer (the same in every parameter group)."""
-    rates = {float(group["lr"]) for group in module.trainer.optimizers[0].param_groups}
+    rates = {float(group["lr"]) for group in services.optimizers()[0].param_groups}
     if len(rates) != 1:
         raise ValueError(f"SCAFFOLD needs one local learning rate eta_l; the optimizer's parameter groups have {sorted(rates)}.")
     return rates.pop()
