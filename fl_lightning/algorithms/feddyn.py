@@ -46,10 +46,11 @@ class FedDyn(SummableAggregation):
     solved exactly; with a finite number of local steps the stored term is its first-order
     estimate above, as in the authors' code.
 
-    Does not shard over processes: the server stores each aggregated client's gradient term from its
-    delta, which under client sharding it sees only summed. For the same reason DP and robust
-    wrappers and the trainer's ``update_bound`` (which would change the delta the term is read
-    from) are refused; the batched executor refuses it (per-client ``configure_client``).
+    Shards over processes by gathering the round's updates to every rank (:attr:`gathers_updates`): each
+    rank stores every aggregated client's gradient term, so whichever rank trains a client next has it.
+    Not a weighted sum, so DP and the robust rules refuse it; the trainer's ``update_bound`` is refused
+    (it would change the delta the term is read from), and the batched executor refuses it (per-client
+    ``configure_client``).
 
     Args:
         alpha: the regularisation coefficient :math:`\alpha > 0` (the paper: 0.01 to 0.1).
@@ -84,6 +85,11 @@ class FedDyn(SummableAggregation):
 
     def aggregation_weight(self, update: ClientUpdate) -> float:
         return 1.0  # the server averages the active clients' models uniformly
+
+    @property
+    def gathers_updates(self) -> bool:
+        """Yes: every rank stores every aggregated client's gradient term, from the gathered updates."""
+        return True
 
     def aggregate(self, round_idx: int, global_state: State, updates: list[ClientUpdate]) -> dict[str, float]:
         """Stores each aggregated client's new gradient term, then the server step of the sum of deltas."""

@@ -4,6 +4,7 @@ ICML 2020): local steps corrected by control variates, which remove the client d
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
@@ -18,14 +19,11 @@ from fl_lightning.mixins.linear_term import LinearTermMixin, check_linear_term_a
 from fl_lightning.mixins.required import require_mixin
 from fl_lightning.server.client_store import ClientStore, cpu_copy
 from fl_lightning.server.federation import Federation
-from fl_lightning.server.model_state import State
+from fl_lightning.server.model_state import State, tensor_bytes
 from fl_lightning.server.services import ServerServices
 
 if TYPE_CHECKING:
     from fl_lightning.robust.update_bounds import UpdateBound
-
-#: Prefix of the control-variate update :math:`\Delta c_i` in a client's payload, next to :math:`\Delta y_i`.
-CONTROL = "scaffold.delta_c/"
 
 
 class SCAFFOLD(SummableAggregation):
@@ -39,22 +37,26 @@ class SCAFFOLD(SummableAggregation):
       :math:`y_i \leftarrow y_i - \eta_l (g_i(y_i) - c_i + c)`, through the linear term
       :math:`\langle y, c - c_i \rangle` of :class:`~fl_lightning.LinearTermMixin`;
     - line 12, option II: :math:`c_i^+ = c_i - c + \frac{1}{K \eta_l}(x - y_i)`;
-    - line 13, upload :math:`(\Delta y_i, \Delta c_i) = (y_i - x, c_i^+ - c_i)`: twice the model's bytes;
+    - line 13, upload :math:`(\Delta y_i, \Delta c_i) = (y_i - x, c_i^+ - c_i)`, counted in ``upload_bytes``
+      (the model plus its trainable parameters); :math:`\Delta c_i = -c - \Delta y_i / (K \eta_l)` is a function
+      of :math:`\Delta y_i` and of what the server knows, so the simulation carries :math:`\Delta y_i` alone and
+      the server computes :math:`\Delta c_i` exactly as the client would;
     - lines 16-17: :math:`x \leftarrow x + \frac{\eta_g}{|S|} \sum_{i \in S} \Delta y_i` and
       :math:`c \leftarrow c + \frac{1}{N} \sum_{i \in S} \Delta c_i`.
 
     :math:`K` is the client's number of optimizer steps (it may differ between clients) and
-    :math:`\eta_l` the learning rate of the module's optimizer when the client finishes: option II
+    :math:`\eta_l` the learning rate of the module's optimizer at aggregation (the round's): option II
     reads :math:`(x - y_i)/(K \eta_l)` as the mean corrected gradient, which holds for plain SGD
     (other optimizers warn). Control variates cover the trainable parameters; buffers (BatchNorm
     statistics) take the plain mean :math:`\frac{1}{|S|}\sum \Delta y_i`, without :math:`\eta_g`.
     A client's :math:`c_i^+` is stored when its update is aggregated: a dropped (non-finite) or
     rejected update leaves :math:`c_i` unchanged, so :math:`c = \frac{1}{N}\sum_i c_i` stays true.
 
-    Does not shard over processes: the server stores each aggregated client's :math:`c_i^+` from its
-    payload, which under client sharding it sees only summed. For the same reason (and because
-    :math:`\Delta c_i` reveals :math:`\Delta y_i`), DP and robust wrappers and the trainer's
-    ``update_bound`` are refused; the batched executor refuses it (per-client ``configure_client``).
+    Shards over processes by gathering the round's updates to every rank (:attr:`gathers_updates`): each
+    rank stores every aggregated client's :math:`c_i^+`, so whichever rank trains a client next has it. Not
+    a weighted sum, so DP and the robust rules refuse it; the trainer's ``update_bound`` is refused (the
+    client's :math:`c_i^+` comes from its own, unbounded :math:`y_i`), and the batched executor refuses it
+    (per-client ``configure_client``).
 
     Args:
         global_lr: the server step size :math:`\eta_g > 0` (the paper's experiments: 1).
@@ -86,37 +88,45 @@ class SCAFFOLD(SummableAggregation):
         module.set_linear_term({name: c - c_i[name] for name, c in self.control.items()})  # type: ignore[attr-defined]
 
     def client_update(self, client: ClientContext, module: pl.LightningModule, delta: State) -> ClientUpdate:
-        steps, lr = client.completed_steps, _local_lr(self.federation.services)
-        check_linear_term_applied(module, steps, self)
-        delta_c = {}
-        for name, c in self.control.items():
-            dy = delta[name]
-            # Option II; a client that took no step keeps its c_i (the quotient is undefined).
-            delta_c[CONTROL + name] = -c.to(dy) - dy / (steps * lr) if steps else torch.zeros_like(dy)
-        return super().client_update(client, module, {**delta, **delta_c})
+        check_linear_term_applied(module, client.completed_steps, self)
+        update = super().client_update(client, module, delta)
+        # Line 13 sends Delta c_i too: one more tensor per trainable parameter.
+        return replace(update, upload_bytes=update.upload_bytes + tensor_bytes({n: delta[n] for n in self.control}))
 
     def aggregation_weight(self, update: ClientUpdate) -> float:
-        return 1.0  # lines 16-17 average uniformly over S
+        return 1.0  # line 16 averages uniformly over S
 
+    @property
+    def gathers_updates(self) -> bool:
+        """Yes: every rank stores every aggregated client's :math:`c_i^+`, from the gathered updates."""
+        return True
+
+    @torch.no_grad()
     def aggregate(self, round_idx: int, global_state: State, updates: list[ClientUpdate]) -> dict[str, float]:
-        """Stores each aggregated client's :math:`c_i^+ = c_i + \\Delta c_i`, then the server step of the weighted sum."""
+        """Lines 12 and 17 for the aggregated clients (each :math:`c_i^+` stored), then line 16 (the weighted sum's step)."""
+        lr = _local_lr(self.federation.services)
+        sum_delta_c = {name: torch.zeros_like(c) for name, c in self.control.items()}
         for update in updates:
-            c_i = self._client_control(update.client_id)
-            self.client_controls.put(update.client_id, {n: c + update.payload[CONTROL + n].cpu() for n, c in c_i.items()})
-        return aggregate_weighted_sum(self, round_idx, global_state, updates)
+            c_i, steps = self._client_control(update.client_id), update.num_steps
+            if not steps:
+                continue  # option II's quotient is undefined: a client that took no step keeps its c_i
+            delta_c = {name: -c - update.payload[name].cpu() / (steps * lr) for name, c in self.control.items()}
+            self.client_controls.put(update.client_id, {name: c_i[name] + d for name, d in delta_c.items()})
+            for name, d in delta_c.items():
+                sum_delta_c[name].add_(d)
+        metrics = aggregate_weighted_sum(self, round_idx, global_state, updates)
+        for name, c in self.control.items():
+            c.add_(sum_delta_c[name], alpha=1.0 / self.federation.num_clients)
+        return {**metrics, "control_norm": state_norm(self.control)}
 
     def apply_weighted_sum(self, round_idx: int, global_state: State, total: State, weight: float) -> dict[str, float]:
-        mean_dy = {name: total[name] / weight for name in global_state}
-        self._server_step.step(global_state, mean_dy, self.federation.param_names)
-        num_clients = self.federation.num_clients
-        for name, c in self.control.items():
-            c.add_(total[CONTROL + name].cpu(), alpha=1.0 / num_clients)
-        return {"control_norm": state_norm(self.control)}
+        self._server_step.step(global_state, {name: t / weight for name, t in total.items()}, self.federation.param_names)
+        return {}
 
     def check_update_bound(self, bound: UpdateBound) -> None:
         raise ValueError(
-            f"update_bound={type(bound).__name__}(...) would bound SCAFFOLD's upload (Delta y_i, Delta c_i) as one "
-            "vector and scale the control variates with it; remove the update bound for SCAFFOLD."
+            f"update_bound={type(bound).__name__}(...) would bound SCAFFOLD's Delta y_i on the server, but each client "
+            "computes its c_i from its own unbounded y_i; remove the update bound for SCAFFOLD."
         )
 
     def state_dict(self) -> dict[str, Any]:

@@ -104,8 +104,8 @@ def test_a_training_step_that_bypasses_the_mixins_is_refused():
         trainer.fit(Bypassing(), datamodule=quadratic_data())
 
 
-def test_refuses_dp_robust_rules_update_bounds_sharding_and_the_batched_executor():
-    assert not can_shard(FedDyn())
+def test_refuses_dp_robust_rules_update_bounds_and_the_batched_executor():
+    assert not can_shard(FedDyn()) and FedDyn().gathers_updates  # shards by gathering, not by a weighted sum
     with pytest.raises(ValueError, match="DPFedAvg needs a synchronous algorithm whose aggregation is a sum"):
         DPFedAvg(algorithm=FedDyn(), clip_norm=1.0, noise_multiplier=1.0)
     with pytest.raises(ValueError, match="CoordinateMedian replaces the average of a group of client updates, but FedDyn"):

@@ -124,13 +124,13 @@ def test_a_step_interval_scheduler_warns():
         trainer.fit(StepScheduled(), datamodule=quadratic_data())
 
 
-def test_refuses_dp_robust_rules_update_bounds_sharding_and_the_batched_executor():
-    assert not can_shard(SCAFFOLD())
+def test_refuses_dp_robust_rules_update_bounds_and_the_batched_executor():
+    assert not can_shard(SCAFFOLD()) and SCAFFOLD().gathers_updates  # shards by gathering, not by a weighted sum
     with pytest.raises(ValueError, match="DPFedAvg needs a synchronous algorithm whose aggregation is a sum"):
         DPFedAvg(algorithm=SCAFFOLD(), clip_norm=1.0, noise_multiplier=1.0)
     with pytest.raises(ValueError, match="CoordinateMedian replaces the average of a group of client updates, but SCAFFOLD"):
         CoordinateMedian(algorithm=SCAFFOLD())
-    with pytest.raises(ValueError, match=r"update_bound=NormClip\(...\) would bound SCAFFOLD's upload"):
+    with pytest.raises(ValueError, match=r"update_bound=NormClip\(...\) would bound SCAFFOLD's Delta y_i"):
         fit(SCAFFOLD(), rounds=1, update_bound=NormClip(max_norm=1.0))
     with pytest.raises(ValueError, match="SCAFFOLD overrides configure_client"):
         fit(SCAFFOLD(), rounds=1, client_executor="batched")
