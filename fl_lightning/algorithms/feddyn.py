@@ -9,10 +9,9 @@ from typing import TYPE_CHECKING, Any
 import lightning.pytorch as pl
 import torch
 
-from fl_lightning.algorithms.shared.algorithm import ClientContext, ClientUpdate
-from fl_lightning.algorithms.shared.aggregation import apply_delta
+from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.aggregation import apply_delta, weighted_sum
 from fl_lightning.algorithms.shared.parameter_state import state_norm, zero_parameter_state
-from fl_lightning.algorithms.shared.summable import SummableAggregation, aggregate_weighted_sum
 from fl_lightning.mixins.linear_term import LinearTermMixin, check_linear_term_applied
 from fl_lightning.mixins.proximal import ProximalMixin
 from fl_lightning.mixins.required import require_mixin
@@ -24,7 +23,7 @@ if TYPE_CHECKING:
     from fl_lightning.robust.update_bounds import UpdateBound
 
 
-class FedDyn(SummableAggregation):
+class FedDyn(Algorithm):
     r"""Federated dynamic regularisation (Acar et al. 2021, Algorithm 1).
 
     Each client :math:`k` keeps the gradient :math:`\nabla L_k(\theta_k^{t-1})` of its last local
@@ -48,7 +47,7 @@ class FedDyn(SummableAggregation):
 
     Shards over processes by gathering the round's updates to every rank (:attr:`gathers_updates`): each
     rank stores every aggregated client's gradient term, so whichever rank trains a client next has it.
-    Not a weighted sum, so DP and the robust rules refuse it; the trainer's ``update_bound`` is refused
+    Not a weighted-sum aggregation, so DP and the robust rules refuse it; the trainer's ``update_bound`` is refused
     (it would change the delta the term is read from), and the batched executor refuses it (per-client
     ``configure_client``).
 
@@ -83,29 +82,24 @@ class FedDyn(SummableAggregation):
         check_linear_term_applied(module, client.completed_steps, self)
         return super().client_update(client, module, delta)
 
-    def aggregation_weight(self, update: ClientUpdate) -> float:
-        return 1.0  # the server averages the active clients' models uniformly
-
     @property
     def gathers_updates(self) -> bool:
         """Yes: every rank stores every aggregated client's gradient term, from the gathered updates."""
         return True
 
+    @torch.no_grad()
     def aggregate(self, round_idx: int, global_state: State, updates: list[ClientUpdate]) -> dict[str, float]:
-        """Stores each aggregated client's new gradient term, then the server step of the sum of deltas."""
+        """Stores each aggregated client's new gradient term, then updates :math:`h` and :math:`\\theta`."""
         for update in updates:
             delta = {name: update.payload[name].cpu() for name in self.h}
             previous = self.gradients.get(update.client_id)  # None: the client's first round, a zero term
             new = {n: -self.alpha * d if previous is None else previous[n] - self.alpha * d for n, d in delta.items()}
             self.gradients.put(update.client_id, new)
-        return aggregate_weighted_sum(self, round_idx, global_state, updates)
-
-    @torch.no_grad()
-    def apply_weighted_sum(self, round_idx: int, global_state: State, total: State, weight: float) -> dict[str, float]:
+        total = weighted_sum([u.payload for u in updates], [1.0] * len(updates))
         for name, h in self.h.items():
             h.sub_(total[name].cpu(), alpha=self.alpha / self.federation.num_clients)
         # theta^t = mean_k theta_k^t - h^t / alpha, with mean_k theta_k^t = theta^{t-1} + (sum of deltas) / |P_t|.
-        mean_delta = {name: t / weight for name, t in total.items()}
+        mean_delta = {name: t / len(updates) for name, t in total.items()}
         for name, h in self.h.items():
             mean_delta[name] = mean_delta[name] - h.to(mean_delta[name]) / self.alpha
         apply_delta(global_state, mean_delta)

@@ -11,10 +11,10 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
-from fl_lightning.algorithms.shared.algorithm import ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.aggregation import weighted_average
+from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientContext, ClientUpdate
 from fl_lightning.algorithms.shared.parameter_state import state_norm, zero_parameter_state
 from fl_lightning.algorithms.shared.server_optimizers import ServerSGD
-from fl_lightning.algorithms.shared.summable import SummableAggregation, aggregate_weighted_sum
 from fl_lightning.mixins.linear_term import LinearTermMixin, check_linear_term_applied
 from fl_lightning.mixins.required import require_mixin
 from fl_lightning.server.client_store import ClientStore, cpu_copy
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from fl_lightning.robust.update_bounds import UpdateBound
 
 
-class SCAFFOLD(SummableAggregation):
+class SCAFFOLD(Algorithm):
     r"""SCAFFOLD with control variates option II (Karimireddy et al. 2020, Algorithm 1).
 
     The server keeps the model :math:`x` and the control variate :math:`c`; each client keeps
@@ -54,7 +54,7 @@ class SCAFFOLD(SummableAggregation):
 
     Shards over processes by gathering the round's updates to every rank (:attr:`gathers_updates`): each
     rank stores every aggregated client's :math:`c_i^+`, so whichever rank trains a client next has it. Not
-    a weighted sum, so DP and the robust rules refuse it; the trainer's ``update_bound`` is refused (the
+    a weighted-sum aggregation, so DP and the robust rules refuse it; the trainer's ``update_bound`` is refused (the
     client's :math:`c_i^+` comes from its own, unbounded :math:`y_i`), and the batched executor refuses it
     (per-client ``configure_client``).
 
@@ -93,9 +93,6 @@ class SCAFFOLD(SummableAggregation):
         # Line 13 sends Delta c_i too: one more tensor per trainable parameter.
         return replace(update, upload_bytes=update.upload_bytes + tensor_bytes({n: delta[n] for n in self.control}))
 
-    def aggregation_weight(self, update: ClientUpdate) -> float:
-        return 1.0  # line 16 averages uniformly over S
-
     @property
     def gathers_updates(self) -> bool:
         """Yes: every rank stores every aggregated client's :math:`c_i^+`, from the gathered updates."""
@@ -103,7 +100,7 @@ class SCAFFOLD(SummableAggregation):
 
     @torch.no_grad()
     def aggregate(self, round_idx: int, global_state: State, updates: list[ClientUpdate]) -> dict[str, float]:
-        """Lines 12 and 17 for the aggregated clients (each :math:`c_i^+` stored), then line 16 (the weighted sum's step)."""
+        """Lines 12 and 17 for the aggregated clients (each :math:`c_i^+` stored) and line 16."""
         lr = _local_lr(self.federation.services)
         sum_delta_c = {name: torch.zeros_like(c) for name, c in self.control.items()}
         for update in updates:
@@ -114,14 +111,11 @@ class SCAFFOLD(SummableAggregation):
             self.client_controls.put(update.client_id, {name: c_i[name] + d for name, d in delta_c.items()})
             for name, d in delta_c.items():
                 sum_delta_c[name].add_(d)
-        metrics = aggregate_weighted_sum(self, round_idx, global_state, updates)
+        mean_delta_y = weighted_average([u.payload for u in updates], [1.0] * len(updates))  # uniform over S
+        self._server_step.step(global_state, mean_delta_y, self.federation.param_names)
         for name, c in self.control.items():
             c.add_(sum_delta_c[name], alpha=1.0 / self.federation.num_clients)
-        return {**metrics, "control_norm": state_norm(self.control)}
-
-    def apply_weighted_sum(self, round_idx: int, global_state: State, total: State, weight: float) -> dict[str, float]:
-        self._server_step.step(global_state, {name: t / weight for name, t in total.items()}, self.federation.param_names)
-        return {}
+        return {"control_norm": state_norm(self.control)}
 
     def check_update_bound(self, bound: UpdateBound) -> None:
         raise ValueError(
