@@ -135,7 +135,7 @@ class SCAFFOLD(Algorithm):
 def _check_local_steps(services: ServerServices) -> None:
     """Raises unless the trainer has one optimizer; warns once where option II's :math:`(x - y_i)/(K \\eta_l)`
     is not the mean corrected gradient: a local optimizer other than plain SGD, or a learning rate that a
-    step-interval scheduler moves within a round (option II then uses the rate when the client finishes)."""
+    step-interval scheduler moves within a round (option II then uses the rate at aggregation)."""
     optimizers = services.optimizers()
     if len(optimizers) != 1:
         raise ValueError(f"SCAFFOLD needs exactly one optimizer (its step size is eta_l), got {len(optimizers)}.")
@@ -149,7 +149,7 @@ def _check_local_steps(services: ServerServices) -> None:
     if "step" in services.lr_scheduler_intervals():
         rank_zero_warn(
             "SCAFFOLD's control variates (option II) divide by K * lr, but an interval='step' LR scheduler changes lr "
-            "within a round: the lr when each client finishes is used."
+            "within a round: the lr at aggregation is used."
         )
 
 
