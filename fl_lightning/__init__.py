@@ -23,6 +23,8 @@ from fl_lightning.algorithms import (
     FedProx,
     FedNova,
     QFedAvg,
+    FedDyn,
+    SCAFFOLD,
     FedSoft,
     FedStaleWeight,
     FlexibleParticipation,
@@ -37,6 +39,7 @@ from fl_lightning.algorithms import (
 from fl_lightning.callbacks import FederatedCallback, FederatedEvaluation, FederatedProgressBar, TestCurve
 from fl_lightning.server.federation import FederatedDataSource, Federation
 from fl_lightning.privacy import AdaptiveClipping, DPFedAvg
+from fl_lightning.mixins import LinearTermMixin
 from fl_lightning.mixins import MaskedNoiseMixin, MixtureWeightedMixin, ProbabilityMaskMixin, ProximalMixin
 from fl_lightning.robust import Bulyan, CoordinateMedian, Krum, TrimmedMean
 from fl_lightning.trainer import FederatedTrainer
@@ -76,6 +79,8 @@ __all__ = [
     "FedProx",
     "FedNova",
     "QFedAvg",
+    "FedDyn",
+    "SCAFFOLD",
     "FedSoft",
     "FedStaleWeight",
     "FederatedCallback",
@@ -88,6 +93,7 @@ __all__ = [
     "IFCA",
     "Krum",
     "LocalOnly",
+    "LinearTermMixin",
     "MaskedNoiseMixin",
     "MedianNormFilter",
     "NormClip",

@@ -17,6 +17,8 @@ from fl_lightning.algorithms.fedbuff import FedBuff
 from fl_lightning.algorithms.fedprox import FedProx
 from fl_lightning.algorithms.fednova import FedNova
 from fl_lightning.algorithms.qffl import QFedAvg
+from fl_lightning.algorithms.feddyn import FedDyn
+from fl_lightning.algorithms.scaffold import SCAFFOLD
 from fl_lightning.algorithms.fedstaleweight import FedStaleWeight
 from fl_lightning.algorithms.fedem import FedEM
 from fl_lightning.algorithms.fedsoft import FedSoft
@@ -55,6 +57,8 @@ __all__ = [
     "FedProx",
     "FedNova",
     "QFedAvg",
+    "FedDyn",
+    "SCAFFOLD",
     "FedStaleWeight",
     "FedEM",
     "FedSoft",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Protocol
 
 import lightning.pytorch as pl
+from torch.optim import Optimizer
 from typing_extensions import override
 
 from fl_lightning import _lightning_compat as compat
@@ -38,6 +39,14 @@ class LoopServices(ServerServices):
     def load_optimizer_states(self, states: list[OptimizerState] | None) -> None:
         for i, optimizer in enumerate(self._loop.trainer.optimizers):
             load_optimizer_state(optimizer, states[i] if states else None)
+
+    @override
+    def optimizers(self) -> list[Optimizer]:
+        return list(self._loop.trainer.optimizers)
+
+    @override
+    def lr_scheduler_intervals(self) -> list[str]:
+        return [config.interval for config in self._loop.trainer.lr_scheduler_configs]
 
     @override
     def restart_lr_schedules(self, round_idx: int) -> int:

@@ -1,6 +1,7 @@
 """The papers' reference models: logistic regression, the 2-layer MLP ("2NN"), small CNNs.
 
-All are FedProx-ready (:class:`~fl_lightning.ProximalMixin` is inert until an algorithm sets mu > 0).
+All are FedProx-, SCAFFOLD- and FedDyn-ready (:class:`~fl_lightning.ProximalMixin` and
+:class:`~fl_lightning.LinearTermMixin` are inert until an algorithm sets their terms).
 """
 
 from __future__ import annotations
@@ -9,11 +10,12 @@ from typing import Any
 
 from torch import nn
 
+from fl_lightning.mixins.linear_term import LinearTermMixin
 from fl_lightning.mixins.proximal import ProximalMixin
 from fl_lightning.models.classifier import ClassificationModule
 
 
-class LogisticRegression(ProximalMixin, ClassificationModule):
+class LogisticRegression(LinearTermMixin, ProximalMixin, ClassificationModule):
     """Multinomial logistic regression (e.g. FedProx's Synthetic(α, β) experiments: 60 → 10)."""
 
     def __init__(self, *, in_features: int = 60, num_classes: int = 10, **kwargs: Any) -> None:
@@ -21,7 +23,7 @@ class LogisticRegression(ProximalMixin, ClassificationModule):
         self.net = nn.Sequential(nn.Flatten(), nn.Linear(in_features, num_classes))
 
 
-class MLP(ProximalMixin, ClassificationModule):
+class MLP(LinearTermMixin, ProximalMixin, ClassificationModule):
     """Fully connected ReLU network; the default is McMahan et al.'s "2NN" (784-200-200-10)."""
 
     def __init__(
@@ -37,7 +39,7 @@ class MLP(ProximalMixin, ClassificationModule):
         self.net = nn.Sequential(*layers)
 
 
-class CNN(ProximalMixin, ClassificationModule):
+class CNN(LinearTermMixin, ProximalMixin, ClassificationModule):
     """McMahan et al.'s CNN: two 5×5 conv layers (32, 64 channels, "same" padding) with 2×2 max-pooling,
     a 512-unit dense layer and a linear output; optional BatchNorm after each convolution.
 
@@ -74,7 +76,7 @@ class CNN(ProximalMixin, ClassificationModule):
         )
 
 
-class PflCNN(ProximalMixin, ClassificationModule):
+class PflCNN(LinearTermMixin, ProximalMixin, ClassificationModule):
     """pfl-research's CIFAR-10 benchmark CNN (``simple_cnn`` in ``benchmarks/model/pytorch/cnn.py`` of
     https://github.com/apple/pfl-research): two unpadded 3×3 conv layers (32, 64 channels, ReLU), one
     2×2 max-pooling, dropout 0.25, a 128-unit dense layer, dropout 0.5 and a linear output; Xavier

@@ -10,29 +10,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fl_lightning.mixins.mixture_weighted import MixtureWeightedMixin
+from fl_lightning.mixins.linear_term import LinearTermMixin
 from fl_lightning.mixins.proximal import ProximalMixin
 
 
-class LinearRegression(ProximalMixin, pl.LightningModule):
-    """:math:`\\hat y = W x (+ b)` trained on the mean squared error (FedSoft's synthetic model is
-    ``Linear(10 -> 1)`` without intercept, Adam, lr 5e-3).
-
-    Batches are ``(x, y)`` with ``y`` of shape ``[B, out_features]``. Logs ``train_loss`` and
-    ``val_loss`` / ``test_loss`` (MSE) of the server's model; the loop reports the training loss
-    as ``round/train_loss`` (no per-step ``self.log``, which costs about as much as a step of so
-    small a model). :meth:`sample_metrics` gives each sample's squared error (mean over outputs)
-    for loss probes. Weights start from ``nn.Linear``'s default
-    initialisation (the paper uses Xavier normal; for ``Linear(10 -> 1)`` both are tiny next to
-    the regression coefficients).
-
-    Args:
-        in_features: input dimension.
-        out_features: output dimension.
-        bias: learn an intercept.
-        lr: learning rate.
-        optimizer: ``"adam"`` (default, as the paper) or ``"sgd"``.
-        momentum: SGD momentum.
-    """
+class _LinearModel(pl.LightningModule):
+    """The model and its steps, without the mixins: :class:`LinearRegression` puts them around its
+    ``training_step`` (a ``training_step`` defined in the class that lists the mixins would replace theirs)."""
 
     def __init__(
         self,
@@ -77,6 +61,28 @@ class LinearRegression(ProximalMixin, pl.LightningModule):
         if self.optimizer_name == "adam":
             return torch.optim.Adam(self.parameters(), lr=self.lr)
         return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=self.momentum)
+
+
+class LinearRegression(LinearTermMixin, ProximalMixin, _LinearModel):
+    """:math:`\\hat y = W x (+ b)` trained on the mean squared error (FedSoft's synthetic model is
+    ``Linear(10 -> 1)`` without intercept, Adam, lr 5e-3).
+
+    Batches are ``(x, y)`` with ``y`` of shape ``[B, out_features]``. Logs ``train_loss`` and
+    ``val_loss`` / ``test_loss`` (MSE) of the server's model; the loop reports the training loss
+    as ``round/train_loss`` (no per-step ``self.log``, which costs about as much as a step of so
+    small a model). :meth:`sample_metrics` gives each sample's squared error (mean over outputs)
+    for loss probes. Weights start from ``nn.Linear``'s default
+    initialisation (the paper uses Xavier normal; for ``Linear(10 -> 1)`` both are tiny next to
+    the regression coefficients).
+
+    Args:
+        in_features: input dimension.
+        out_features: output dimension.
+        bias: learn an intercept.
+        lr: learning rate.
+        optimizer: ``"adam"`` (default, as the paper) or ``"sgd"``.
+        momentum: SGD momentum.
+    """
 
 
 class MixtureLinearRegression(MixtureWeightedMixin, LinearRegression):

@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from torch.optim import Optimizer
+
     from fl_lightning.algorithms.shared.client_update import ClientUpdate
 
 #: One optimizer's per-parameter state, copied to the CPU (``optimizer.state_dict()["state"]``).
@@ -39,6 +41,14 @@ class ServerServices:
         """Installs states saved by :meth:`optimizer_states` (``None``: fresh optimizers), keeping
         each optimizer's hyper-parameters (learning rate, betas...)."""
         raise self._needs_loop("load_optimizer_states")
+
+    def optimizers(self) -> list[Optimizer]:
+        """The module's optimizers, to read their class and hyper-parameters (e.g. SCAFFOLD's local learning rate)."""
+        raise self._needs_loop("optimizers")
+
+    def lr_scheduler_intervals(self) -> list[str]:
+        """The ``interval`` (``"step"`` or ``"epoch"``) of each of the module's LR schedulers."""
+        raise self._needs_loop("lr_scheduler_intervals")
 
     def restart_lr_schedules(self, round_idx: int) -> int:
         """Restarts every :class:`~fl_lightning.models.schedulers.StaircaseLR` at ``round_idx``; returns how many."""

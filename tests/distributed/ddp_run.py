@@ -22,10 +22,12 @@ from fl_lightning import (
     DPFedAvg,
     FedALIGN,
     FedAvg,
+    FedDyn,
     FederatedCallback,
     FederatedTrainer,
     FedMRN,
     FedProx,
+    SCAFFOLD,
     MedianNormFilter,
     QFedAvg,
     ServerSGD,
@@ -44,6 +46,9 @@ ALGORITHMS = {
     "fedavg": lambda: FedAvg(),
     "fedavgm": lambda: FedAvg(server_optimizer=ServerSGD(lr=1.0, momentum=0.9)),
     "fedprox": lambda: FedProx(mu=0.1),
+    # Per-client state follows its client across ranks: every rank stores every aggregated client's state.
+    "scaffold": lambda: SCAFFOLD(),
+    "feddyn": lambda: FedDyn(alpha=0.1),
     "fedalign": lambda: FedALIGN(priority=3, epsilon=0.3, warmup_fraction=0.0, algorithm=FedProx(mu=0.1)),
     # Clips some clients, adapts the clip norm from the all-reduced count, adds the server's noise once.
     "dpfedavg": lambda: DPFedAvg(

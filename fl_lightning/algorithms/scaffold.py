@@ -1,0 +1,161 @@
+"""SCAFFOLD (Karimireddy et al., "SCAFFOLD: Stochastic Controlled Averaging for Federated Learning",
+ICML 2020): local steps corrected by control variates, which remove the client drift of FedAvg."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+
+from fl_lightning.algorithms.shared.aggregation import weighted_average
+from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.parameter_state import state_norm, zero_parameter_state
+from fl_lightning.algorithms.shared.server_optimizers import ServerSGD
+from fl_lightning.mixins.linear_term import LinearTermMixin, check_linear_term_applied
+from fl_lightning.mixins.required import require_mixin
+from fl_lightning.server.client_store import ClientStore, cpu_copy
+from fl_lightning.server.federation import Federation
+from fl_lightning.server.model_state import State, tensor_bytes
+from fl_lightning.server.services import ServerServices
+
+if TYPE_CHECKING:
+    from fl_lightning.robust.update_bounds import UpdateBound
+
+
+class SCAFFOLD(Algorithm):
+    r"""SCAFFOLD with control variates option II (Karimireddy et al. 2020, Algorithm 1).
+
+    The server keeps the model :math:`x` and the control variate :math:`c`; each client keeps
+    :math:`c_i` (in a :class:`~fl_lightning.server.client_store.ClientStore`; :math:`c_i = 0` until its
+    first round, as :math:`c = 0` at the start). Round :math:`t`, with :math:`S` the sampled clients:
+
+    - line 10, each of the :math:`K` local steps:
+      :math:`y_i \leftarrow y_i - \eta_l (g_i(y_i) - c_i + c)`, through the linear term
+      :math:`\langle y, c - c_i \rangle` of :class:`~fl_lightning.LinearTermMixin`;
+    - line 12, option II: :math:`c_i^+ = c_i - c + \frac{1}{K \eta_l}(x - y_i)`;
+    - line 13, upload :math:`(\Delta y_i, \Delta c_i) = (y_i - x, c_i^+ - c_i)`, counted in ``upload_bytes``
+      (the model plus its trainable parameters); :math:`\Delta c_i = -c - \Delta y_i / (K \eta_l)` is a function
+      of :math:`\Delta y_i` and of what the server knows, so the simulation carries :math:`\Delta y_i` alone and
+      the server computes :math:`\Delta c_i` exactly as the client would;
+    - lines 16-17: :math:`x \leftarrow x + \frac{\eta_g}{|S|} \sum_{i \in S} \Delta y_i` and
+      :math:`c \leftarrow c + \frac{1}{N} \sum_{i \in S} \Delta c_i`.
+
+    :math:`K` is the client's number of optimizer steps (it may differ between clients) and
+    :math:`\eta_l` the learning rate of the module's optimizer at aggregation (the round's): option II
+    reads :math:`(x - y_i)/(K \eta_l)` as the mean corrected gradient, which holds for plain SGD
+    (other optimizers warn). Control variates cover the trainable parameters; buffers (BatchNorm
+    statistics) take the plain mean :math:`\frac{1}{|S|}\sum \Delta y_i`, without :math:`\eta_g`.
+    A client's :math:`c_i^+` is stored when its update is aggregated: a dropped (non-finite) or
+    rejected update leaves :math:`c_i` unchanged, so :math:`c = \frac{1}{N}\sum_i c_i` stays true.
+
+    Shards over processes by gathering the round's updates to every rank (:attr:`gathers_updates`): each
+    rank stores every aggregated client's :math:`c_i^+`, so whichever rank trains a client next has it. Not
+    a weighted-sum aggregation, so DP and the robust rules refuse it; the trainer's ``update_bound`` is refused (the
+    client's :math:`c_i^+` comes from its own, unbounded :math:`y_i`), and the batched executor refuses it
+    (per-client ``configure_client``).
+
+    Args:
+        global_lr: the server step size :math:`\eta_g > 0` (the paper's experiments: 1).
+    """
+
+    def __init__(self, *, global_lr: float = 1.0) -> None:
+        if isinstance(global_lr, bool) or not isinstance(global_lr, (int, float)) or not 0 < global_lr < math.inf:
+            raise ValueError(f"SCAFFOLD's server step size `global_lr` (eta_g) must be a finite number > 0, got {global_lr!r}.")
+        self.global_lr = float(global_lr)
+        self._server_step = ServerSGD(lr=self.global_lr)
+        #: The server control variate :math:`c` (trainable parameters only), on the CPU.
+        self.control: State = {}
+        #: Every client's :math:`c_i`.
+        self.client_controls = ClientStore()
+
+    def setup(self, federation: Federation) -> None:
+        require_mixin(federation.module, LinearTermMixin, self)
+        super().setup(federation)
+        _check_local_steps(federation.services)
+        if not self.control:
+            self.control = zero_parameter_state(federation)
+
+    def _client_control(self, client_id: int) -> State:
+        stored = self.client_controls.get(client_id)
+        return stored if stored is not None else {name: torch.zeros_like(c) for name, c in self.control.items()}
+
+    def configure_client(self, client: ClientContext, module: pl.LightningModule, global_state: State) -> None:
+        c_i = self._client_control(client.client_id)
+        module.set_linear_term({name: c - c_i[name] for name, c in self.control.items()})  # type: ignore[attr-defined]
+
+    def client_update(self, client: ClientContext, module: pl.LightningModule, delta: State) -> ClientUpdate:
+        check_linear_term_applied(module, client.completed_steps, self)
+        update = super().client_update(client, module, delta)
+        # Line 13 sends Delta c_i too: one more tensor per trainable parameter.
+        return replace(update, upload_bytes=update.upload_bytes + tensor_bytes({n: delta[n] for n in self.control}))
+
+    @property
+    def gathers_updates(self) -> bool:
+        """Yes: every rank stores every aggregated client's :math:`c_i^+`, from the gathered updates."""
+        return True
+
+    @torch.no_grad()
+    def aggregate(self, round_idx: int, global_state: State, updates: list[ClientUpdate]) -> dict[str, float]:
+        """Lines 12 and 17 for the aggregated clients (each :math:`c_i^+` stored) and line 16."""
+        lr = _local_lr(self.federation.services)
+        sum_delta_c = {name: torch.zeros_like(c) for name, c in self.control.items()}
+        for update in updates:
+            c_i, steps = self._client_control(update.client_id), update.num_steps
+            if not steps:
+                continue  # option II's quotient is undefined: a client that took no step keeps its c_i
+            delta_c = {name: -c - update.payload[name].cpu() / (steps * lr) for name, c in self.control.items()}
+            self.client_controls.put(update.client_id, {name: c_i[name] + d for name, d in delta_c.items()})
+            for name, d in delta_c.items():
+                sum_delta_c[name].add_(d)
+        mean_delta_y = weighted_average([u.payload for u in updates], [1.0] * len(updates))  # uniform over S
+        self._server_step.step(global_state, mean_delta_y, self.federation.param_names)
+        for name, c in self.control.items():
+            c.add_(sum_delta_c[name], alpha=1.0 / self.federation.num_clients)
+        return {"control_norm": state_norm(self.control)}
+
+    def check_update_bound(self, bound: UpdateBound) -> None:
+        raise ValueError(
+            f"update_bound={type(bound).__name__}(...) would bound SCAFFOLD's Delta y_i on the server, but each client "
+            "computes its c_i from its own unbounded y_i; remove the update bound for SCAFFOLD."
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"control": dict(self.control), "client_controls": self.client_controls.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.control = cpu_copy(state["control"])
+        self.client_controls.load_state_dict(state["client_controls"])
+        self.check_client_ids(self.client_controls.ids(), "client_controls")
+
+
+def _check_local_steps(services: ServerServices) -> None:
+    """Raises unless the trainer has one optimizer; warns once where option II's :math:`(x - y_i)/(K \\eta_l)`
+    is not the mean corrected gradient: a local optimizer other than plain SGD, or a learning rate that a
+    step-interval scheduler moves within a round (option II then uses the rate at aggregation)."""
+    optimizers = services.optimizers()
+    if len(optimizers) != 1:
+        raise ValueError(f"SCAFFOLD needs exactly one optimizer (its step size is eta_l), got {len(optimizers)}.")
+    optimizer = optimizers[0]
+    if not isinstance(optimizer, torch.optim.SGD) or any(group.get("momentum", 0) for group in optimizer.param_groups):
+        rank_zero_warn(
+            f"SCAFFOLD's control variates (option II) assume plain SGD local steps; the module's optimizer is "
+            f"{type(optimizer).__name__}{' with momentum' if isinstance(optimizer, torch.optim.SGD) else ''}, "
+            "so (x - y_i) / (K lr) is not the mean corrected gradient."
+        )
+    if "step" in services.lr_scheduler_intervals():
+        rank_zero_warn(
+            "SCAFFOLD's control variates (option II) divide by K * lr, but an interval='step' LR scheduler changes lr "
+            "within a round: the lr at aggregation is used."
+        )
+
+
+def _local_lr(services: ServerServices) -> float:
+    """:math:`\\eta_l`: the learning rate of the module's optimizer (the same in every parameter group)."""
+    rates = {float(group["lr"]) for group in services.optimizers()[0].param_groups}
+    if len(rates) != 1:
+        raise ValueError(f"SCAFFOLD needs one local learning rate eta_l; the optimizer's parameter groups have {sorted(rates)}.")
+    return rates.pop()

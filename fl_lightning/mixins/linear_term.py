@@ -1,0 +1,74 @@
+"""A linear term in the local objective as a LightningModule mixin: SCAFFOLD's and FedDyn's corrections."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from fl_lightning.mixins.regularized import add_regularizer
+
+
+class LinearTermMixin:
+    r"""Adds :math:`\langle w, v \rangle = \sum_i \langle w_i, v_i \rangle` to the training loss.
+
+    Its gradient is exactly :math:`v`, so a linear term is an exact gradient correction that works
+    under every client executor: SCAFFOLD's :math:`v = c - c_i` turns a local step into
+    :math:`y \leftarrow y - \eta_l (g_i(y) - c_i + c)` (Karimireddy et al. 2020, Algorithm 1, line 10);
+    FedDyn's :math:`v = -\nabla L_k(\theta_k^{t-1})` is its linear term (Acar et al. 2021, Algorithm 1).
+    Put it first among the bases so its ``training_step`` wraps yours::
+
+        class MyModel(LinearTermMixin, ProximalMixin, MyNet): ...
+
+    The direction :math:`v` (tensors by parameter name, detached) is set by the algorithm before
+    local training; with none set nothing is added, so training equals FedAvg's bit for bit. The
+    loop reports the task loss as ``train_loss`` and the term as ``train_regularizer``
+    (:func:`~fl_lightning.mixins.regularized.add_regularizer`).
+    """
+
+    _linear_pairs: list[tuple[Tensor, Tensor]] = []
+    #: Training steps since :meth:`set_linear_term` that added the term.
+    _linear_term_batches: int = 0
+
+    def set_linear_term(self, direction: Mapping[str, Tensor] | None) -> None:
+        """Sets :math:`v` for the coming local training (one tensor per trainable parameter), or removes the term (``None``)."""
+        self._linear_term_batches = 0
+        if direction is None:
+            self._linear_pairs = []
+            return
+        params = [(name, p) for name, p in self.named_parameters() if p.requires_grad]  # type: ignore[attr-defined]
+        missing = [name for name, _ in params if name not in direction]
+        if missing:
+            raise ValueError(f"The linear term's direction has no tensor for the trainable parameter(s) {missing}.")
+        self._linear_pairs = [(p, direction[name].detach().to(device=p.device, dtype=p.dtype)) for name, p in params]
+
+    @property
+    def linear_term_batches(self) -> int:
+        """Training steps since :meth:`set_linear_term` that added the term: 0 after a client trained means the
+        module's own ``training_step`` bypassed the mixin's (the mixin is not first among the bases)."""
+        return self._linear_term_batches
+
+    def linear_term(self) -> Tensor:
+        r""":math:`\sum_i \langle w_i, v_i \rangle` over the trainable parameters."""
+        return torch.as_tensor(sum((p * v).sum() for p, v in self._linear_pairs))
+
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        output = super().training_step(*args, **kwargs)  # type: ignore[misc]
+        if not self._linear_pairs or output is None:
+            return output
+        self._linear_term_batches += 1
+        return add_regularizer(output, self.linear_term())
+
+
+def check_linear_term_applied(module: Any, steps: int, algorithm: object) -> None:
+    """Raises ``TypeError`` naming the fix when ``module`` trained ``steps > 0`` steps without adding the linear
+    term set on it: a ``training_step`` defined in the class that lists the mixin replaces the mixin's."""
+    if steps and not module.linear_term_batches:
+        name = type(module).__name__
+        raise TypeError(
+            f"{name}.training_step bypasses LinearTermMixin.training_step, so {type(algorithm).__name__}'s correction "
+            f"was never applied: define training_step in a base class and put the mixin first, e.g. "
+            f"class Corrected(LinearTermMixin, {name}), or call super().training_step()."
+        )
