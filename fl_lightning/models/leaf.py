@@ -14,10 +14,6 @@ from torch import Tensor, nn
 from fl_lightning.mixins.proximal import ProximalMixin
 from fl_lightning.models.classifier import ClassificationModule
 
-#: LEAF's Shakespeare alphabet (``models/utils/language_utils.py``): 80 characters, a character's id its index.
-LEAF_LETTERS = "\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}"
-
-
 class FemnistCNN(ProximalMixin, ClassificationModule):
     """LEAF's FEMNIST CNN: two 5×5 "same" convolutions (32, 64 channels, ReLU) each followed by 2×2
     max-pooling, a 2048-unit ReLU layer and a linear output over 62 classes (6,603,710 parameters).
@@ -49,8 +45,8 @@ class ShakespeareStackedLSTM(ProximalMixin, ClassificationModule):
     """LEAF's Shakespeare model: an 8-dimensional character embedding, two stacked LSTM layers of 256 units
     and a linear output; the last step's output predicts the character that follows the 80 given.
 
-    Batches are ``(x, y)``: ``x`` the ``[N, seq_len]`` ids of :data:`LEAF_LETTERS`, ``y`` the next
-    character's id. PyTorch's LSTM keeps two bias vectors per layer (input and recurrent) where
+    Batches are ``(x, y)``: ``x`` the ``[N, seq_len]`` ids of LEAF's 80 letters (``ALL_LETTERS`` in its
+    ``models/utils/language_utils.py``), ``y`` the next character's id. PyTorch's LSTM keeps two bias vectors per layer (input and recurrent) where
     TensorFlow's ``BasicLSTMCell`` keeps one: the same function, 2 × 1024 more parameters (819,920
     against LEAF's 817,872).
 
@@ -62,7 +58,7 @@ class ShakespeareStackedLSTM(ProximalMixin, ClassificationModule):
     """
 
     def __init__(
-        self, *, vocab_size: int = len(LEAF_LETTERS), embedding_dim: int = 8, hidden: int = 256, num_layers: int = 2,
+        self, *, vocab_size: int = 80, embedding_dim: int = 8, hidden: int = 256, num_layers: int = 2,
         **kwargs: Any,
     ) -> None:
         super().__init__(num_classes=vocab_size, **kwargs)

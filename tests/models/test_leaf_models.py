@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 
 from fl_lightning.models import FemnistCNN, ShakespeareStackedLSTM
-from fl_lightning.models.leaf import LEAF_LETTERS
 
 
 def count(model: torch.nn.Module) -> int:
@@ -26,7 +25,6 @@ def test_femnist_cnn_reads_leaf_rows_and_images_alike():
 
 
 def test_stacked_lstm_matches_leaf_up_to_pytorchs_second_lstm_bias():
-    assert len(LEAF_LETTERS) == 80  # language_utils.NUM_LETTERS
     # stacked_lstm.py: embedding 80x8, two BasicLSTMCell(256) (kernel (in + 256) x 1024, one bias of 1024), dense 256 -> 80.
     lstm = lambda n_in: (n_in + 256) * 4 * 256 + 4 * 256  # noqa: E731
     reference = 80 * 8 + lstm(8) + lstm(256) + (256 + 1) * 80
