@@ -1,8 +1,10 @@
-"""Federated data: partitioners, in-memory datasets, client batch streams and the datamodule."""
+"""Federated data: partitioners, in-memory datasets, natural partitions (LEAF, TFF), client batch streams and the datamodules."""
 
 from fl_lightning.data.batches import ClientBatches, client_batches
 from fl_lightning.data.datamodule import FederatedDataModule
+from fl_lightning.data.client_reader import ClientReader
 from fl_lightning.data.federated import Federated
+from fl_lightning.data.natural import NaturalDataModule
 from fl_lightning.data.datasets import (
     CIFAR10,
     CIFAR100,
@@ -13,6 +15,10 @@ from fl_lightning.data.datasets import (
     FashionMNIST,
     FedProxSynthetic,
     InMemoryDataset,
+    LeafCelebA,
+    LeafFEMNIST,
+    LeafSent140,
+    LeafShakespeare,
     RotatedMixture,
     SourceMixture,
     SyntheticRegressionMixture,
@@ -29,6 +35,7 @@ __all__ = [
     "MNIST",
     "SVHN",
     "ClientBatches",
+    "ClientReader",
     "Digits",
     "Dirichlet",
     "FashionMNIST",
@@ -38,7 +45,12 @@ __all__ = [
     "InMemoryDataset",
     "LabelGroups",
     "LabelsPerClient",
+    "LeafCelebA",
+    "LeafFEMNIST",
+    "LeafSent140",
+    "LeafShakespeare",
     "Natural",
+    "NaturalDataModule",
     "ParetoSizes",
     "Partitioner",
     "RotatedMixture",

@@ -1,7 +1,8 @@
-"""Datasets that hold their samples in memory as tensors."""
+"""Datasets: in memory as tensors, or naturally partitioned and read one client at a time (LEAF, TFF)."""
 
 from fl_lightning.data.datasets.in_memory import InMemoryDataset
 from fl_lightning.data.datasets.digits import Digits
+from fl_lightning.data.datasets.leaf import LeafCelebA, LeafDataModule, LeafFEMNIST, LeafSent140, LeafShakespeare
 from fl_lightning.data.datasets.mixture import RotatedMixture, SourceMixture, SyntheticRegressionMixture
 from fl_lightning.data.datasets.prioritized_synthetic import PrioritizedSynthetic
 from fl_lightning.data.datasets.synthetic import FedProxSynthetic
@@ -17,6 +18,11 @@ __all__ = [
     "FashionMNIST",
     "FedProxSynthetic",
     "InMemoryDataset",
+    "LeafCelebA",
+    "LeafDataModule",
+    "LeafFEMNIST",
+    "LeafSent140",
+    "LeafShakespeare",
     "RotatedMixture",
     "SourceMixture",
     "SyntheticRegressionMixture",
