@@ -1,7 +1,7 @@
 """Reference models as LightningModules; bring any LightningModule instead."""
 
 from fl_lightning.models.classifier import ClassificationModule
-from fl_lightning.models.leaf import FemnistCNN, ShakespeareStackedLSTM
+from fl_lightning.models.leaf_models import FemnistCNN, ShakespeareStackedLSTM
 from fl_lightning.models.next_token import NextTokenModule, ShakespeareLSTM, StackOverflowLSTM
 from fl_lightning.models.reference import CNN, MLP, EmnistCNN, LogisticRegression, PflCNN
 from fl_lightning.models.regression import LinearRegression, MixtureLinearRegression

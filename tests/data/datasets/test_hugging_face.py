@@ -1,0 +1,77 @@
+"""HuggingFaceDataModule: a user column's values become the clients, on local parquet files and in-memory
+datasets (never the network: HF_DATASETS_OFFLINE=1)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+datasets = pytest.importorskip("datasets")
+
+from fl_lightning.data.datasets.hugging_face import HuggingFaceClients, HuggingFaceDataModule  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
+
+
+def rows(users: list[str], seed: int) -> dict[str, list]:
+    rng = np.random.default_rng(seed)
+    return {
+        "user_id": users,
+        "pixels": rng.random((len(users), 4)).astype(np.float32).tolist(),
+        "label": rng.integers(0, 3, len(users)).tolist(),
+    }
+
+
+TRAIN_USERS = ["u2", "u1", "u2", "u3", "u1", "u2"]
+TEST_USERS = ["u1", "u2", "u2"]
+
+
+def write_parquet(tmp_path: Path) -> dict[str, str]:
+    files = {}
+    for split, users, seed in (("train", TRAIN_USERS, 0), ("test", TEST_USERS, 1)):
+        files[split] = str(tmp_path / f"{split}.parquet")
+        datasets.Dataset.from_dict(rows(users, seed)).to_parquet(files[split])
+    return files
+
+
+def test_clients_are_the_sorted_users_with_their_rows_in_file_order():
+    data = rows(TRAIN_USERS, 0)
+    reader = HuggingFaceClients(datasets.Dataset.from_dict(data), "user_id", ["pixels", "label"])
+    assert list(reader.client_ids) == ["u1", "u2", "u3"]
+    assert reader.num_samples.tolist() == [2, 3, 1]
+    pixels, labels = reader.read(1)  # u2: rows 0, 2, 5
+    assert torch.equal(labels, torch.tensor([data["label"][i] for i in (0, 2, 5)]))
+    assert torch.allclose(pixels, torch.tensor([data["pixels"][i] for i in (0, 2, 5)]))
+
+
+def test_a_parquet_release_gives_the_natural_clients_and_its_test_split(tmp_path: Path):
+    module = HuggingFaceDataModule(
+        "parquet", data_files=write_parquet(tmp_path), user_column="user_id", columns=["pixels", "label"], batch_size=2
+    )
+    assert module.client_ids == ["u1", "u2", "u3"] and module.num_clients == 3
+    assert [module.client_num_samples(c) for c in range(3)] == [2, 3, 1]
+    test_labels = torch.cat([y for _, y in module.test_dataloader()])
+    expected = rows(TEST_USERS, 1)["label"]
+    assert test_labels.tolist() == [expected[0], expected[1], expected[2]]  # u1's row, then u2's two
+    assert len(module.holdout_dataloader(2).dataset) == 0  # u3 has no test rows
+    batches = module.client_batches(1, generator=torch.Generator().manual_seed(0), num_epochs=1)
+    assert sum(len(y) for _, y in batches) == 3
+
+
+def test_bad_columns_and_splits_are_named(tmp_path: Path):
+    files = write_parquet(tmp_path)
+    with pytest.raises(ValueError, match=r"no column \['writer'\]; its columns are \['user_id', 'pixels', 'label'\]"):
+        HuggingFaceDataModule("parquet", data_files=files, user_column="writer", columns=["pixels", "label"])
+    with pytest.raises(ValueError, match=r"no split \['validation'\]; its splits are \['train', 'test'\]"):
+        HuggingFaceDataModule("parquet", data_files=files, user_column="user_id", columns=["label"], val_split="validation")
+    data = datasets.Dataset.from_dict({"user_id": ["a", None], "label": [0, 1]})
+    with pytest.raises(ValueError, match="'user_id' is empty in 1 rows"):
+        HuggingFaceClients(data, "user_id", ["label"])
