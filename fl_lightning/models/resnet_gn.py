@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from fl_lightning.mixins.proximal import ProximalMixin
@@ -50,16 +51,26 @@ class ResNet18GN(ProximalMixin, ClassificationModule):
     The reference adds an L2 penalty of 1e-4 through Keras regularisers; here that is ``weight_decay``
     (off by default, as TFF's training loop leaves Keras' regularisation losses out).
 
+    Reddi et al. train on 24×24 crops of the 32×32 images: with ``crop``, each training image is cropped at
+    a uniformly random offset and mirrored left-right with probability 1/2 (TFF's CIFAR-100 preprocessing),
+    each evaluated image cropped centrally. The draws come from torch's global generator, as dropout's do.
+
     Args:
         in_channels: image channels.
         num_classes: number of classes.
         groups: GroupNorm groups per layer (Reddi et al.: 2).
+        crop: side of the square crop taken from every image (``None``: the whole image).
     """
 
-    def __init__(self, *, in_channels: int = 3, num_classes: int = 100, groups: int = 2, **kwargs: Any) -> None:
+    def __init__(
+        self, *, in_channels: int = 3, num_classes: int = 100, groups: int = 2, crop: int | None = 24, **kwargs: Any
+    ) -> None:
         super().__init__(num_classes=num_classes, **kwargs)
         if groups < 1 or 64 % groups:
             raise ValueError(f"`groups` must divide every layer's width (64, 128, 256, 512), got {groups}.")
+        if crop is not None and crop < 1:
+            raise ValueError(f"`crop` must be >= 1 or None, got {crop}.")
+        self.crop = crop
         eps = 1e-3
         widths = [64, 64, 64, 128, 128, 256, 256, 512, 512]
         blocks = [
@@ -82,3 +93,22 @@ class ResNet18GN(ProximalMixin, ClassificationModule):
                 nn.init.kaiming_normal_(m.weight, nonlinearity="relu")
         nn.init.normal_(self.net[-1].weight, 0.0, 0.01)
         nn.init.zeros_(self.net[-1].bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x if self.crop is None else self._cropped(x, self.crop))
+
+    def _cropped(self, x: Tensor, size: int) -> Tensor:
+        n, _, h, w = x.shape
+        if size > min(h, w):
+            raise ValueError(f"`crop`={size} is larger than the {h}x{w} images.")
+        if not self.training:  # central, as tf.image.resize_with_crop_or_pad
+            top, left = (h - size) // 2, (w - size) // 2
+            return x[..., top : top + size, left : left + size]
+        window = torch.arange(size, device=x.device)
+        rows = torch.randint(0, h - size + 1, (n, 1), device=x.device) + window
+        cols = torch.randint(0, w - size + 1, (n, 1), device=x.device) + window
+        samples = torch.arange(n, device=x.device)[:, None, None, None]
+        channels = torch.arange(x.shape[1], device=x.device)[None, :, None, None]
+        cropped = x[samples, channels, rows[:, None, :, None], cols[:, None, None, :]]
+        mirrored = torch.rand(n, device=x.device) < 0.5
+        return torch.where(mirrored[:, None, None, None], cropped.flip(-1), cropped)

@@ -38,11 +38,26 @@ def test_group_norm_with_two_groups_everywhere_and_no_batch_norm():
 
 def test_cifar_crops_give_logits_and_the_stages_keep_the_resolution():
     model = ResNet18GN().eval()
-    assert model(torch.rand(2, 3, 24, 24)).shape == (2, 100)
+    assert model(torch.rand(2, 3, 32, 32)).shape == (2, 100)
     stem = model.net[:4](torch.rand(1, 3, 24, 24))
     assert stem.shape[-2:] == model.net[:-5](torch.rand(1, 3, 24, 24)).shape[-2:] == (6, 6)
 
 
-def test_bad_groups():
+def test_training_crops_are_random_windows_maybe_mirrored_and_evaluation_crops_central():
+    model = ResNet18GN()
+    x = torch.arange(2 * 3 * 32 * 32, dtype=torch.float32).reshape(2, 3, 32, 32)
+    assert torch.equal(model.eval()._cropped(x, 24), x[..., 4:28, 4:28])
+    torch.manual_seed(0)
+    crops = model.train()._cropped(x, 24)
+    windows = {(i, top, left, flip) for i in range(2) for top in range(9) for left in range(9) for flip in (False, True)
+               if torch.equal(crops[i], (lambda w: w.flip(-1) if flip else w)(x[i, :, top : top + 24, left : left + 24]))}
+    assert {i for i, *_ in windows} == {0, 1}  # every sample is a window of its own image
+    with pytest.raises(ValueError, match="larger than the 16x16 images"):
+        model(torch.rand(1, 3, 16, 16))
+
+
+def test_bad_arguments():
     with pytest.raises(ValueError, match="`groups` must divide"):
         ResNet18GN(groups=3)
+    with pytest.raises(ValueError, match="`crop` must be >= 1 or None, got 0"):
+        ResNet18GN(crop=0)
