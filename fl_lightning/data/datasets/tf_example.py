@@ -6,23 +6,19 @@ field in a private descriptor pool (so it never clashes with another copy, e.g. 
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
 
-try:
-    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-except ImportError:  # pragma: no cover - exercised only without the optional extra
-    descriptor_pb2 = None  # type: ignore[assignment]
 
-
-
-def _example_class() -> Any:
+@functools.cache
+def example_message() -> Any:
     """The ``Example`` message class, built from a descriptor equal to TensorFlow's ``example.proto``."""
-    if descriptor_pb2 is None:
-        raise ImportError(
-            "Reading TFF's SQLite files needs the protobuf package: pip install 'fl-lightning[datasets]'."
-        )
+    try:  # imported here: only TFF's files need it (the ``datasets`` extra)
+        from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+    except ImportError:
+        raise ImportError("Reading TFF's SQLite files needs protobuf: pip install 'fl-lightning[datasets]'.") from None
     field = descriptor_pb2.FieldDescriptorProto
     proto = descriptor_pb2.FileDescriptorProto(name="fl_lightning/tf_example.proto", package="tensorflow", syntax="proto3")
 
@@ -58,15 +54,9 @@ def _example_class() -> Any:
     return message_factory.GetMessageClass(pool.FindMessageTypeByName("tensorflow.Example"))
 
 
-_EXAMPLE: Any = None
-
-
 def parse_example(serialized: bytes) -> dict[str, np.ndarray | list[bytes]]:
     """The features of one serialized ``tf.train.Example``: ``float32``/``int64`` arrays, or a list of ``bytes``."""
-    global _EXAMPLE
-    if _EXAMPLE is None:
-        _EXAMPLE = _example_class()
-    example = _EXAMPLE.FromString(serialized)
+    example = example_message().FromString(serialized)
     parsed: dict[str, np.ndarray | list[bytes]] = {}
     for key, feature in example.features.feature.items():
         kind = feature.WhichOneof("kind")

@@ -22,7 +22,7 @@ import numpy as np
 from torch import Tensor
 
 from fl_lightning.data.client_reader import ClientReader, missing_data_error
-from fl_lightning.data.datasets.tf_example import parse_example
+from fl_lightning.data.datasets.tf_example import example_message, parse_example
 
 #: One client's parsed ``tf.train.Example`` features, in row order -> that client's tensors.
 Decode = Callable[[list[dict[str, Any]]], tuple[Tensor, ...]]
@@ -51,6 +51,7 @@ class TffSqliteReader(ClientReader):
         if not self.path.is_file():
             source = f"{TFF_URL}/{self.path.name}.lzma (then: unxz {self.path.name}.lzma)"
             raise missing_data_error(dataset, self.path, source=source, folder=self.path.parent)
+        example_message()  # fails now, naming the extra, if protobuf is missing
         self._connection: sqlite3.Connection | None = None
         tables = {row[0] for row in self._query("SELECT name FROM sqlite_master WHERE type = 'table'")}
         if not {"examples", "client_metadata"} <= tables:
