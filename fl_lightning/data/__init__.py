@@ -23,6 +23,10 @@ from fl_lightning.data.datasets import (
     SourceMixture,
     SyntheticRegressionMixture,
     PrioritizedSynthetic,
+    TffCIFAR100,
+    TffEMNIST,
+    TffShakespeare,
+    TffStackOverflow,
 )
 from fl_lightning.data.partitioners import IID, Dirichlet, LabelsPerClient, Natural, ParetoSizes, Partitioner, Shards
 from fl_lightning.data.label_groups import LabelGroups
@@ -58,5 +62,9 @@ __all__ = [
     "SyntheticRegressionMixture",
     "PrioritizedSynthetic",
     "Shards",
+    "TffCIFAR100",
+    "TffEMNIST",
+    "TffShakespeare",
+    "TffStackOverflow",
     "client_batches",
 ]

@@ -35,12 +35,16 @@ class NaturalDataModule(RecordsInitArgs, LightningDataModule):
       least one, never all; none of a one-sample client), drawn from ``(seed, client)``; with
       neither, nothing is validated (a warning says so) and the test split never stands in;
     - test (``test_dataloader``, ``trainer.test()``): ``test`` pooled over its clients. Client ``c``'s
-      own test samples are its held-out data (:meth:`holdout_dataloader`, for
-      :class:`~fl_lightning.callbacks.FederatedEvaluation`); a client absent from ``test`` has none.
+      own test samples (those of the test client with its id) are its held-out data
+      (:meth:`holdout_dataloader`, for :class:`~fl_lightning.callbacks.FederatedEvaluation`); a client
+      absent from ``test`` has none, and with ``test_by_client=False`` (test clients that are other
+      users, whatever their ids) no client has any.
 
     Args:
         train: The clients' training split.
         test: The test split (the same users as ``train`` in LEAF and TFF EMNIST, other users in StackOverflow).
+        test_by_client: Whether a test client is the training client with the same id (``False`` for
+            TFF CIFAR-100, whose test clients are other partitions numbered from 0 again).
         val: The source's held-out split for the server's validation (exclusive with ``val_fraction``).
         val_fraction: Fraction of each client's training samples set aside for the server's validation, in ``(0, 1)``.
         batch_size: Clients' local batch size.
@@ -57,6 +61,7 @@ class NaturalDataModule(RecordsInitArgs, LightningDataModule):
         train: ClientReader,
         test: ClientReader | None = None,
         *,
+        test_by_client: bool = True,
         val: ClientReader | None = None,
         val_fraction: float | None = None,
         batch_size: int = 10,
@@ -89,7 +94,8 @@ class NaturalDataModule(RecordsInitArgs, LightningDataModule):
             self.train = ClientFraction(train, self.val_fraction, self.seed, held=False)
             self.val = ClientFraction(train, self.val_fraction, self.seed, held=True)
         self.test = test
-        self._test_position = self._positions_in(test) if test is not None else None
+        self.test_by_client = check_bool("test_by_client", test_by_client)
+        self._test_position = self._positions_in(test) if test is not None and test_by_client else None
         self._warned_no_validation = False
 
     @property
@@ -133,8 +139,9 @@ class NaturalDataModule(RecordsInitArgs, LightningDataModule):
     def holdout_dataloader(self, cid: int) -> DataLoader[Any]:
         """Client ``cid``'s own test samples, in order (empty for a client absent from the test split)."""
         self._check_cid(cid)
-        if self.test is None or self._test_position is None:
-            raise RuntimeError(f"{type(self).__name__} has no test split, so its clients have no held-out data.")
+        if self._test_position is None:
+            why = "no test split" if self.test is None else "test clients that are not its training clients"
+            raise RuntimeError(f"{type(self).__name__} has {why}, so its clients have no held-out data of their own.")
         position = int(self._test_position[cid])
         dataset: Dataset[Any] = ClientSamples(self.test, position) if position >= 0 else _EMPTY
         return self._loader(dataset)

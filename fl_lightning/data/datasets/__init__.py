@@ -6,6 +6,7 @@ from fl_lightning.data.datasets.leaf import LeafCelebA, LeafDataModule, LeafFEMN
 from fl_lightning.data.datasets.mixture import RotatedMixture, SourceMixture, SyntheticRegressionMixture
 from fl_lightning.data.datasets.prioritized_synthetic import PrioritizedSynthetic
 from fl_lightning.data.datasets.synthetic import FedProxSynthetic
+from fl_lightning.data.datasets.tff import TffCIFAR100, TffEMNIST, TffShakespeare, TffStackOverflow
 from fl_lightning.data.datasets.vision import CIFAR10, CIFAR100, EMNIST, MNIST, SVHN, FashionMNIST
 
 __all__ = [
@@ -27,4 +28,8 @@ __all__ = [
     "SourceMixture",
     "SyntheticRegressionMixture",
     "PrioritizedSynthetic",
+    "TffCIFAR100",
+    "TffEMNIST",
+    "TffShakespeare",
+    "TffStackOverflow",
 ]
