@@ -3,11 +3,17 @@ the accuracy that leaves out the tokens the reference metric masks, both against
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
+from fl_lightning.data.datasets.tff import TffShakespeare
 from fl_lightning.models import ShakespeareLSTM, StackOverflowLSTM
+
+from ..data.datasets.tff_files import write_tff_sqlite
+from ..quiet import quiet_trainer
 
 # _evaluate runs outside a Trainer here: Lightning's self.log warns and does nothing; the metric still updates.
 pytestmark = pytest.mark.filterwarnings("ignore:You are trying to")
@@ -93,3 +99,10 @@ def test_next_token_models_reload_from_their_hyperparameters():
         clone = type(model)(**model.hparams)
         assert [p.shape for p in clone.parameters()] == [p.shape for p in model.parameters()]
         assert clone.uncounted_ids() == model.uncounted_ids()
+
+
+def test_a_model_sized_for_other_data_is_refused_at_fit(tmp_path: Path):
+    write_tff_sqlite(tmp_path / "shakespeare.sqlite", {"train": {"A": [{"snippets": [b"to be"]}]}, "test": {"A": [{"snippets": [b"or"]}]}})
+    trainer = quiet_trainer(max_epochs=1, clients_per_round=1)
+    with pytest.raises(ValueError, match="predicts 80 classes .* but TffShakespeare has 90"):
+        trainer.fit(ShakespeareLSTM(vocab_size=80, hidden=4), datamodule=TffShakespeare(str(tmp_path), sequence_length=4))
