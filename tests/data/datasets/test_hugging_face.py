@@ -50,6 +50,8 @@ def test_clients_are_the_sorted_users_with_their_rows_in_file_order():
     pixels, labels = reader.read(1)  # u2: rows 0, 2, 5
     assert torch.equal(labels, torch.tensor([data["label"][i] for i in (0, 2, 5)]))
     assert torch.allclose(pixels, torch.tensor([data["pixels"][i] for i in (0, 2, 5)]))
+    numbered = HuggingFaceClients(datasets.Dataset.from_dict({"user": [10, 2, 10], "label": [0, 1, 2]}), "user", ["label"])
+    assert list(numbered.client_ids) == ["2", "10"] and numbered.read(1)[0].tolist() == [0, 2]  # numbers sort as numbers
 
 
 def test_a_parquet_release_gives_the_natural_clients_and_its_test_split(tmp_path: Path):
