@@ -41,7 +41,7 @@ def _keras_lstm_init(embedding: nn.Embedding, lstm: nn.LSTM, dense: Sequence[nn.
         nn.init.zeros_(layer.bias)
 
 
-class NextTokenModule(ProximalMixin, ClassificationModule):
+class NextTokenModule(ClassificationModule):
     """Base for per-position next-token models: batches are ``(x, y)`` of ``[N, T]`` token ids, ``y`` the
     tokens that follow ``x``; ``forward`` gives ``[N, T, vocab]`` logits.
 
@@ -106,7 +106,8 @@ class _EmbeddingLSTM(NextTokenModule):
         return out
 
 
-class ShakespeareLSTM(_EmbeddingLSTM):
+# ProximalMixin first in each concrete class, so that its training_step wraps NextTokenModule's (FedProx-ready).
+class ShakespeareLSTM(ProximalMixin, _EmbeddingLSTM):
     """Reddi et al.'s Shakespeare next-character model (McMahan et al. 2017's): an 8-dimensional embedding,
     two LSTM layers of 256 units and a linear output over TFF's 86 characters plus padding (id 0), OOV,
     BOS and EOS (ids 87-89): 90 ids. Accuracy leaves out padding only, as the authors' metric does.
@@ -123,7 +124,7 @@ class ShakespeareLSTM(_EmbeddingLSTM):
         self.save_hyperparameters(ignore=["lr_scheduler", "num_classes"])  # num_classes is derived: reloadable
 
 
-class StackOverflowLSTM(_EmbeddingLSTM):
+class StackOverflowLSTM(ProximalMixin, _EmbeddingLSTM):
     """Reddi et al.'s Stack Overflow next-word model: ids are padding (0), the ``vocab_size`` most frequent
     words (1 .. vocab_size), ``num_oov_buckets`` OOV ids, BOS and EOS; a 96-dimensional embedding, one
     LSTM layer of 670 units, a linear projection to 96 and a linear output over all ids (4,050,748
