@@ -170,3 +170,23 @@ def test_femnist_trains_through_federated_trainer(femnist_root: Path) -> None:
     trainer.fit(model, datamodule=LeafFEMNIST(str(femnist_root), val_fraction=0.3))
     result = trainer.test(model, datamodule=LeafFEMNIST(str(femnist_root)), verbose=False)
     assert 0 <= result[0]["test_acc"] <= 1
+
+
+@pytest.mark.usefixtures("cli_in_tmp_path")
+def test_fl_lightning_fit_and_test_run_a_leaf_config(femnist_root: Path, tmp_path: Path) -> None:
+    from fl_lightning.cli import main
+
+    config = tmp_path / "femnist.yaml"
+    config.write_text(
+        f"""
+trainer: {{max_epochs: 2, clients_per_round: 2, local_steps: 1, accelerator: cpu, logger: false, enable_progress_bar: false}}
+model:
+  class_path: fl_lightning.models.MLP
+  init_args: {{in_features: 784, hidden: [8], num_classes: 62}}
+data:
+  class_path: fl_lightning.data.LeafFEMNIST
+  init_args: {{root: {str(femnist_root)!r}, val_fraction: 0.3, batch_size: 4}}
+"""
+    )
+    main(["fit", "--config", str(config)])
+    main(["test", "--config", str(config)])
