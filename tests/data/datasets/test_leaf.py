@@ -78,9 +78,9 @@ def test_only_the_training_client_is_decoded(femnist_root: Path, monkeypatch: py
 
 
 def test_index_spans_decode_to_each_users_record(tmp_path: Path) -> None:
-    users = {"b": {"x": [[1, 2]], "y": [0]}, "a é": {"x": [[3, 4], [5, 6]], "y": [1, "é"]}}
-    path = tmp_path / "f.json"
-    path.write_text('{ "num_samples" : [1, 2],\n "user_data": {"b": {"x": [[1, 2]], "y": [0]} ,\n'
+    users = {"b": {"x": [["}", "a\\\"]{"]], "y": [0]}, "a é": {"x": [[3, 4], [5, 6]], "y": [1, "é"]}}
+    path = tmp_path / "f.json"  # brackets and escaped quotes inside strings, spaces, keys in another order
+    path.write_text('{ "num_samples" : [1, 2],\n "user_data": {"b": {"x": [["}", "a\\\\\\"]{"]], "y": [0]} ,\n'
                     '"a \\u00e9":{"x":[[3,4],[5,6]],"y":[1,"é"]}}, "users": ["b", "a é"] }', encoding="utf-8")
     ids, counts, spans = index_leaf_file(path)
     assert ids == ["b", "a é"] and counts == [1, 2]
