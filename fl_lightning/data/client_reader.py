@@ -17,12 +17,14 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from fl_lightning.data._data_checks import check_int
+from fl_lightning.utils.init_args import RecordsInitArgs
 
 
-class ClientReader(ABC):
+class ClientReader(RecordsInitArgs, ABC):
     """One split of a naturally partitioned source: its clients, their sample counts, their samples on demand.
 
-    Implement :attr:`client_ids` (the order defines client positions), :attr:`num_samples` (aligned
+    Its constructor arguments (a path, a split) are logged with the data module's, as every configurable
+    piece's are (:class:`~fl_lightning.utils.init_args.RecordsInitArgs`). Implement :attr:`client_ids` (the order defines client positions), :attr:`num_samples` (aligned
     with it, from an index: reading samples to count them defeats the purpose) and :meth:`read`.
     """
 

@@ -141,12 +141,14 @@ class TffStackOverflow(NaturalDataModule):
 
 
 class TffCIFAR100(NaturalDataModule):
-    """TFF's federated CIFAR-100 (``cifar100.sqlite``): 500 train clients of 100 images and 100 test clients,
-    partitioned by Pachinko allocation over the coarse and fine labels (Reddi et al. 2021, App. C.1).
+    """TFF's federated CIFAR-100 (``cifar100.sqlite``): 500 train clients and 100 test clients of 100 images each,
+    partitioned by Pachinko allocation (per client, Dirichlet(0.1) over the coarse labels, then Dirichlet(10)
+    over each coarse label's fine labels; TFF's ``cifar100.load_data``).
 
     A sample is the ``[3, 32, 32]`` image scaled to ``[0, 1]`` (TFF stores ``uint8`` HWC); Reddi et al.'s
     24x24 crops (random in training, central in test) are the model's transform, not done here. The test
-    clients differ from the training clients, so a training client has no held-out data of its own.
+    clients (ids ``0-99``) are other partitions than the training clients of the same ids, so a training
+    client has no held-out data of its own.
 
     Args:
         root: The folder holding ``cifar100.sqlite``.

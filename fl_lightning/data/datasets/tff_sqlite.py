@@ -13,6 +13,7 @@ with an index on ``examples(split_name, client_id)``. The client ids and counts 
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -53,12 +54,12 @@ class TffSqliteReader(ClientReader):
             raise missing_data_error(dataset, self.path, source=source, folder=self.path.parent)
         example_message()  # fails now, naming the extra, if protobuf is missing
         self._connection: sqlite3.Connection | None = None
+        self._pid = os.getpid()
         tables = {row[0] for row in self._query("SELECT name FROM sqlite_master WHERE type = 'table'")}
         if not {"examples", "client_metadata"} <= tables:
             raise ValueError(f"{str(self.path)!r} is not a TFF SQLite file: it needs the tables examples and client_metadata.")
-        rows = self._query(
-            "SELECT client_id, num_examples FROM client_metadata WHERE split_name = ? ORDER BY client_id", (split,)
-        )
+        # Sorted here: SQLite would walk the client_id index and fetch every row at random.
+        rows = sorted(self._query("SELECT client_id, num_examples FROM client_metadata WHERE split_name = ?", (split,)))
         if not rows:
             splits = sorted(row[0] for row in self._query("SELECT DISTINCT split_name FROM client_metadata"))
             raise ValueError(f"{str(self.path)!r} has no clients in split {split!r}; its splits are {splits}.")
@@ -94,9 +95,11 @@ class TffSqliteReader(ClientReader):
         return counts
 
     def _query(self, sql: str, parameters: tuple[Any, ...] = ()) -> list[Any]:
-        # Opened on first use in each process: a connection cannot cross a fork or a pickle (DataLoader workers).
-        if self._connection is None:
+        # Opened on first use in each process: SQLite forbids using a connection across a fork, and a
+        # connection cannot be pickled (DataLoader workers get the reader either way).
+        if self._connection is None or self._pid != os.getpid():
             self._connection = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False)
+            self._pid = os.getpid()
         return self._connection.execute(sql, parameters).fetchall()
 
     def __getstate__(self) -> dict[str, Any]:

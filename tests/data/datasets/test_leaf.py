@@ -78,9 +78,9 @@ def test_only_the_training_client_is_decoded(femnist_root: Path, monkeypatch: py
 
 
 def test_index_spans_decode_to_each_users_record(tmp_path: Path) -> None:
-    users = {"b": {"x": [[1, 2]], "y": [0]}, "a é": {"x": [[3, 4], [5, 6]], "y": [1, "é"]}}
-    path = tmp_path / "f.json"
-    path.write_text('{ "num_samples" : [1, 2],\n "user_data": {"b": {"x": [[1, 2]], "y": [0]} ,\n'
+    users = {"b": {"x": [["}", "a\\\"]{"]], "y": [0]}, "a é": {"x": [[3, 4], [5, 6]], "y": [1, "é"]}}
+    path = tmp_path / "f.json"  # brackets and escaped quotes inside strings, spaces, keys in another order
+    path.write_text('{ "num_samples" : [1, 2],\n "user_data": {"b": {"x": [["}", "a\\\\\\"]{"]], "y": [0]} ,\n'
                     '"a \\u00e9":{"x":[[3,4],[5,6]],"y":[1,"é"]}}, "users": ["b", "a é"] }', encoding="utf-8")
     ids, counts, spans = index_leaf_file(path)
     assert ids == ["b", "a é"] and counts == [1, 2]
@@ -170,3 +170,23 @@ def test_femnist_trains_through_federated_trainer(femnist_root: Path) -> None:
     trainer.fit(model, datamodule=LeafFEMNIST(str(femnist_root), val_fraction=0.3))
     result = trainer.test(model, datamodule=LeafFEMNIST(str(femnist_root)), verbose=False)
     assert 0 <= result[0]["test_acc"] <= 1
+
+
+@pytest.mark.usefixtures("cli_in_tmp_path")
+def test_fl_lightning_fit_and_test_run_a_leaf_config(femnist_root: Path, tmp_path: Path) -> None:
+    from fl_lightning.cli import main
+
+    config = tmp_path / "femnist.yaml"
+    config.write_text(
+        f"""
+trainer: {{max_epochs: 2, clients_per_round: 2, local_steps: 1, accelerator: cpu, logger: false, enable_progress_bar: false}}
+model:
+  class_path: fl_lightning.models.MLP
+  init_args: {{in_features: 784, hidden: [8], num_classes: 62}}
+data:
+  class_path: fl_lightning.data.LeafFEMNIST
+  init_args: {{root: {str(femnist_root)!r}, val_fraction: 0.3, batch_size: 4}}
+"""
+    )
+    main(["fit", "--config", str(config)])
+    main(["test", "--config", str(config)])

@@ -65,8 +65,14 @@ def test_only_the_training_client_is_parsed(emnist_root: Path, monkeypatch: pyte
     assert parsed == []  # the index is client_metadata alone
     data.client_batches(1, generator=torch.Generator(), num_epochs=1)
     assert len(parsed) == 5
-    reader = pickle.loads(pickle.dumps(data.train))  # as a DataLoader worker gets it
+    reader = pickle.loads(pickle.dumps(data.train))  # as a spawned DataLoader worker gets it
     assert len(reader.read(0)[1]) == 4
+
+
+def test_evaluation_loaders_read_in_worker_processes(emnist_root: Path) -> None:
+    data = TffEMNIST(str(emnist_root), num_workers=2)
+    data.train.read(0)  # the parent's connection is open before the workers fork
+    assert sum(len(y) for _, y in data.test_dataloader()) == 6
 
 
 def test_emnist_trains_and_tests(emnist_root: Path) -> None:
