@@ -12,6 +12,9 @@ import torch
 datasets = pytest.importorskip("datasets")
 
 from fl_lightning.data.datasets.hugging_face import HuggingFaceClients, HuggingFaceDataModule  # noqa: E402
+from fl_lightning.models import MLP  # noqa: E402
+
+from ...quiet import quiet_trainer  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -77,3 +80,17 @@ def test_bad_columns_and_splits_are_named(tmp_path: Path):
     data = datasets.Dataset.from_dict({"user_id": ["a", None], "label": [0, 1]})
     with pytest.raises(ValueError, match="'user_id' is empty in 1 rows"):
         HuggingFaceClients(data, "user_id", ["label"])
+
+
+def test_trains_through_federated_trainer(tmp_path: Path):
+    module = HuggingFaceDataModule(
+        "parquet", data_files=write_parquet(tmp_path), user_column="user_id", columns=["pixels", "label"], batch_size=2
+    )
+    trainer = quiet_trainer(max_epochs=2, clients_per_round=2)
+    model = MLP(in_features=4, hidden=(8,), num_classes=3)
+    trainer.fit(model, datamodule=module)
+    assert trainer.current_epoch == 2
+    test = rows(TEST_USERS, 1)
+    with torch.no_grad():
+        expected = (model(torch.tensor(test["pixels"])).argmax(1) == torch.tensor(test["label"])).float().mean()
+    assert trainer.test(model, datamodule=module, verbose=False)[0]["test_acc"] == pytest.approx(expected.item())
