@@ -94,3 +94,17 @@ def test_trains_through_federated_trainer(tmp_path: Path):
     with torch.no_grad():
         expected = (model(torch.tensor(test["pixels"])).argmax(1) == torch.tensor(test["label"])).float().mean()
     assert trainer.test(model, datamodule=module, verbose=False)[0]["test_acc"] == pytest.approx(expected.item())
+
+
+def test_a_validation_split_is_the_servers_and_no_test_split_means_no_test(tmp_path: Path):
+    files = write_parquet(tmp_path)
+    files["validation"] = str(tmp_path / "validation.parquet")
+    datasets.Dataset.from_dict(rows(["v9", "v1"], 2)).to_parquet(files["validation"])
+    module = HuggingFaceDataModule(
+        "parquet", data_files=files, user_column="user_id", columns=["label"], val_split="validation", test_split=None
+    )
+    (labels,), = module.val_dataloader()
+    expected = rows(["v9", "v1"], 2)["label"]
+    assert labels.tolist() == [expected[1], expected[0]]  # user v1, then v9
+    with pytest.raises(RuntimeError, match="has no test split"):
+        module.test_dataloader()
