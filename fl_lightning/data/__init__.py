@@ -1,8 +1,10 @@
-"""Federated data: partitioners, in-memory datasets, client batch streams and the datamodule."""
+"""Federated data: partitioners, in-memory datasets, natural partitions (LEAF, TFF), client batch streams and the datamodules."""
 
 from fl_lightning.data.batches import ClientBatches, client_batches
 from fl_lightning.data.datamodule import FederatedDataModule
+from fl_lightning.data.client_reader import ClientReader
 from fl_lightning.data.federated import Federated
+from fl_lightning.data.natural import NaturalDataModule
 from fl_lightning.data.datasets import (
     CIFAR10,
     CIFAR100,
@@ -13,10 +15,18 @@ from fl_lightning.data.datasets import (
     FashionMNIST,
     FedProxSynthetic,
     InMemoryDataset,
+    LeafCelebA,
+    LeafFEMNIST,
+    LeafSent140,
+    LeafShakespeare,
     RotatedMixture,
     SourceMixture,
     SyntheticRegressionMixture,
     PrioritizedSynthetic,
+    TffCIFAR100,
+    TffEMNIST,
+    TffShakespeare,
+    TffStackOverflow,
 )
 from fl_lightning.data.partitioners import IID, Dirichlet, LabelsPerClient, Natural, ParetoSizes, Partitioner, Shards
 from fl_lightning.data.label_groups import LabelGroups
@@ -29,6 +39,7 @@ __all__ = [
     "MNIST",
     "SVHN",
     "ClientBatches",
+    "ClientReader",
     "Digits",
     "Dirichlet",
     "FashionMNIST",
@@ -38,7 +49,12 @@ __all__ = [
     "InMemoryDataset",
     "LabelGroups",
     "LabelsPerClient",
+    "LeafCelebA",
+    "LeafFEMNIST",
+    "LeafSent140",
+    "LeafShakespeare",
     "Natural",
+    "NaturalDataModule",
     "ParetoSizes",
     "Partitioner",
     "RotatedMixture",
@@ -46,5 +62,9 @@ __all__ = [
     "SyntheticRegressionMixture",
     "PrioritizedSynthetic",
     "Shards",
+    "TffCIFAR100",
+    "TffEMNIST",
+    "TffShakespeare",
+    "TffStackOverflow",
     "client_batches",
 ]

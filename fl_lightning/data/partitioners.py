@@ -269,14 +269,26 @@ class Natural(Partitioner):
         self, targets: np.ndarray | None, num_samples: int, num_clients: int, rng: np.random.Generator
     ) -> list[np.ndarray]:
         assert targets is not None
-        ids, client_of = np.unique(targets, return_inverse=True)
+        ids, order, offsets = group_rows(targets)
         if len(ids) != num_clients:
             raise ValueError(
                 f"Natural: the dataset has {len(ids)} distinct client ids but num_clients={num_clients}; "
                 f"set num_clients={len(ids)}."
             )
-        order = np.argsort(client_of, kind="stable")
-        return np.split(order, np.cumsum(np.bincount(client_of, minlength=num_clients))[:-1])
+        return np.split(order, offsets[1:-1])
+
+
+def group_rows(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows grouped by value: the sorted distinct values ``ids``, and ``order`` with ``offsets`` such that
+    ``order[offsets[c]:offsets[c + 1]]`` are the rows holding ``ids[c]``, in row order.
+
+    One index of ``len(values)`` integers and one of ``len(ids) + 1``, not an array per group, so a
+    population of 100,000+ users costs two arrays.
+    """
+    ids, group_of = np.unique(values, return_inverse=True)
+    order = np.argsort(group_of.reshape(-1), kind="stable")
+    offsets = np.concatenate([[0], np.cumsum(np.bincount(group_of.reshape(-1), minlength=len(ids)))])
+    return ids, order, offsets
 
 
 def _deal_labels(labels: np.ndarray, num_clients: int, k: int, rng: np.random.Generator) -> list[np.ndarray]:

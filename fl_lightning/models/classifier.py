@@ -57,6 +57,18 @@ class ClassificationModule(pl.LightningModule):
         self.test_acc = MulticlassAccuracy(num_classes=num_classes, average="micro")
         self.net: nn.Module = nn.Identity()
 
+    def setup(self, stage: str) -> None:
+        """Refuses a datamodule that declares another class count (the natural-partition sources do):
+        a mismatch would train, or count a next-token accuracy's special tokens, silently wrong."""
+        super().setup(stage)
+        datamodule = self.trainer.datamodule
+        declared = getattr(datamodule, "num_classes", None)
+        if isinstance(declared, int) and declared != self.num_classes:
+            raise ValueError(
+                f"{type(self).__name__} predicts {self.num_classes} classes (token ids) but {type(datamodule).__name__} "
+                f"has {declared}: set the model's size to the data's (num_classes, or vocab_size for a language model)."
+            )
+
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x)
 

@@ -113,3 +113,16 @@ class PflCNN(LinearTermMixin, ProximalMixin, ClassificationModule):
         for layer in self.net:
             if isinstance(layer, (nn.Conv2d, nn.Linear)):
                 nn.init.xavier_uniform_(layer.weight)
+
+
+class EmnistCNN(PflCNN):
+    """Reddi et al. 2021's EMNIST character-recognition CNN (App. C.2; ``create_conv_dropout_model`` in
+    ``utils/models/emnist_models.py`` of https://github.com/google-research/federated): :class:`PflCNN`'s
+    layers on 1×28×28 images with 62 classes (1,206,590 parameters), weights Glorot *normal* as there.
+    """
+
+    def __init__(self, *, in_channels: int = 1, image_size: int = 28, num_classes: int = 62, **kwargs: Any) -> None:
+        super().__init__(in_channels=in_channels, image_size=image_size, num_classes=num_classes, **kwargs)
+        for layer in self.net:
+            if isinstance(layer, (nn.Conv2d, nn.Linear)):
+                nn.init.xavier_normal_(layer.weight)

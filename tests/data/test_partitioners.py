@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 
 from fl_lightning.data import IID, Dirichlet, LabelsPerClient, Natural, ParetoSizes, Partitioner, Shards
+from fl_lightning.data.partitioners import group_rows
 
 NUM_SAMPLES = 1000
 NUM_CLIENTS = 10
@@ -210,3 +211,15 @@ def test_missing_targets() -> None:
 def test_targets_of_wrong_length() -> None:
     with pytest.raises(ValueError, match=r"targets must have shape \(10,\), got \(9,\)"):
         Shards()(np.zeros(9), 10, 2, np.random.default_rng(0))
+
+
+def test_group_rows_matches_a_dictionary_grouping():
+    users = np.array(["b", "a", "c", "a", "b", "b"], dtype=object)
+    ids, order, offsets = group_rows(users)
+    expected: dict[str, list[int]] = {}
+    for row, user in enumerate(users):
+        expected.setdefault(user, []).append(row)
+    assert list(ids) == sorted(expected)
+    assert [order[offsets[c] : offsets[c + 1]].tolist() for c in range(len(ids))] == [expected[u] for u in ids]
+    ids, order, offsets = group_rows(np.array([10, 2, 10]))  # numbers sort as numbers
+    assert ids.tolist() == [2, 10] and offsets.tolist() == [0, 1, 3] and order.tolist() == [1, 0, 2]

@@ -1,10 +1,12 @@
-"""Datasets that hold their samples in memory as tensors."""
+"""Datasets: in memory as tensors, or naturally partitioned and read one client at a time (LEAF, TFF)."""
 
 from fl_lightning.data.datasets.in_memory import InMemoryDataset
 from fl_lightning.data.datasets.digits import Digits
+from fl_lightning.data.datasets.leaf import LeafCelebA, LeafDataModule, LeafFEMNIST, LeafSent140, LeafShakespeare
 from fl_lightning.data.datasets.mixture import RotatedMixture, SourceMixture, SyntheticRegressionMixture
 from fl_lightning.data.datasets.prioritized_synthetic import PrioritizedSynthetic
 from fl_lightning.data.datasets.synthetic import FedProxSynthetic
+from fl_lightning.data.datasets.tff import TffCIFAR100, TffEMNIST, TffShakespeare, TffStackOverflow
 from fl_lightning.data.datasets.vision import CIFAR10, CIFAR100, EMNIST, MNIST, SVHN, FashionMNIST
 
 __all__ = [
@@ -17,8 +19,17 @@ __all__ = [
     "FashionMNIST",
     "FedProxSynthetic",
     "InMemoryDataset",
+    "LeafCelebA",
+    "LeafDataModule",
+    "LeafFEMNIST",
+    "LeafSent140",
+    "LeafShakespeare",
     "RotatedMixture",
     "SourceMixture",
     "SyntheticRegressionMixture",
     "PrioritizedSynthetic",
+    "TffCIFAR100",
+    "TffEMNIST",
+    "TffShakespeare",
+    "TffStackOverflow",
 ]

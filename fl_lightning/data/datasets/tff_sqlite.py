@@ -1,0 +1,106 @@
+"""TensorFlow Federated's SQLite files, indexed by their ``client_metadata`` table and read one client at a time.
+
+``tff.simulation.datasets`` publishes each dataset as ``<name>.sqlite.lzma``
+(``https://storage.googleapis.com/tff-datasets-public/``); decompressed (``unxz``/``lzma -d``), it holds the
+tables of TFF's ``sql_client_data_utils``::
+
+    examples(split_name TEXT, client_id TEXT, serialized_example_proto BLOB)    -- one tf.train.Example a row
+    client_metadata(client_id TEXT, split_name TEXT, num_examples INTEGER)
+
+with an index on ``examples(split_name, client_id)``. The client ids and counts come from ``client_metadata``
+(one query); a client's rows are read by that index when it trains.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from torch import Tensor
+
+from fl_lightning.data.client_reader import ClientReader, missing_data_error
+from fl_lightning.data.datasets.tf_example import example_message, parse_example
+
+#: One client's parsed ``tf.train.Example`` features, in row order -> that client's tensors.
+Decode = Callable[[list[dict[str, Any]]], tuple[Tensor, ...]]
+#: Samples one parsed example yields, where that is not one (e.g. Shakespeare's 81-character chunks).
+Count = Callable[[dict[str, Any]], int]
+
+TFF_URL = "https://storage.googleapis.com/tff-datasets-public"
+
+
+class TffSqliteReader(ClientReader):
+    """The clients of one split (``split_name``) of a TFF SQLite file, sorted by id.
+
+    Args:
+        path: The decompressed ``.sqlite`` file.
+        split: Its ``split_name`` (``"train"``, ``"test"``, ``"heldout"``, ``"all_train"``, ...).
+        decode: Turns one client's parsed examples into tensors.
+        dataset: The dataset's name, for errors.
+        count: Samples per example, when an example is not one sample. The counts then need every
+            example's length, so the index reads the split once (only for small datasets: Shakespeare).
+    """
+
+    def __init__(self, path: str | Path, split: str, decode: Decode, *, dataset: str, count: Count | None = None) -> None:
+        self.path = Path(path)
+        self.split = split
+        self.decode = decode
+        if not self.path.is_file():
+            source = f"{TFF_URL}/{self.path.name}.lzma (then: unxz {self.path.name}.lzma)"
+            raise missing_data_error(dataset, self.path, source=source, folder=self.path.parent)
+        example_message()  # fails now, naming the extra, if protobuf is missing
+        self._connection: sqlite3.Connection | None = None
+        self._pid = os.getpid()
+        tables = {row[0] for row in self._query("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if not {"examples", "client_metadata"} <= tables:
+            raise ValueError(f"{str(self.path)!r} is not a TFF SQLite file: it needs the tables examples and client_metadata.")
+        # Sorted here: SQLite would walk the client_id index and fetch every row at random.
+        rows = sorted(self._query("SELECT client_id, num_examples FROM client_metadata WHERE split_name = ?", (split,)))
+        if not rows:
+            splits = sorted(row[0] for row in self._query("SELECT DISTINCT split_name FROM client_metadata"))
+            raise ValueError(f"{str(self.path)!r} has no clients in split {split!r}; its splits are {splits}.")
+        self._ids = [str(row[0]) for row in rows]
+        if len(set(self._ids)) != len(self._ids):
+            raise ValueError(f"{str(self.path)!r}: a client appears twice in client_metadata for split {split!r}.")
+        self._counts = np.fromiter((row[1] for row in rows), dtype=np.int64, count=len(rows))
+        if count is not None:
+            self._counts = self._counted(count)
+
+    @property
+    def client_ids(self) -> Sequence[str]:
+        return self._ids
+
+    @property
+    def num_samples(self) -> np.ndarray:
+        return self._counts
+
+    def read(self, position: int) -> tuple[Tensor, ...]:
+        rows = self._query(
+            "SELECT serialized_example_proto FROM examples WHERE split_name = ? AND client_id = ? ORDER BY rowid",
+            (self.split, self._ids[position]),
+        )
+        return self.decode([parse_example(row[0]) for row in rows])
+
+    def _counted(self, count: Count) -> np.ndarray:
+        position = {client: index for index, client in enumerate(self._ids)}
+        counts = np.zeros(len(self._ids), dtype=np.int64)
+        for client, proto in self._query(
+            "SELECT client_id, serialized_example_proto FROM examples WHERE split_name = ?", (self.split,)
+        ):
+            counts[position[client]] += count(parse_example(proto))
+        return counts
+
+    def _query(self, sql: str, parameters: tuple[Any, ...] = ()) -> list[Any]:
+        # Opened on first use in each process: SQLite forbids using a connection across a fork, and a
+        # connection cannot be pickled (DataLoader workers get the reader either way).
+        if self._connection is None or self._pid != os.getpid():
+            self._connection = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False)
+            self._pid = os.getpid()
+        return self._connection.execute(sql, parameters).fetchall()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_connection": None}

@@ -1,0 +1,192 @@
+"""LEAF's JSON files, written here exactly as LEAF's preprocessing writes them: parsing, client ids,
+per-client counts, the train/test split, lazy reads, and the missing-file error."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from fl_lightning import FederatedTrainer
+from fl_lightning.data import LeafCelebA, LeafFEMNIST, LeafSent140, LeafShakespeare
+from fl_lightning.data.datasets.leaf import SHAKESPEARE_LETTERS
+from fl_lightning.data.datasets.leaf_json import index_leaf_file
+
+from ...integration.conftest import QUIET
+
+
+def write_leaf(root: Path, split: str, files: list[dict[str, dict[str, list[Any]]]], *, indent: int | None = None) -> None:
+    """Writes ``<root>/data/<split>/part_<i>.json``, one per ``{user: {"x": [...], "y": [...]}}``, as LEAF's
+    ``split_data.py`` does (``json.dump`` of ``users``, ``num_samples``, ``user_data``)."""
+    folder = root / "data" / split
+    folder.mkdir(parents=True, exist_ok=True)
+    for number, users in enumerate(files):
+        record = {"users": list(users), "num_samples": [len(u["y"]) for u in users.values()], "user_data": users}
+        with open(folder / f"part_{number}.json", "w") as file:
+            json.dump(record, file, indent=indent)
+
+
+def femnist_user(seed: int, n: int) -> dict[str, list[Any]]:
+    rng = np.random.default_rng(seed)
+    return {"x": rng.random((n, 784)).round(4).tolist(), "y": rng.integers(0, 62, n).tolist()}
+
+
+@pytest.fixture
+def femnist_root(tmp_path: Path) -> Path:
+    users = {f"f{i:04d}_{i % 3}": femnist_user(i, 3 + i) for i in range(5)}
+    ids = list(users)
+    # Two files, users not in sorted order within or across them.
+    write_leaf(tmp_path, "train", [{ids[3]: users[ids[3]], ids[0]: users[ids[0]]}, {k: users[k] for k in (ids[4], ids[1], ids[2])}])
+    write_leaf(tmp_path, "test", [{k: femnist_user(100 + i, 2) for i, k in enumerate(ids)}], indent=2)
+    return tmp_path
+
+
+def test_femnist_clients_counts_samples_and_split(femnist_root: Path) -> None:
+    data = LeafFEMNIST(str(femnist_root), batch_size=100)
+    assert data.client_ids == [f"f{i:04d}_{i % 3}" for i in range(5)]  # sorted across files
+    assert [data.client_num_samples(c) for c in range(5)] == [3, 4, 5, 6, 7]
+    expected = femnist_user(3, 6)
+    (x, y), = data.client_batches(3, generator=torch.Generator(), num_epochs=1)
+    reference = torch.tensor(expected["x"], dtype=torch.float32).reshape(-1, 1, 28, 28)
+    assert x.shape == (6, 1, 28, 28) and y.dtype == torch.int64
+    assert sorted(map(tuple, x.reshape(6, -1).tolist())) == sorted(map(tuple, reference.reshape(6, -1).tolist()))
+    assert sorted(y.tolist()) == sorted(expected["y"])
+    (held_x, held_y), = data.holdout_dataloader(3)  # the client's own LEAF test samples, in file order
+    assert torch.equal(held_x, torch.tensor(femnist_user(103, 2)["x"], dtype=torch.float32).reshape(-1, 1, 28, 28))
+    assert sum(len(y) for _, y in data.test_dataloader()) == 10
+
+
+def test_only_the_training_client_is_decoded(femnist_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    decoded: list[int] = []
+    original = LeafFEMNIST.decode
+
+    def counting(self: LeafFEMNIST, x: list[Any], y: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        decoded.append(len(y))
+        return original(self, x, y)
+
+    monkeypatch.setattr(LeafFEMNIST, "decode", counting)
+    data = LeafFEMNIST(str(femnist_root))
+    assert decoded == []
+    data.client_batches(4, generator=torch.Generator(), num_epochs=1)
+    assert decoded == [7]
+
+
+def test_index_spans_decode_to_each_users_record(tmp_path: Path) -> None:
+    users = {"b": {"x": [["}", "a\\\"]{"]], "y": [0]}, "a é": {"x": [[3, 4], [5, 6]], "y": [1, "é"]}}
+    path = tmp_path / "f.json"  # brackets and escaped quotes inside strings, spaces, keys in another order
+    path.write_text('{ "num_samples" : [1, 2],\n "user_data": {"b": {"x": [["}", "a\\\\\\"]{"]], "y": [0]} ,\n'
+                    '"a \\u00e9":{"x":[[3,4],[5,6]],"y":[1,"é"]}}, "users": ["b", "a é"] }', encoding="utf-8")
+    ids, counts, spans = index_leaf_file(path)
+    assert ids == ["b", "a é"] and counts == [1, 2]
+    raw = path.read_bytes()
+    assert {user: json.loads(raw[start:end]) for user, (start, end) in spans.items()} == users
+
+
+def test_a_broken_file_is_named(tmp_path: Path) -> None:
+    (tmp_path / "data" / "train").mkdir(parents=True)
+    (tmp_path / "data" / "train" / "x.json").write_text('{"users": ["a"], "num_samples": [1], "user_data": {"b": {}}}')
+    with pytest.raises(ValueError, match=r"x.json': 'users' and 'user_data' disagree \(e.g. user 'a'\)"):
+        LeafFEMNIST(str(tmp_path))
+    (tmp_path / "data" / "train" / "x.json").write_text('{"users": ["a"], "num_samples": [1], "user_data": {"a": ')
+    with pytest.raises(ValueError, match="x.json' is not a LEAF JSON file"):
+        LeafFEMNIST(str(tmp_path))
+
+
+def test_missing_files_say_where_to_get_them_and_where_to_put_them(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError) as error:
+        LeafFEMNIST(str(tmp_path / "femnist"))
+    message = str(error.value)
+    assert "LeafFEMNIST" in message and "never downloads" in message
+    assert "github.com/TalwalkarLab/leaf" in message and "preprocess.sh -s niid" in message
+    assert str(tmp_path / "femnist" / "data" / "train") in message
+
+
+def test_shakespeare_windows_and_next_characters(tmp_path: Path) -> None:
+    text = "To be, or not to be: that is the question:\nWhether 'tis nobler in the mind to suffer [x]"
+    windows = [text[i : i + 80] for i in range(3)]
+    write_leaf(tmp_path, "train", [{"HAMLET": {"x": windows, "y": [text[80 + i] for i in range(3)]}}])
+    write_leaf(tmp_path, "test", [{"HAMLET": {"x": windows[:1], "y": [text[80]]}}])
+    data = LeafShakespeare(str(tmp_path), shuffle=False)
+    (x, y), = data.client_batches(0, generator=torch.Generator(), num_epochs=1)
+    assert x.shape == (3, 80) and len(SHAKESPEARE_LETTERS) == 80 == data.num_classes
+    assert "".join(SHAKESPEARE_LETTERS[i] for i in x[1]) == windows[1]
+    assert "".join(SHAKESPEARE_LETTERS[i] for i in y) == text[80:83]
+    write_leaf(tmp_path, "train", [{"HAMLET": {"x": ["~" * 80], "y": ["a"]}}])
+    with pytest.raises(ValueError, match="character '~' is outside LEAF's 80-letter vocabulary"):
+        LeafShakespeare(str(tmp_path)).client_batches(0, generator=torch.Generator(), num_epochs=1)
+
+
+def leaf_line_to_indices(line: str, word2id: dict[str, int], max_words: int = 25) -> list[int]:
+    """LEAF's ``models/utils/language_utils.py``, transcribed: the reference the loader must match."""
+    unk_id = len(word2id)
+    line_list = re.findall(r"[\w']+|[.,!?;]", line)
+    indl = [word2id[w] if w in word2id else unk_id for w in line_list[:max_words]]
+    indl += [unk_id] * (max_words - len(indl))
+    return indl
+
+
+def test_sent140_tokens_follow_leaf(tmp_path: Path) -> None:
+    vocab = ["the", "movie", "was", "n't", "good", ".", "!", "i", "loved", "it"]
+    (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    tweets = ["I loved the movie!!! it wasn't good.", " ".join(["the"] * 30)]
+    x = [["1467810369", "Mon Apr 06 22:19:45 PDT 2009", "NO_QUERY", "user", tweet] for tweet in tweets]
+    write_leaf(tmp_path, "train", [{"user": {"x": x, "y": [1, 0]}}])
+    write_leaf(tmp_path, "test", [{"user": {"x": x[:1], "y": [1]}}])
+    data = LeafSent140(str(tmp_path), vocab_file=str(tmp_path / "vocab.txt"), shuffle=False)
+    (tokens, labels), = data.client_batches(0, generator=torch.Generator(), num_epochs=1)
+    word2id = {w: i for i, w in enumerate(vocab)}
+    assert tokens.tolist() == [leaf_line_to_indices(t, word2id) for t in tweets] and labels.tolist() == [1, 0]
+    with pytest.raises(FileNotFoundError, match="LeafSent140: .*nope.txt' does not exist.*get_embs.sh"):
+        LeafSent140(str(tmp_path), vocab_file=str(tmp_path / "nope.txt"))
+
+
+def test_celeba_reads_images_from_leafs_raw_folder(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="img_align_celeba' does not exist"):
+        LeafCelebA(str(tmp_path))
+    images = tmp_path / "data" / "raw" / "img_align_celeba"
+    images.mkdir(parents=True)
+    Image.new("RGB", (178, 218), (10, 200, 30)).save(images / "000001.jpg", quality=100)
+    Image.new("L", (178, 218), 128).save(images / "000002.png")
+    write_leaf(tmp_path, "train", [{"7": {"x": ["000001.jpg", "000002.png"], "y": [1, 0]}}])
+    write_leaf(tmp_path, "test", [{"7": {"x": ["000002.png"], "y": [0]}}])
+    data = LeafCelebA(str(tmp_path), shuffle=False)
+    (x, y), = data.client_batches(0, generator=torch.Generator(), num_epochs=1)
+    assert x.shape == (2, 3, 84, 84) and y.tolist() == [1, 0]
+    assert torch.allclose(x[0].mean(dim=(1, 2)), torch.tensor([10, 200, 30]) / 255, atol=2 / 255)  # JPEG rounding
+    assert torch.equal(x[1], torch.full((3, 84, 84), 128 / 255))  # grey, converted to RGB as LEAF does
+
+
+def test_femnist_trains_through_federated_trainer(femnist_root: Path) -> None:
+    from fl_lightning.models import MLP
+
+    model = MLP(in_features=784, hidden=(8,), num_classes=62, lr=0.1)
+    trainer = FederatedTrainer(**QUIET, max_epochs=2, clients_per_round=2, local_steps=1)
+    trainer.fit(model, datamodule=LeafFEMNIST(str(femnist_root), val_fraction=0.3))
+    result = trainer.test(model, datamodule=LeafFEMNIST(str(femnist_root)), verbose=False)
+    assert 0 <= result[0]["test_acc"] <= 1
+
+
+@pytest.mark.usefixtures("cli_in_tmp_path")
+def test_fl_lightning_fit_and_test_run_a_leaf_config(femnist_root: Path, tmp_path: Path) -> None:
+    from fl_lightning.cli import main
+
+    config = tmp_path / "femnist.yaml"
+    config.write_text(
+        f"""
+trainer: {{max_epochs: 2, clients_per_round: 2, local_steps: 1, accelerator: cpu, logger: false, enable_progress_bar: false}}
+model:
+  class_path: fl_lightning.models.MLP
+  init_args: {{in_features: 784, hidden: [8], num_classes: 62}}
+data:
+  class_path: fl_lightning.data.LeafFEMNIST
+  init_args: {{root: {str(femnist_root)!r}, val_fraction: 0.3, batch_size: 4}}
+"""
+    )
+    main(["fit", "--config", str(config)])
+    main(["test", "--config", str(config)])
