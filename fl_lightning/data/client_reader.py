@@ -122,7 +122,8 @@ class ClientFraction(ClientReader):
     def __init__(self, reader: ClientReader, fraction: float, seed: int, *, held: bool) -> None:
         self.reader, self.fraction, self.seed, self.held = reader, fraction, seed, held
         counts = reader.num_samples
-        self.num_held = np.minimum(counts - 1, np.maximum(1, np.round(fraction * counts))).astype(np.int64)
+        # min(n - 1, max(1, round(f n))), and 0 for an empty client.
+        self.num_held = np.maximum(0, np.minimum(counts - 1, np.maximum(1, np.round(fraction * counts)))).astype(np.int64)
         self._counts = self.num_held if held else counts - self.num_held
 
     @property

@@ -145,3 +145,21 @@ def test_a_client_whose_file_disagrees_with_its_index_is_refused() -> None:
     data = NaturalDataModule(Short(SIZES))
     with pytest.raises(ValueError, match=r"client 'u00' has \[6\] samples, but its index says 7"):
         data.client_batches(0, generator=torch.Generator(), num_epochs=1)
+
+
+def test_resume_is_bit_exact(tmp_path) -> None:
+    """Clients read lazily resume as any other data: 3 rounds in one go equal 2 rounds, then a resumed third."""
+
+    def fit(rounds: int, root: str, ckpt_path: str | None = None) -> tuple[torch.Tensor, FederatedTrainer]:
+        torch.manual_seed(0)
+        model = MLP(in_features=4, hidden=(8,), num_classes=3, lr=0.1)
+        options = {**QUIET, "enable_checkpointing": True, "default_root_dir": str(tmp_path / root)}
+        trainer = FederatedTrainer(**options, max_epochs=rounds, clients_per_round=2, local_steps=2)
+        trainer.fit(model, datamodule=NaturalDataModule(CountingReader(SIZES), val_fraction=0.2), ckpt_path=ckpt_path)
+        return torch.cat([p.detach().flatten() for p in model.parameters()]), trainer
+
+    uninterrupted, _ = fit(3, "once")
+    fit(2, "twice")
+    resumed, trainer = fit(3, "twice", ckpt_path="last")
+    assert str(trainer.ckpt_path).endswith(".ckpt")  # really resumed, not retrained from scratch
+    assert torch.equal(resumed, uninterrupted)

@@ -7,7 +7,8 @@ dataset as ``data/<name>/data/<split>/*.json``, every file one object::
 
 (``train``/``test`` hold LEAF's standard split; ``all_data`` the unsplit users.) The index is the users,
 their counts and the byte span of each user's ``{"x", "y"}`` value in its file: building it scans each
-file once (its brackets and strings; no sample is parsed), and reading a user decodes that span alone.
+file once (FEMNIST's numbers are skipped, not parsed; other samples are decoded one user at a time and
+dropped), and reading a user decodes that span alone.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ Decode = Callable[[list[Any], list[Any]], tuple[Tensor, ...]]
 _SPACE = re.compile(r"[ \t\n\r]*")
 # Skips a run of anything else (numbers, commas: consumed by the regex engine in one step), then
 # captures a JSON string (whole, so brackets inside it do not count) or a bracket.
-_STRUCTURE = re.compile(r'[^"\[\]{}]*("(?:[^"\\]|\\.)*"|[\[\]{}])')
+_STRUCTURE = re.compile(r'[^"\[\]{}]*("[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}])')
 _DECODER = json.JSONDecoder()
 
 
@@ -126,10 +127,17 @@ def _utf8(value: str) -> str:
 def _index_users(text: str, position: int, spans: dict[str, tuple[int, int]]) -> int:
     """Records the span of each user's value in the ``user_data`` object at ``position``; returns the position after it."""
     position = _expect(text, position, "{")
+    value_end: Callable[[str, int], int] | None = None
     while text[position] != "}":
         user, position = _DECODER.raw_decode(text, position)
         start = _expect(text, position, ":")
-        end = _value_end(text, start)
+        if value_end is None:
+            # The first user decides the scan: bracket matching where samples are numbers (FEMNIST: the regex
+            # skips them unparsed, 2.4x faster), json's C scanner where they are strings (Shakespeare: 3x faster).
+            value, end = _DECODER.raw_decode(text, start)
+            value_end = _bracket_end if _numeric_samples(value) else _decoded_end
+        else:
+            end = value_end(text, start)
         spans[_utf8(user)] = (start, end)
         position = _SPACE.match(text, end).end()  # type: ignore[union-attr]
         if text[position] == ",":
@@ -137,7 +145,19 @@ def _index_users(text: str, position: int, spans: dict[str, tuple[int, int]]) ->
     return position + 1
 
 
-def _value_end(text: str, start: int) -> int:
+def _numeric_samples(value: Any) -> bool:
+    """Whether a user's ``{"x": [...], ...}`` holds samples that are lists of numbers (FEMNIST's pixels)."""
+    samples = value.get("x") if isinstance(value, dict) else None
+    first = samples[0] if isinstance(samples, list) and samples else None
+    return isinstance(first, list) and bool(first) and isinstance(first[0], (int, float))
+
+
+def _decoded_end(text: str, start: int) -> int:
+    """The end of the JSON value at ``start``, decoded (and dropped) by json's C scanner."""
+    return _DECODER.raw_decode(text, start)[1]
+
+
+def _bracket_end(text: str, start: int) -> int:
     """The end of the JSON object or array at ``start``, found by matching brackets outside strings: its
     numbers are skipped by the regular expression engine, never parsed (FEMNIST holds 600 million of them)."""
     if text[start] not in "[{":

@@ -1,8 +1,9 @@
 """TensorFlow Federated's federated datasets (``tff.simulation.datasets``), from the SQLite files TFF publishes:
 EMNIST-62, Shakespeare, StackOverflow (next-word prediction) and CIFAR-100 (Pachinko allocation).
 
-Each takes ``root``, the folder holding the decompressed ``<name>.sqlite``; the clients are TFF's, sorted
-by id, and TFF's splits are the standard ones. The preprocessing into tensors is TFF's baseline
+Each takes ``root``, the folder holding the decompressed ``<name>.sqlite`` (or, where only that is there, TFF's
+older HDF5 release of the dataset: ``fed_emnist_train.h5``, ...); the clients are TFF's, sorted by id, and
+TFF's splits are the standard ones. The preprocessing into tensors is TFF's baseline
 preprocessing (``tff.simulation.baselines``, as used by Reddi et al. 2021, "Adaptive Federated
 Optimization"), transcribed without TensorFlow; ``docs/datasets.md`` gives sizes and layouts.
 """
@@ -18,9 +19,23 @@ import torch
 from torch import Tensor
 
 from fl_lightning.data._data_checks import check_choice, check_int
-from fl_lightning.data.client_reader import missing_data_error
-from fl_lightning.data.datasets.tff_sqlite import TFF_URL, TffSqliteReader
+from fl_lightning.data.client_reader import ClientReader, missing_data_error
+from fl_lightning.data.datasets.tff_hdf5 import TffHdf5Reader
+from fl_lightning.data.datasets.tff_sqlite import TFF_URL, Count, Decode, TffSqliteReader
 from fl_lightning.data.natural import NaturalDataModule
+
+
+def tff_split(
+    root: str, sqlite: str, split: str, hdf5: str, decode: Decode, *, dataset: str, count: Count | None = None
+) -> ClientReader:
+    """Split ``split`` of ``<root>/<sqlite>``, or where only TFF's older HDF5 release is there, ``<root>/<hdf5>``."""
+    sqlite_path, hdf5_path = Path(root) / sqlite, Path(root) / hdf5
+    if not sqlite_path.is_file() and not hdf5_path.is_file():
+        source = f"{TFF_URL}/{sqlite}.lzma (then: unxz {sqlite}.lzma), or TFF's older HDF5 release with {hdf5}"
+        raise missing_data_error(dataset, sqlite_path, source=source, folder=sqlite_path.parent)
+    if sqlite_path.is_file():
+        return TffSqliteReader(sqlite_path, split, decode, dataset=dataset, count=count)
+    return TffHdf5Reader(hdf5_path, decode, count=count)
 
 
 class TffEMNIST(NaturalDataModule):
@@ -37,11 +52,10 @@ class TffEMNIST(NaturalDataModule):
     """
 
     def __init__(self, root: str, *, only_digits: bool = False, **kwargs: Any) -> None:
-        path = Path(root) / "emnist_all.sqlite"
-        prefix = "digits_only" if only_digits else "all"
+        prefix, h5 = ("digits_only", "fed_emnist_digitsonly") if only_digits else ("all", "fed_emnist")
         self.num_classes = 10 if only_digits else 62
-        train = TffSqliteReader(path, f"{prefix}_train", _emnist, dataset="TffEMNIST")
-        test = TffSqliteReader(path, f"{prefix}_test", _emnist, dataset="TffEMNIST")
+        train = tff_split(root, "emnist_all.sqlite", f"{prefix}_train", f"{h5}_train.h5", _emnist, dataset="TffEMNIST")
+        test = tff_split(root, "emnist_all.sqlite", f"{prefix}_test", f"{h5}_test.h5", _emnist, dataset="TffEMNIST")
         super().__init__(train, test, **kwargs)
 
 
@@ -75,9 +89,13 @@ class TffShakespeare(NaturalDataModule):
 
     def __init__(self, root: str, *, sequence_length: int = 80, **kwargs: Any) -> None:
         self.sequence_length = check_int("sequence_length", sequence_length, minimum=1)
-        path = Path(root) / "shakespeare.sqlite"
-        train = TffSqliteReader(path, "train", self._chunks, dataset="TffShakespeare", count=self._num_chunks)
-        test = TffSqliteReader(path, "test", self._chunks, dataset="TffShakespeare", count=self._num_chunks)
+        train, test = (
+            tff_split(
+                root, "shakespeare.sqlite", split, f"shakespeare_{split}.h5", self._chunks,
+                dataset="TffShakespeare", count=self._num_chunks,
+            )  # fmt: skip
+            for split in ("train", "test")
+        )
         super().__init__(train, test, **kwargs)
 
     def _num_chunks(self, example: dict[str, Any]) -> int:
@@ -125,8 +143,10 @@ class TffStackOverflow(NaturalDataModule):
             self.vocab = [line.split()[0] for line, _ in zip(file, range(vocab_size))]
         self._word_id = {word: index + 1 for index, word in enumerate(self.vocab)}
         self.num_classes = len(self.vocab) + 4
-        path = Path(root) / "stackoverflow.sqlite"
-        train, val, test = (TffSqliteReader(path, split, self._sequences, dataset="TffStackOverflow") for split in ("train", "heldout", "test"))
+        train, val, test = (
+            tff_split(root, "stackoverflow.sqlite", split, f"stackoverflow_{h5}.h5", self._sequences, dataset="TffStackOverflow")
+            for split, h5 in (("train", "train"), ("heldout", "held_out"), ("test", "test"))
+        )
         super().__init__(train, test, val=val, **kwargs)
 
     def _sequences(self, examples: list[dict[str, Any]]) -> tuple[Tensor, Tensor]:
@@ -160,9 +180,10 @@ class TffCIFAR100(NaturalDataModule):
         check_choice("label", label, ["fine", "coarse"])
         self.label_key = "label" if label == "fine" else "coarse_label"
         self.num_classes = 100 if label == "fine" else 20
-        path = Path(root) / "cifar100.sqlite"
-        train = TffSqliteReader(path, "train", self._images, dataset="TffCIFAR100")
-        test = TffSqliteReader(path, "test", self._images, dataset="TffCIFAR100")
+        train, test = (
+            tff_split(root, "cifar100.sqlite", split, f"fed_cifar100_{split}.h5", self._images, dataset="TffCIFAR100")
+            for split in ("train", "test")
+        )
         super().__init__(train, test, test_by_client=False, **kwargs)
 
     def _images(self, examples: list[dict[str, Any]]) -> tuple[Tensor, Tensor]:

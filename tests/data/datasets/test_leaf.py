@@ -77,11 +77,19 @@ def test_only_the_training_client_is_decoded(femnist_root: Path, monkeypatch: py
     assert decoded == [7]
 
 
-def test_index_spans_decode_to_each_users_record(tmp_path: Path) -> None:
-    users = {"b": {"x": [["}", "a\\\"]{"]], "y": [0]}, "a é": {"x": [[3, 4], [5, 6]], "y": [1, "é"]}}
-    path = tmp_path / "f.json"  # brackets and escaped quotes inside strings, spaces, keys in another order
-    path.write_text('{ "num_samples" : [1, 2],\n "user_data": {"b": {"x": [["}", "a\\\\\\"]{"]], "y": [0]} ,\n'
-                    '"a \\u00e9":{"x":[[3,4],[5,6]],"y":[1,"é"]}}, "users": ["b", "a é"] }', encoding="utf-8")
+@pytest.mark.parametrize("numbers_first", [False, True])
+def test_index_spans_decode_to_each_users_record(tmp_path: Path, numbers_first: bool) -> None:
+    """Brackets and escaped quotes inside strings, spaces, top-level keys in another order; the first user's
+    samples (numbers or strings) choose how the others are scanned, so both orders are checked."""
+    users = {"b": {"x": [["}", "a\\\"]{"]], "y": [0]}, "a é": {"x": [[3, 4.5], [5, 6]], "y": [1, "é]"]}}
+    values = {
+        "b": '{"x": [["}", "a\\\\\\"]{"]], "y": [0]}',
+        "a é": '{"x":[[3,4.5],[5,6]],"y":[1,"é]"]}',
+    }
+    order = ["a é", "b"] if numbers_first else ["b", "a é"]
+    body = " ,\n".join(f'{json.dumps(u)}: {values[u]}' for u in order)
+    path = tmp_path / "f.json"
+    path.write_text(f'{{ "num_samples" : [1, 2],\n "user_data": {{{body}}}, "users": ["b", "a é"] }}', encoding="utf-8")
     ids, counts, spans = index_leaf_file(path)
     assert ids == ["b", "a é"] and counts == [1, 2]
     raw = path.read_bytes()

@@ -17,7 +17,7 @@ from fl_lightning.data.datasets.tff import TFF_SHAKESPEARE_CHARS
 from fl_lightning.models import MLP
 
 from ...integration.conftest import QUIET
-from .tff_files import write_tff_sqlite
+from .tff_files import write_tff_hdf5, write_tff_sqlite
 
 pytest.importorskip("google.protobuf", reason="the datasets extra (protobuf) reads TFF's tf.train.Examples")
 
@@ -161,3 +161,44 @@ def test_cifar100_images_labels_and_separate_test_clients(tmp_path: Path) -> Non
         data.holdout_dataloader(0)
     with pytest.raises(ValueError, match=r"label must be one of \['fine', 'coarse'\], got 'medium'"):
         TffCIFAR100(str(tmp_path), label="medium")  # type: ignore[arg-type]
+
+
+def test_tffs_older_hdf5_release_loads_as_its_sqlite(tmp_path: Path, emnist_root: Path) -> None:
+    """The same clients written in both of TFF's formats: the same ids, counts and batches."""
+    pytest.importorskip("h5py", reason="the datasets extra (h5py) reads TFF's HDF5 files")
+    h5 = tmp_path / "h5"
+    h5.mkdir()
+    def stacked(examples: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+        pixels = np.stack([e["pixels"] for e in examples]).reshape(-1, 28, 28)
+        return {"label": np.array([e["label"][0] for e in examples], dtype=np.int32), "pixels": pixels}
+
+    writers = ["f3_12", "f0_40", "f1_07"]
+    write_tff_hdf5(h5 / "fed_emnist_train.h5", {w: stacked(emnist_examples(i, 3 + i)) for i, w in enumerate(writers)})
+    write_tff_hdf5(h5 / "fed_emnist_test.h5", {w: stacked(emnist_examples(10 + i, 2)) for i, w in enumerate(writers)})
+    sqlite, hdf5 = TffEMNIST(str(emnist_root)), TffEMNIST(str(h5))
+    assert type(hdf5.train).__name__ == "TffHdf5Reader" and hdf5.client_ids == sqlite.client_ids
+    for cid in range(3):
+        assert hdf5.client_num_samples(cid) == sqlite.client_num_samples(cid)
+        for (xa, ya), (xb, yb) in zip(
+            hdf5.client_batches(cid, generator=torch.Generator().manual_seed(cid), num_epochs=2),
+            sqlite.client_batches(cid, generator=torch.Generator().manual_seed(cid), num_epochs=2),
+        ):
+            assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    (x, _), = hdf5.holdout_dataloader(0)
+    (reference, _), = sqlite.holdout_dataloader(0)
+    assert torch.equal(x, reference)
+
+
+def test_tff_shakespeare_hdf5_counts_chunks_as_sqlite(tmp_path: Path) -> None:
+    pytest.importorskip("h5py", reason="the datasets extra (h5py) reads TFF's HDF5 files")
+    roles = {"HAMLET": [{"snippets": [b"To be, or not"]}, {"snippets": [b"ab"]}], "KENT": [{"snippets": [b"x"]}]}
+    (tmp_path / "h5").mkdir()
+    for split in ("train", "test"):
+        write_tff_hdf5(tmp_path / "h5" / f"shakespeare_{split}.h5", {r: {"snippets": [e["snippets"][0] for e in es]} for r, es in roles.items()})
+    write_tff_sqlite(tmp_path / "shakespeare.sqlite", {"train": roles, "test": roles})
+    hdf5 = TffShakespeare(str(tmp_path / "h5"), sequence_length=5, shuffle=False)
+    sqlite = TffShakespeare(str(tmp_path), sequence_length=5, shuffle=False)
+    assert [hdf5.client_num_samples(c) for c in range(2)] == [sqlite.client_num_samples(c) for c in range(2)] == [4, 1]
+    (xa, ya), = hdf5.client_batches(0, generator=torch.Generator(), num_epochs=1)
+    (xb, yb), = sqlite.client_batches(0, generator=torch.Generator(), num_epochs=1)
+    assert torch.equal(xa, xb) and torch.equal(ya, yb)

@@ -62,3 +62,19 @@ def write_tff_sqlite(path: Path, clients: Mapping[str, Mapping[str, Sequence[Map
                 )
                 connection.execute("INSERT INTO client_metadata VALUES (?, ?, ?)", (client, split, len(examples)))
     connection.close()
+
+
+def write_tff_hdf5(path: Path, clients: Mapping[str, Mapping[str, np.ndarray | list[bytes]]]) -> None:
+    """TFF's ``HDF5ClientData`` layout: ``examples/<client_id>/<feature>``, one dataset per feature holding the
+    client's examples stacked (``pixels`` ``[n, 28, 28]``, ``label`` ``[n]``; bytes as variable-length strings)."""
+    import h5py
+
+    with h5py.File(path, "w") as file:
+        examples = file.create_group("examples")
+        for client, features in clients.items():
+            group = examples.create_group(client)
+            for name, values in features.items():
+                if isinstance(values, list):
+                    group.create_dataset(name, data=values, dtype=h5py.string_dtype("ascii"))
+                else:
+                    group.create_dataset(name, data=values)
