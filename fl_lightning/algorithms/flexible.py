@@ -12,6 +12,7 @@ import numpy as np
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
 
+from fl_lightning.evaluation.protocols import has_client_holdout
 from fl_lightning.algorithms.shared.aggregation import apply_delta, weighted_sum
 from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientContext, ClientUpdate
 from fl_lightning.server.federation import Federation
@@ -169,7 +170,7 @@ class FlexibleParticipation(Algorithm):
         if not (self.arrivals or self.departures) or members == self._evaluated:
             return
         data = self.federation.data
-        if getattr(data, "holdout_fraction", 0) > 0 and hasattr(data, "set_evaluation_clients"):
+        if has_client_holdout(data) and hasattr(data, "set_evaluation_clients"):
             data.set_evaluation_clients(members)
             self.federation.services.reload_evaluation_data()
         elif self._evaluated is None:

@@ -14,6 +14,7 @@ import lightning.pytorch as pl
 import torch
 from typing_extensions import override
 
+from fl_lightning.evaluation.protocols import has_client_holdout
 from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientContext, ClientUpdate
 from fl_lightning.algorithms.shared.client_state import cpu_copy
 from fl_lightning.server.federation import Federation
@@ -37,11 +38,11 @@ def holdout_metrics(module: pl.LightningModule, data: Any, models: dict[int, Sta
 
     Client ``c`` is scored by ``models[c]`` (loaded into ``module`` for the pass), or by the
     module as it is when ``models[c]`` is ``None``; the module's weights are restored afterwards.
-    Needs a data module with ``holdout_fraction > 0``. Returns ``local_test_acc`` (when the module
+    Needs per-client held-out data (:func:`~fl_lightning.evaluation.protocols.has_client_holdout`). Returns ``local_test_acc`` (when the module
     reports ``correct``) and ``local_test_loss``.
     """
-    if getattr(data, "holdout_fraction", 0) <= 0:
-        raise ValueError("Evaluating on the clients' own test data needs a data module with holdout_fraction > 0.")
+    if not has_client_holdout(data):
+        raise ValueError("Evaluating on the clients' own test data needs per-client held-out data: FederatedDataModule(..., holdout_fraction > 0) or a natural federation's test split.")
     live = live_tensors(module)
     current = snapshot(live)
     parts: dict[str, list[torch.Tensor]] = {}

@@ -17,6 +17,12 @@ class SupportsHoldout(Protocol):
     def holdout_dataloader(self, cid: int) -> Iterable[Any]: ...
 
 
+def has_client_holdout(data: object) -> bool:
+    """Whether ``data`` holds out samples on each client: a :class:`SupportsHoldout` that does not say
+    ``holdout_fraction == 0`` (a natural federation's per-client test split has no such fraction)."""
+    return isinstance(data, SupportsHoldout) and getattr(data, "holdout_fraction", None) != 0
+
+
 @runtime_checkable
 class SupportsPersonalizedState(Protocol):
     """An algorithm whose clients have their own model (FedSoft's personalised weights, IFCA's cluster centre).

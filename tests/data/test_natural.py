@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from fl_lightning import FederatedEvaluation, FederatedTrainer
+from fl_lightning import FederatedEvaluation, FederatedTrainer, LocalOnly
 from fl_lightning.data import FederatedDataModule, Natural
 from fl_lightning.data.client_reader import ClientReader
 from fl_lightning.data.natural import NaturalDataModule
@@ -163,3 +163,12 @@ def test_resume_is_bit_exact(tmp_path) -> None:
     resumed, trainer = fit(3, "twice", ckpt_path="last")
     assert str(trainer.ckpt_path).endswith(".ckpt")  # really resumed, not retrained from scratch
     assert torch.equal(resumed, uninterrupted)
+
+
+def test_local_only_scores_each_client_on_its_natural_test_split() -> None:
+    # LocalOnly once read "no holdout_fraction" as "no held-out data" and refused natural federations.
+    test = CountingReader({c: 2 for c in SIZES}, offset=0.5)
+    data = NaturalDataModule(CountingReader(SIZES), test, val_fraction=0.2)
+    trainer = FederatedTrainer(**QUIET, max_epochs=1, local_steps=1, algorithm=LocalOnly(clients=[0, 1]))
+    trainer.fit(MLP(in_features=4, hidden=(8,), num_classes=3, lr=0.1), datamodule=data)
+    assert 0.0 <= trainer.callback_metrics["round/local_test_acc"] <= 1.0

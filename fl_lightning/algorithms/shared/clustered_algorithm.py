@@ -12,6 +12,7 @@ import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor
 
+from fl_lightning.evaluation.protocols import has_client_holdout
 from fl_lightning.algorithms.shared.algorithm import Algorithm
 from fl_lightning.algorithms.shared.client_state import cpu_copy
 from fl_lightning.algorithms.shared.cluster_math import match_clusters
@@ -84,9 +85,9 @@ def personal_metrics(
 ) -> dict[str, float]:
     """Mean over clients of each client's own model on its training data (``personal_train_*``,
     the paper's :math:`\\bar w`) and on its held-out data (``personal_heldout_*``, when the data
-    module has ``holdout_fraction > 0``). Each client counts once, whatever its size."""
+    module holds out samples per client, :func:`~fl_lightning.evaluation.protocols.has_client_holdout`). Each client counts once, whatever its size."""
     totals: dict[str, list[float]] = {}
-    heldout = getattr(data, "holdout_fraction", 0) > 0
+    heldout = has_client_holdout(data)
     for cid, state in sorted(models.items()):
         streams = {"train": data.client_batches(cid, num_epochs=1, generator=torch.Generator().manual_seed(0), batch_size=probe_batch_size)}
         if heldout:
