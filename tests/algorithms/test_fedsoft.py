@@ -84,9 +84,9 @@ def test_each_selected_client_trains_once_and_centres_average_their_selected_mod
     union = sorted(set(selected[0]) | set(selected[1]))
     assert trainer.fit_loop.history == [union]  # the loop trains each client once
     assert len(union) < 10  # some clients were drawn by both clusters
-    assert sorted(algorithm.clients.models) == union
+    assert algorithm.models.ids() == union
     for s, sel in enumerate(selected):
-        expected = average_states([algorithm.clients.models[c] for c in sel])
+        expected = average_states([algorithm.models.get(c) for c in sel])
         for name, value in algorithm.centres[s].items():
             torch.testing.assert_close(value, expected[name], rtol=0, atol=0)
 
@@ -95,8 +95,8 @@ def test_global_model_is_centre_zero_and_state_lives_on_the_cpu():
     algorithm = FedSoft(num_clusters=2, clients_per_cluster=4, persist_optimizer_state=True)
     model, _ = fit(algorithm, rounds=2)
     assert torch.equal(model.net.weight.detach(), algorithm.centres[0]["net.weight"])
-    tensors = [t for m in algorithm.clients.models.values() for t in m.values()] + [t for c in algorithm.centres for t in c.values()]
-    tensors += [v for states in algorithm.clients.optimizers.values() for s in states for e in s.values() for v in e.values()]
+    tensors = [t for _, m in algorithm.models.items() for t in m.values()] + [t for c in algorithm.centres for t in c.values()]
+    tensors += [t for _, s in algorithm.optimizer_states.items() for t in s.values()]
     assert tensors and all(t.device.type == "cpu" for t in tensors) and algorithm.u.device.type == "cpu"
 
 
@@ -178,7 +178,7 @@ def test_resume_restores_per_client_state_exactly_and_gives_the_same_weights(tmp
     fresh = algorithm()
     fresh.load_state_dict(saved)
     assert_same_state(fresh.state_dict(), saved)
-    assert len(saved["clients"]["optimizers"]) > 0
+    assert len(saved["optimizer_states"]["entries"]) > 0
 
     torch.manual_seed(0)
     resumed = LinearRegression(lr=0.05)

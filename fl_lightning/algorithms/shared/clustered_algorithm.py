@@ -13,7 +13,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor
 
 from fl_lightning.algorithms.shared.algorithm import Algorithm
-from fl_lightning.algorithms.shared.client_state import cpu_copy
+from fl_lightning.server.client_store import cpu_copy
 from fl_lightning.algorithms.shared.cluster_math import match_clusters
 from fl_lightning.server.federation import Federation
 from fl_lightning.server.model_state import State, live_tensors, load_into, tensor_bytes
