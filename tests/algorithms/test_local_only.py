@@ -75,3 +75,15 @@ def test_heldout_data_is_required():
     plain = FederatedDataModule(Digits(split="train"), Digits(split="test"), num_clients=4)
     with pytest.raises(ValueError, match="holdout_fraction"):
         trainer.fit(MLP(in_features=64, hidden=(16,)), datamodule=plain)
+
+
+def test_a_checkpoint_from_before_the_client_store_loads():
+    own = {"net.1.weight": torch.randn(3, 4), "net.1.bias": torch.zeros(3)}
+    local = LocalOnly()
+    local.load_state_dict({"models": {2: own}})  # the dict of models LocalOnly kept before the client store
+    assert local.models.ids() == [2]
+    for name, value in own.items():
+        assert torch.equal(local.models.get(2)[name], value)
+    again = LocalOnly()
+    again.load_state_dict(local.state_dict())  # and the store's own layout
+    assert again.models.ids() == [2] and torch.equal(again.models.get(2)["net.1.weight"], own["net.1.weight"])
