@@ -135,6 +135,11 @@ class ClientStore:
         """Bytes of the entries in memory (at most the budget, or one entry when a single entry exceeds it)."""
         return self._resident
 
+    @property
+    def spill_folder(self) -> str | None:
+        """The folder of this store's spilled entries (made at the first spill; ``None`` before)."""
+        return self._folder
+
     def state_dict(self) -> dict[str, Any]:
         """Every entry, inline; under client sharding rank 0's holds every rank's (a collective: every rank calls it)."""
         entries = dict(self.items())
