@@ -172,3 +172,20 @@ def test_optimizer_states_survive_the_store_and_continue_identically(tmp_path, m
 def test_python_numbers_in_optimizer_state_round_trip():
     states = [{0: {"step": 3, "lr": 0.5, "flag": True, "skip": None}}, {}]
     assert unflatten_optimizer_states(flatten_optimizer_states(states)) == [{0: {"step": 3, "lr": 0.5, "flag": True}}, {}]
+
+
+def test_the_loop_finds_an_algorithms_stores_and_those_it_wraps():
+    from fl_lightning import DPFedAvg
+    from tests.algorithms.stateful import RunningMeanFedAvg
+
+    inner = RunningMeanFedAvg()
+    assert inner.client_stores() == {"sums": inner.sums}
+    wrapped = DPFedAvg(noise_multiplier=0.5, clip_norm=1.0, algorithm=inner)
+    assert list(wrapped.client_stores()) == ["inner.sums"] and wrapped.client_stores()["inner.sums"] is inner.sums
+
+
+def test_the_trainer_refuses_a_bad_budget_with_one_error():
+    from fl_lightning import FederatedTrainer
+
+    with pytest.raises(ValueError, match=r"`client_state_memory` must be .* got '12 parsecs'\.$"):
+        FederatedTrainer(client_state_memory="12 parsecs", logger=False)
