@@ -12,6 +12,11 @@ imported), the bytes of entries in memory and on disk (the spill folder's files)
 store and the mean seconds per round. The claim checked: the peak stays within the budget plus one round's
 working set, whatever N. The spill files are deleted with their store (at the end of each subprocess).
 
+glibc's default malloc raises its mmap threshold as large blocks are freed, after which 4 MB entries come from
+the heap, and fragmentation keeps freed ones resident (about 2.7 times the budget, still flat in N); with a fixed
+threshold (``MALLOC_MMAP_THRESHOLD_=1048576`` in the environment) freed entries go back to the system and the
+growth is the budget. Both are recorded.
+
 Run from the repository root (the 10,000-client row writes 40 GB; it takes minutes on an idle disk)::
 
     PYTHONPATH=. python benchmarks/client_store_memory.py --out benchmarks/results/client_store.md
@@ -94,6 +99,7 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace, started: float,
         *header(started, load_before, threads=1),
         f"- one float32 state of {args.params:,} parameters ({args.params * 4 / MIB:.1f} MiB) per client; "
         f"{args.rounds} rounds of {args.per_round} clients reading and rewriting theirs",
+        f"- glibc `MALLOC_MMAP_THRESHOLD_`: {os.environ.get('MALLOC_MMAP_THRESHOLD_', 'unset (the default, dynamic threshold)')}",
         "",
         "| clients | budget | state (MiB) | in memory (MiB) | on disk (MiB) | peak RSS (MiB) | growth over start (MiB) "
         "| fill (s) | s / round |",

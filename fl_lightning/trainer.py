@@ -10,7 +10,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint, Timer
 from lightning.pytorch.callbacks.progress import ProgressBar
 from lightning.pytorch.strategies import DDPStrategy, Strategy
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
-from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 from fl_lightning.algorithms.shared.algorithm import Algorithm
@@ -199,6 +199,11 @@ class FederatedTrainer(pl.Trainer):
         check_trainer_arguments(kwargs)
         state_memory = parse_memory(client_state_memory)
         algorithm = algorithm if algorithm is not None else FedAvg()
+        if client_state_memory != AUTO and not algorithm.client_stores():
+            rank_zero_warn(
+                f"`client_state_memory={client_state_memory!r}` has no effect: {type(algorithm).__name__} keeps no "
+                "per-client state in a ClientStore."
+            )
 
         kwargs["strategy"] = _federated_strategy(kwargs.get("strategy", "auto"))
         callbacks = [callbacks] if isinstance(callbacks, Callback) else list(callbacks or [])

@@ -189,3 +189,13 @@ def test_the_trainer_refuses_a_bad_budget_with_one_error():
 
     with pytest.raises(ValueError, match=r"`client_state_memory` must be .* got '12 parsecs'\.$"):
         FederatedTrainer(client_state_memory="12 parsecs", logger=False)
+
+
+def test_a_budget_for_an_algorithm_without_client_state_warns_once_naming_it():
+    from fl_lightning import FedAvg, FederatedTrainer
+    from tests.algorithms.stateful import RunningMeanFedAvg
+
+    with pytest.warns(UserWarning, match=r"`client_state_memory='2GB'` has no effect: FedAvg keeps no per-client state") as caught:
+        FederatedTrainer(algorithm=FedAvg(), client_state_memory="2GB", logger=False)
+    assert len([w for w in caught if "client_state_memory" in str(w.message)]) == 1
+    FederatedTrainer(algorithm=RunningMeanFedAvg(), client_state_memory="2GB", logger=False)  # no warning: it has state
