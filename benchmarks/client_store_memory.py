@@ -13,13 +13,13 @@ store and the mean seconds per round. The claim checked: the peak stays within t
 working set, whatever N. The spill files are deleted with their store (at the end of each subprocess).
 
 glibc's default malloc raises its mmap threshold as large blocks are freed, after which 4 MB entries come from
-the heap, and fragmentation keeps freed ones resident (about 2.7 times the budget, still flat in N); with a fixed
-threshold (``MALLOC_MMAP_THRESHOLD_=1048576`` in the environment) freed entries go back to the system and the
-growth is the budget. Both are recorded.
+the heap, and fragmentation keeps freed ones resident (2 to 3 times the budget); with a fixed threshold
+(``--malloc-mmap-threshold 1048576``) freed entries go back to the system. Both are recorded.
 
 Run from the repository root (the 10,000-client row writes 40 GB; it takes minutes on an idle disk)::
 
     PYTHONPATH=. python benchmarks/client_store_memory.py --out benchmarks/results/client_store.md
+    PYTHONPATH=. python benchmarks/client_store_memory.py --malloc-mmap-threshold 1048576 --unbounded "" --out ...
     PYTHONPATH=. python benchmarks/client_store_memory.py --clients 100,1000 --budget 256MB   # quick
 """
 
@@ -86,20 +86,24 @@ def measure(clients: int, budget: str, params: int, rounds: int, per_round: int,
 def run_child(args: argparse.Namespace, clients: int, budget: str) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--child", str(clients), "--budget", budget, "--params", str(args.params),
            "--rounds", str(args.rounds), "--per-round", str(args.per_round)] + (["--folder", args.folder] if args.folder else [])  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    env = dict(os.environ)
+    if args.malloc_mmap_threshold is not None:  # fixed: glibc then serves large blocks by mmap, unmapped on free
+        env["MALLOC_MMAP_THRESHOLD_"] = str(args.malloc_mmap_threshold)
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     if done.returncode != 0:
         raise RuntimeError(f"{cmd} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def report(rows: list[dict[str, Any]], args: argparse.Namespace, started: float, load_before: str) -> str:
+    threshold = args.malloc_mmap_threshold or os.environ.get("MALLOC_MMAP_THRESHOLD_")
     lines = [
         "## Per-client state: peak memory from 100 to 10,000 clients (issue 28, item 5)",
         "",
         *header(started, load_before, threads=1),
         f"- one float32 state of {args.params:,} parameters ({args.params * 4 / MIB:.1f} MiB) per client; "
         f"{args.rounds} rounds of {args.per_round} clients reading and rewriting theirs",
-        f"- glibc `MALLOC_MMAP_THRESHOLD_`: {os.environ.get('MALLOC_MMAP_THRESHOLD_', 'unset (the default, dynamic threshold)')}",
+        f"- glibc `MALLOC_MMAP_THRESHOLD_` in the children: {threshold or 'unset (the default, dynamic threshold)'}",
         "",
         "| clients | budget | state (MiB) | in memory (MiB) | on disk (MiB) | peak RSS (MiB) | growth over start (MiB) "
         "| fill (s) | s / round |",
@@ -122,6 +126,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--per-round", type=int, default=100)
     parser.add_argument("--folder", default=None, help="where the spill folders are made")
+    parser.add_argument(
+        "--malloc-mmap-threshold", type=int, help="set glibc's MALLOC_MMAP_THRESHOLD_ (bytes) in the child processes"
+    )
     parser.add_argument("--out", default=None)
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
