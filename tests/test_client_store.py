@@ -142,7 +142,9 @@ def test_auto_is_a_quarter_of_the_machine():
 
 @pytest.mark.parametrize("value", [-1, "2 parsecs", "GB", True, 1.5, "-3MB"])
 def test_a_bad_budget_is_one_error_naming_it(value):
-    with pytest.raises(ValueError, match=rf"`client_state_memory` must be .* got {value!r}\.$".replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(
+        ValueError, match=rf"`client_state_memory` must be .* got {value!r}\.$".replace("(", r"\(").replace(")", r"\)")
+    ):
         parse_memory(value)
 
 
@@ -195,7 +197,9 @@ def test_a_budget_for_an_algorithm_without_client_state_warns_once_naming_it():
     from fl_lightning import FedAvg, FederatedTrainer
     from tests.algorithms.stateful import RunningMeanFedAvg
 
-    with pytest.warns(UserWarning, match=r"`client_state_memory='2GB'` has no effect: FedAvg keeps no per-client state") as caught:
+    with pytest.warns(
+        UserWarning, match=r"`client_state_memory='2GB'` has no effect: FedAvg keeps no per-client state"
+    ) as caught:
         FederatedTrainer(algorithm=FedAvg(), client_state_memory="2GB", logger=False)
     assert len([w for w in caught if "client_state_memory" in str(w.message)]) == 1
     FederatedTrainer(algorithm=RunningMeanFedAvg(), client_state_memory="2GB", logger=False)  # no warning: it has state

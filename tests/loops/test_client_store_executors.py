@@ -3,7 +3,6 @@ client as Lightning's loop does, so a stateful algorithm's store and weights are
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from fl_lightning import FedAvg, FederatedTrainer
