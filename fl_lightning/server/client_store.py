@@ -16,6 +16,7 @@ spilled entry is read back bit for bit when asked for. Checkpoints hold every en
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import tempfile
@@ -31,6 +32,17 @@ from fl_lightning.server.model_state import State
 
 #: Entries of every rank, gathered for a checkpoint (client sharding: :meth:`ClientSharding.gather_entries`).
 Gather = Callable[[dict[int, State]], dict[int, State]]
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, which hands freed heap memory back to the system; ``None`` without glibc."""
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+_MALLOC_TRIM = _malloc_trim()
 
 
 def cpu_copy(tensors: Mapping[str, Tensor]) -> State:
@@ -179,13 +191,22 @@ class ClientStore:
         self._sizes.pop(cid, None)
 
     def _fit_budget(self) -> None:
+        spilled = False
         while self._budget is not None and self._resident > self._budget and self._memory:
-            cid, state = self._memory.popitem(last=False)
-            self._resident -= self._sizes[cid]
-            path = self._path(cid)
-            torch.save(state, path + ".tmp")
-            os.replace(path + ".tmp", path)  # never a half-written entry under the client's name
-            self._spilled.add(cid)
+            self._spill_oldest()
+            spilled = True
+        if spilled and _MALLOC_TRIM is not None:
+            # glibc keeps freed multi-MB blocks on its heap once its mmap threshold has grown: without this the
+            # resident memory measured 2-3 times the budget (benchmarks/results/client_store.md).
+            _MALLOC_TRIM(0)
+
+    def _spill_oldest(self) -> None:
+        cid, state = self._memory.popitem(last=False)
+        self._resident -= self._sizes[cid]
+        path = self._path(cid)
+        torch.save(state, path + ".tmp")
+        os.replace(path + ".tmp", path)  # never a half-written entry under the client's name
+        self._spilled.add(cid)
 
     def _read(self, cid: int, *, mmap: bool) -> State:
         return torch.load(self._path(cid), map_location="cpu", weights_only=True, mmap=mmap)
