@@ -203,3 +203,33 @@ def test_a_budget_for_an_algorithm_without_client_state_warns_once_naming_it():
         FederatedTrainer(algorithm=FedAvg(), client_state_memory="2GB", logger=False)
     assert len([w for w in caught if "client_state_memory" in str(w.message)]) == 1
     FederatedTrainer(algorithm=RunningMeanFedAvg(), client_state_memory="2GB", logger=False)  # no warning: it has state
+
+
+@pytest.mark.parametrize("poisoned", [False, True], ids=["finite", "non-finite"])
+def test_a_rolled_back_aggregation_restores_only_the_entries_it_changed(tmp_path, poisoned):
+    from fl_lightning.loops.guards import aggregate_or_roll_back
+    from tests.algorithms.stateful import RunningMeanFedAvg
+
+    def never(entries):
+        raise AssertionError("the roll-back point must not gather (nor copy) every client's entries")
+
+    algorithm = RunningMeanFedAvg()
+    store = algorithm.sums
+    for cid in range(4):
+        store.put(cid, entry(cid))
+    store.bind(budget=2 * ENTRY_BYTES, folder=tmp_path, gather=never)  # 0 and 1 spilled
+    global_state = {"w": torch.zeros(3)}
+
+    def aggregate() -> dict[str, float]:
+        store.put(0, entry(10))  # a spilled entry changed
+        store.put(3, entry(13))  # one in memory
+        store.put(7, entry(17))  # a new client
+        global_state["w"].fill_(float("nan") if poisoned else 1.0)
+        return {}
+
+    _, rolled_back = aggregate_or_roll_back(0, algorithm, global_state, aggregate)
+    assert rolled_back == poisoned
+    expected = {0: 0, 1: 1, 2: 2, 3: 3} if poisoned else {0: 10, 1: 1, 2: 2, 3: 13, 7: 17}
+    assert store.ids() == sorted(expected)
+    for cid, source in expected.items():
+        assert_same(store.get(cid), entry(source))

@@ -131,7 +131,7 @@ class LocalOnly(Algorithm):
     @override
     def load_state_dict(self, state: dict[str, Any]) -> None:
         models = state["models"]
-        # Written before the client store: {cid: model} rather than the store's {"entries": {cid: model}}.
-        entries = models["entries"] if "entries" in models else models
-        self.check_client_ids(entries, "models")
-        self.models.load_state_dict({"entries": entries})
+        if "entries" not in models:  # written before the client store: {cid: model}
+            models = {"entries": models}
+        self.check_client_ids(models["entries"], "models")
+        self.models.load_state_dict(models)

@@ -16,13 +16,14 @@ spilled entry is read back bit for bit when asked for. Checkpoints hold every en
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import shutil
 import tempfile
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -80,6 +81,9 @@ class ClientStore:
         self._folder: str | None = None
         self._owns: Callable[[int], bool] | None = None
         self._gather: Gather | None = None
+        #: While recording (:meth:`record_changes`): each changed client's entry before the first change (None: none).
+        self._undo: dict[int, State | None] | None = None
+        self._excluded = False
 
     def bind(
         self,
@@ -120,6 +124,8 @@ class ClientStore:
     def put(self, client_id: int, state: Mapping[str, Tensor]) -> None:
         """Stores (a CPU copy of) ``state`` as client ``client_id``'s, replacing any earlier one."""
         cid = self._owned(client_id)
+        if self._undo is not None and cid not in self._undo:
+            self._undo[cid] = self.get(cid)
         self._discard(cid)
         self._keep(cid, cpu_copy(state))
 
@@ -153,11 +159,35 @@ class ClientStore:
         return self._folder
 
     def state_dict(self) -> dict[str, Any]:
-        """Every entry, inline; under client sharding rank 0's holds every rank's (a collective: every rank calls it)."""
+        """Every entry, inline; under client sharding rank 0's holds every rank's (a collective: every rank calls it).
+        Inside :func:`excluded_from_state_dicts`, no entry and a mark that :meth:`load_state_dict` leaves the store as is."""
+        if self._excluded:
+            return {"entries": {}, "excluded": True}
         entries = dict(self.items())
         return {"entries": self._gather(entries) if self._gather is not None else entries}
 
+    def record_changes(self) -> None:
+        """Starts keeping, for each client :meth:`put` from now on, its entry before the first change, so that
+        :meth:`undo_changes` can restore them (the loop's roll-back of a non-finite aggregation: the cost is the
+        entries changed, not the whole store)."""
+        self._undo = {}
+
+    def undo_changes(self) -> None:
+        """Restores the entries changed since :meth:`record_changes` and stops recording."""
+        undo, self._undo = self._undo or {}, None
+        for cid, before in undo.items():
+            if before is None:
+                self._discard(cid)
+            else:
+                self.put(cid, before)
+
+    def stop_recording(self) -> None:
+        """Stops recording changes, keeping them."""
+        self._undo = None
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("excluded"):  # from excluded_from_state_dicts: the store keeps its entries
+            return
         for cid in self.ids():
             self._discard(cid)
         for cid, entry in state["entries"].items():
@@ -230,3 +260,17 @@ class ClientStore:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._fit_budget()
+
+
+@contextlib.contextmanager
+def excluded_from_state_dicts(stores: Iterable[ClientStore]) -> Iterator[None]:
+    """Within it, ``stores`` give a mark in place of their entries from :meth:`ClientStore.state_dict` (and load it as
+    a no-op): an algorithm's state without its per-client state, cheap to copy every round."""
+    stores = list(stores)
+    for store in stores:
+        store._excluded = True
+    try:
+        yield
+    finally:
+        for store in stores:
+            store._excluded = False
