@@ -327,7 +327,7 @@ def memory_scaling(sizes: list[int], rounds: int) -> str:
         FederatedTrainer(accelerator="cpu", **QUIET_TRAINER, algorithm=algorithm, max_epochs=rounds, local_steps=1).fit(model, datamodule=data)
         device = _bytes(t for c in algorithm.centres_on_device() for t in c.values())
         device += _bytes(c for _, c in model._proximal_pairs)
-        lines.append(f"| {n} | {algorithm.clients.nbytes() / 2**20:.1f} | {device / 2**20:.2f} | {_rss_mib():.0f} |")
+        lines.append(f"| {n} | {sum(s.nbytes() for s in algorithm.client_stores().values()) / 2**20:.1f} | {device / 2**20:.2f} | {_rss_mib():.0f} |")
         del algorithm, model, data
         gc.collect()
     return "\n".join(lines)

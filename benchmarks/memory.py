@@ -77,9 +77,8 @@ def make_algorithm(name: str, per_round: int, rounds: int) -> Any:
 
 
 def client_state_bytes(algorithm: Any) -> int:
-    """Bytes of per-client tensors the algorithm keeps (FedSoft's personalised models), else 0."""
-    clients = getattr(algorithm, "clients", None)
-    return clients.nbytes() if clients is not None else 0
+    """Bytes of per-client tensors the algorithm keeps in its client stores (FedSoft's personalised models), else 0."""
+    return sum(store.nbytes() for store in algorithm.client_stores().values())
 
 
 def child(args: argparse.Namespace) -> dict[str, Any]:

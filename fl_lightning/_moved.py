@@ -16,6 +16,7 @@ from types import ModuleType
 #: Old public module path -> new path. Written by the relayout script; private modules are not listed.
 MOVED: dict[str, str] = {
     "fl_lightning.algorithms.shared.base": "fl_lightning.algorithms.shared.algorithm",
+    "fl_lightning.algorithms.shared.client_state": "fl_lightning.algorithms.shared.optimizer_state",
     "fl_lightning.checkpoint_io": "fl_lightning.checkpointing.checkpoint_io",
     "fl_lightning.cli_errors": "fl_lightning.cli.errors",
     "fl_lightning.cli_help": "fl_lightning.cli.help",

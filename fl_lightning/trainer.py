@@ -10,7 +10,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint, Timer
 from lightning.pytorch.callbacks.progress import ProgressBar
 from lightning.pytorch.strategies import DDPStrategy, Strategy
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
-from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 from fl_lightning.algorithms.shared.algorithm import Algorithm
@@ -23,6 +23,7 @@ from fl_lightning.data.federated import Federated
 from fl_lightning.data.partitioners import Partitioner
 from fl_lightning.distributed.strategy import FederatedDDPStrategy
 from fl_lightning.server.federation import FederatedDataSource, require_federated_data
+from fl_lightning.server.memory_budget import AUTO, parse_memory
 from fl_lightning.loops.async_fit_loop import AsyncFitLoop
 from fl_lightning.loops.federated_fit_loop import FederatedFitLoop
 from fl_lightning.trainer_arguments import check_trainer_arguments
@@ -98,6 +99,12 @@ class FederatedTrainer(pl.Trainer):
             hyper-parameters, optimizer and LR-scheduler settings, datamodule arguments) differs
             from this run's, with a warning listing the changes; by default such a resume is
             refused (:mod:`fl_lightning.checkpointing.fingerprint`).
+        client_state_memory: host memory that the algorithm's per-client state (FedSoft's personalised models,
+            control variates, ...: :class:`~fl_lightning.server.client_store.ClientStore`) may take, beyond which
+            the least recently used clients' entries spill to disk in the run folder (or the system's temporary
+            folder without a logger), deleted with the store (at the latest when the process exits); bytes (int), text such as ``"2GB"`` or
+            ``"512MiB"``, ``"auto"`` (default: a quarter of the machine's memory) or ``None`` (no limit). Results do
+            not depend on it, only memory and speed (``docs/client_state.md``).
         use_distributed_sampler: must be ``False`` (the default). The loop shards clients over the
             processes itself and every rank evaluates the whole validation set; Lightning's
             ``DistributedSampler`` would split the evaluation data across ranks, so the logged
@@ -132,6 +139,7 @@ class FederatedTrainer(pl.Trainer):
         max_batched_clients: int | None = None,
         update_bound: UpdateBound | None = None,
         allow_resume_changes: bool = False,
+        client_state_memory: int | str | None = AUTO,
         use_distributed_sampler: bool = False,
         callbacks: list[Callback] | Callback | None = None,
         **kwargs: Any,
@@ -189,7 +197,13 @@ class FederatedTrainer(pl.Trainer):
                 "server's evaluation data across ranks (metrics would differ from one process's)."
             )
         check_trainer_arguments(kwargs)
+        state_memory = parse_memory(client_state_memory)
         algorithm = algorithm if algorithm is not None else FedAvg()
+        if client_state_memory != AUTO and not algorithm.client_stores():
+            rank_zero_warn(
+                f"`client_state_memory={client_state_memory!r}` has no effect: {type(algorithm).__name__} keeps no "
+                "per-client state in a ClientStore."
+            )
 
         kwargs["strategy"] = _federated_strategy(kwargs.get("strategy", "auto"))
         callbacks = [callbacks] if isinstance(callbacks, Callback) else list(callbacks or [])
@@ -227,6 +241,7 @@ class FederatedTrainer(pl.Trainer):
             max_batched_clients=max_batched_clients,
             update_bound=update_bound,
             allow_resume_changes=allow_resume_changes,
+            client_state_memory=state_memory,
             min_steps=previous.epoch_loop.min_steps,
             max_steps=previous.epoch_loop.max_steps,
         )

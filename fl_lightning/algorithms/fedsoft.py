@@ -11,9 +11,9 @@ import torch
 from torch import Tensor
 
 from fl_lightning.algorithms.shared.algorithm import ClientContext, ClientUpdate
-from fl_lightning.algorithms.shared.client_state import ClientStates, cpu_copy
 from fl_lightning.algorithms.shared.clustered_algorithm import ClusteredAlgorithm
 from fl_lightning.algorithms.shared.combinable import Combine
+from fl_lightning.algorithms.shared.optimizer_state import flatten_optimizer_states, unflatten_optimizer_states
 from fl_lightning.algorithms.shared.cluster_math import (
     aggregation_weights,
     as_model,
@@ -24,6 +24,7 @@ from fl_lightning.algorithms.shared.cluster_math import (
 from fl_lightning.server.federation import Federation
 from fl_lightning.mixins.proximal import ProximalMixin
 from fl_lightning.mixins.required import require_mixin
+from fl_lightning.server.client_store import ClientStore, cpu_copy
 from fl_lightning.server.model_state import State, tensor_bytes
 
 
@@ -53,11 +54,14 @@ class FedSoft(ClusteredAlgorithm):
        ``replace=True`` counts twice; a dropped, non-finite client is left out). Buffers are
        averaged too (integer counters rounded), as the authors average full ``state_dict``\ s.
 
-    State: the centres, :math:`u` (``[N, S]``), the common initial model and every client's
-    :math:`w_k` (and, with ``persist_optimizer_state``, its optimizer state, as the authors
-    carry Adam's moments across rounds) are CPU tensors; only the :math:`S` centres of the
-    round and the training client's model are on the device, so accelerator memory does not
-    grow with :math:`N`. All of it is in :meth:`state_dict`.
+    State: the centres, :math:`u` (``[N, S]``) and the common initial model are CPU tensors; every
+    client's :math:`w_k` is in the client store :attr:`models` and, with ``persist_optimizer_state``,
+    its optimizer state (as the authors carry Adam's moments across rounds) in :attr:`optimizer_states`
+    (:class:`~fl_lightning.server.client_store.ClientStore`: in host memory up to the trainer's
+    ``client_state_memory``, spilled to disk beyond it). Only the :math:`S` centres of the round and the
+    training client's model are on the device, so accelerator memory does not grow with :math:`N`. All
+    of it is in :meth:`state_dict`; a checkpoint written before the store (``clients.models``,
+    ``clients.optimizers``) is converted on load.
 
     The loop's global model is centre 0 (see :class:`ClusteredAlgorithm`); ``clients_per_round``
     is not used (``K`` per cluster is). Round metrics: ``distinct_clients``, ``estimated``
@@ -119,10 +123,13 @@ class FedSoft(ClusteredAlgorithm):
         self.replace, self.persist_optimizer_state = replace, persist_optimizer_state
         self.u = torch.empty(0, num_clusters, dtype=torch.float64)
         self.initial: State = {}
-        self.clients = ClientStates()
+        #: Each client's personalised model :math:`w_k` (every ``state_dict`` tensor).
+        self.models = ClientStore()
+        #: Each client's optimizer states (``persist_optimizer_state``), flattened (:func:`flatten_optimizer_states`).
+        self.optimizer_states = ClientStore()
         #: :math:`Sel_s` of every round (``S`` lists per round).
         self.selection_history: list[list[list[int]]] = []
-        self._pending_optimizer: dict[int, list[dict[int, dict[str, Any]]]] = {}
+        self._pending_optimizer: dict[int, State] = {}
 
     def setup(self, federation: Federation) -> None:
         require_mixin(federation.module, ProximalMixin, self)
@@ -165,10 +172,12 @@ class FedSoft(ClusteredAlgorithm):
 
     def configure_client(self, client: ClientContext, module: pl.LightningModule, global_state: State) -> None:
         cid = client.client_id
-        self.federation.load_local_weights(self.clients.models.get(cid, self.initial))
+        own = self.models.get(cid)
+        self.federation.load_local_weights(self.initial if own is None else own)
         module.set_proximal_centers(self.centres_on_device(), self.u[cid], self.lam)  # type: ignore[attr-defined]
         if self.persist_optimizer_state:
-            self.federation.services.load_optimizer_states(self.clients.optimizers.get(cid))
+            saved = self.optimizer_states.get(cid)
+            self.federation.services.load_optimizer_states(None if saved is None else unflatten_optimizer_states(saved))
 
     @property
     def uploads_deltas(self) -> bool:
@@ -179,7 +188,7 @@ class FedSoft(ClusteredAlgorithm):
         """The client uploads its whole new model :math:`w_k^{t+1}` (kept on the CPU)."""
         model = cpu_copy(self.federation.local_weights())
         if self.persist_optimizer_state:
-            self._pending_optimizer[client.client_id] = self.federation.services.optimizer_states()
+            self._pending_optimizer[client.client_id] = flatten_optimizer_states(self.federation.services.optimizer_states())
         return super().client_update(client, module, model)  # uploads the local model, not a delta
 
     def aggregate(self, round_idx: int, global_state: State, updates: list[ClientUpdate]) -> dict[str, float]:
@@ -199,16 +208,16 @@ class FedSoft(ClusteredAlgorithm):
         (:func:`average_states`), integer buffers rounded; a centre none of whose clients reported keeps its value."""
         models = {u.client_id: u.payload for u in updates}
         for cid, model in models.items():
-            self.clients.models[cid] = model
+            self.models.put(cid, model)
             if cid in self._pending_optimizer:
-                self.clients.optimizers[cid] = self._pending_optimizer[cid]
+                self.optimizer_states.put(cid, self._pending_optimizer[cid])
         self._pending_optimizer = {}
         centres = []
         for s, sel in enumerate(self.selection_history[round_idx]):
             members = [models[c] for c in sel if c in models]
             centres.append(as_model(combine(members), members[0]) if members else self.centres[s])
         self.set_centres(centres, global_state)
-        return {"client_state_mib": self.clients.nbytes() / 2**20}
+        return {"client_state_mib": (self.models.nbytes() + self.optimizer_states.nbytes()) / 2**20}
 
     # --- evaluation and state ------------------------------------------------------------
 
@@ -217,18 +226,19 @@ class FedSoft(ClusteredAlgorithm):
 
     def personal_models(self) -> dict[int, Mapping[str, Tensor]]:
         """The personalised models of the clients that have trained at least once."""
-        return dict(self.clients.models)
+        return dict(self.models.items())
 
     def personalized_state(self, client_id: int) -> Mapping[str, Tensor] | None:
         """Client ``client_id``'s personalised model :math:`w_k` (``None`` before its first round), for federated evaluation."""
-        return self.clients.models.get(client_id)
+        return self.models.get(client_id)
 
     def state_dict(self) -> dict[str, Any]:
         return {
             **super().state_dict(),
             "u": self.u.clone(),
             "initial": dict(self.initial),
-            "clients": self.clients.state_dict(),
+            "models": self.models.state_dict(),
+            "optimizer_states": self.optimizer_states.state_dict(),
             "selection_history": [[list(s) for s in r] for r in self.selection_history],
         }
 
@@ -236,7 +246,14 @@ class FedSoft(ClusteredAlgorithm):
         super().load_state_dict(state)
         self.u = state["u"].cpu().clone()
         self.initial = {k: v.cpu() for k, v in state["initial"].items()}
-        for kind in ("models", "optimizers"):
-            self.check_client_ids(state["clients"][kind], f"clients.{kind}")
-        self.clients.load_state_dict(state["clients"])
+        saved = {name: state[name] for name in ("models", "optimizer_states") if name in state}
+        if "clients" in state:  # written before the client store: {"models": {cid: model}, "optimizers": {cid: [states]}}
+            old = state["clients"]
+            saved = {
+                "models": {"entries": old["models"]},
+                "optimizer_states": {"entries": {c: flatten_optimizer_states(s) for c, s in old["optimizers"].items()}},
+            }
+        for name, store in {"models": self.models, "optimizer_states": self.optimizer_states}.items():
+            self.check_client_ids(saved[name]["entries"], name)
+            store.load_state_dict(saved[name])
         self.selection_history = [[list(s) for s in r] for r in state["selection_history"]]

@@ -16,7 +16,7 @@ from typing_extensions import override
 
 from fl_lightning.evaluation.protocols import has_client_holdout
 from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientContext, ClientUpdate
-from fl_lightning.algorithms.shared.client_state import cpu_copy
+from fl_lightning.server.client_store import ClientStore, cpu_copy
 from fl_lightning.server.federation import Federation
 from fl_lightning.server.model_state import State, live_tensors, load_into, snapshot
 from fl_lightning.evaluation.probe import sample_metrics
@@ -70,8 +70,9 @@ class LocalOnly(Algorithm):
     samples (:func:`holdout_metrics`); pass the same ``evaluate_clients`` to
     :class:`~fl_lightning.FedALIGN` to score the federated model on the same data.
 
-    Local models live in CPU memory (O(clients × model)); the baseline is meant for the paper's
-    60 clients, in one process.
+    Local models live in a client store (:class:`~fl_lightning.server.client_store.ClientStore`: host
+    memory up to the trainer's ``client_state_memory``, disk beyond it); the baseline is meant for the
+    paper's 60 clients, in one process. A checkpoint written before the store is converted on load.
 
     Args:
         clients: ids of the clients that train local models; ``None`` means every client.
@@ -83,8 +84,8 @@ class LocalOnly(Algorithm):
         if clients is not None and (isinstance(clients, (str, bytes)) or not isinstance(clients, Sequence)):
             raise TypeError(f"`clients` must be a sequence of client ids or None, got {clients!r}.")
         self.clients_spec = None if clients is None else list(clients)
-        #: Each client's own model (every ``state_dict`` tensor), on the CPU.
-        self.models: dict[int, State] = {}
+        #: Each client's own model (every ``state_dict`` tensor).
+        self.models = ClientStore()
 
     @override
     def setup(self, federation: Federation) -> None:
@@ -116,18 +117,22 @@ class LocalOnly(Algorithm):
     @override
     def aggregate(self, round_idx: int, global_state: State, updates: list[ClientUpdate]) -> dict[str, float]:
         for update in updates:
-            self.models[update.client_id] = update.payload
+            self.models.put(update.client_id, update.payload)
         return {}
 
     @override
     def evaluate(self, round_idx: int, module: pl.LightningModule) -> dict[str, float]:
-        models: dict[int, State | None] = {cid: self.models[cid] for cid in self.clients if cid in self.models}
+        models: dict[int, State | None] = {cid: self.models.get(cid) for cid in self.clients if cid in self.models}
         return holdout_metrics(module, self.federation.data, models) if models else {}
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {"models": {cid: dict(m) for cid, m in self.models.items()}}
+        return {"models": self.models.state_dict()}
 
     @override
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.models = {int(cid): {k: v.cpu() for k, v in m.items()} for cid, m in state["models"].items()}
+        models = state["models"]
+        if "entries" not in models:  # written before the client store: {cid: model}
+            models = {"entries": models}
+        self.check_client_ids(models["entries"], "models")
+        self.models.load_state_dict(models)

@@ -231,10 +231,9 @@ class GlobalModelCheckpoint(Callback):
 
     @override
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
-        from fl_lightning.loops.federated_fit_loop import FederatedFitLoop
-
         loop = trainer.fit_loop
-        if not isinstance(loop, FederatedFitLoop) or not loop.in_round:
+        # Read by attribute, not ``isinstance``: the federated loop imports this package (no import cycle).
+        if not getattr(loop, "in_round", False):
             return
         federated = checkpoint["loops"]["fit_loop"]["state_dict"]["federated"]
         federated["client_state"] = checkpoint["state_dict"]

@@ -59,12 +59,18 @@ class ClientSharding:
     scalar reports and the SIGTERM flag are packed into one float64 buffer and summed by a
     single all-reduce; the algorithm's server step then runs identically on every rank.
 
+    With ``by_owner`` (an algorithm with per-client state, :meth:`~fl_lightning.Algorithm.client_stores`),
+    rank ``r`` trains the round's clients whose id is ``r`` modulo ``N`` instead: a client always trains on
+    the same rank, whose store alone holds its state.
+
     Args:
         strategy: the trainer's (DDP) strategy, which owns the process group.
+        by_owner: shard by owner rank (client id modulo the world size) rather than by position.
     """
 
-    def __init__(self, strategy: Strategy) -> None:
+    def __init__(self, strategy: Strategy, *, by_owner: bool = False) -> None:
         self.strategy = strategy
+        self.by_owner = by_owner
 
     @property
     def rank(self) -> int:
@@ -76,7 +82,21 @@ class ClientSharding:
 
     def share(self, clients: list[int]) -> list[int]:
         """This rank's clients of the round, in selection order."""
-        return shard(clients, self.rank, self.world_size)
+        return [c for c in clients if self.owns(c)] if self.by_owner else shard(clients, self.rank, self.world_size)
+
+    def owns(self, client_id: int) -> bool:
+        """Whether client ``client_id`` trains on this rank whenever it is selected (``by_owner`` sharding)."""
+        return client_id % self.world_size == self.rank
+
+    def gather_entries(self, entries: dict[int, State]) -> dict[int, State]:
+        """Every rank's per-client ``entries`` merged on rank 0 (this rank's own elsewhere), for a checkpoint,
+        which rank 0 writes; a collective, so every rank calls it when the checkpoint is taken."""
+        gathered: list[dict[int, State]] | None = [{} for _ in range(self.world_size)] if self.rank == 0 else None
+        try:
+            torch.distributed.gather_object(entries, gathered, dst=0)
+        except RuntimeError as err:
+            raise PeerFailureError(f"Rank {self.rank}: gathering the per-client state for a checkpoint failed ({err}).") from err
+        return entries if gathered is None else dict(sorted((cid, s) for part in gathered for cid, s in part.items()))
 
     def all_reduce(
         self,

@@ -19,6 +19,7 @@ from fl_lightning.algorithms.shared.algorithm import TRAINING_METRICS, Algorithm
 from fl_lightning.algorithms.shared.summable import SupportsWeightedSum, apply_sum, can_shard
 from fl_lightning.callbacks.client_loss import ClientLossRecorder
 from fl_lightning.callbacks.federated_callback import call_federated_hook
+from fl_lightning.checkpointing import run_directory
 from fl_lightning.checkpointing.checkpoint_io import CheckpointError, validate_federated_state, validate_restored_state
 from fl_lightning.distributed.sharding import ClientSharding
 from fl_lightning.distributed.strategy import FederatedDDPStrategy
@@ -118,6 +119,8 @@ class FederatedFitLoop(compat.FitLoopBase):
         max_batched_clients: the batched executor's cap on clients trained at once (``None``: no cap).
         update_bound: clips or filters the clients' update norms before aggregation (``None``: no bound).
         allow_resume_changes: resume from a checkpoint whose federation fingerprint differs (with a warning).
+        client_state_memory: bytes of per-client state the algorithm's stores keep in memory together, each an
+            equal share, beyond which they spill to the run folder (``None``: no limit).
         min_steps, max_steps: Lightning's step limits, for the loop's own client epoch loop.
 
     The loop installs its epoch loop (:class:`~fl_lightning._lightning_compat.ClientEpochLoop`)
@@ -140,6 +143,7 @@ class FederatedFitLoop(compat.FitLoopBase):
         max_batched_clients: int | None = None,
         update_bound: UpdateBound | None = None,
         allow_resume_changes: bool = False,
+        client_state_memory: int | None = None,
         min_steps: int | None = None,
         max_steps: int = -1,
     ) -> None:
@@ -159,6 +163,7 @@ class FederatedFitLoop(compat.FitLoopBase):
         self.max_batched_clients = max_batched_clients
         self.update_bound = update_bound
         self.allow_resume_changes = allow_resume_changes
+        self.client_state_memory = client_state_memory
         self.global_state: State = {}
         #: Client ids selected in each round so far.
         self.history: list[list[int]] = []
@@ -272,6 +277,7 @@ class FederatedFitLoop(compat.FitLoopBase):
             saved = self._loaded.get("fingerprint")
             check_resume(saved, self._fingerprint, path=trainer.ckpt_path, allow_changes=self.allow_resume_changes)
         self.algorithm.setup(federation)
+        self._bind_client_stores()
         for setting, instead in self.algorithm.overridden_settings().items():
             rank_zero_warn(f"{type(self.algorithm).__name__} overrides the trainer's `{setting}`: {instead}.")
         self.global_state = snapshot(self._live)
@@ -280,6 +286,20 @@ class FederatedFitLoop(compat.FitLoopBase):
         if self._loaded is not None:
             self._restore(self._loaded)
             self._loaded = None
+
+    def _bind_client_stores(self) -> None:
+        """Gives each of the algorithm's client stores its share of ``client_state_memory``, a spill folder in
+        the run folder and, under client sharding, the clients this rank owns."""
+        stores = self.algorithm.client_stores()
+        budget = self.client_state_memory
+        sharding = self._sharding
+        for store in stores.values():
+            store.bind(
+                budget=None if budget is None else budget // len(stores),
+                folder=run_directory(self.trainer),
+                owns=sharding.owns if sharding is not None else None,
+                gather=sharding.gather_entries if sharding is not None else None,
+            )
 
     def _check_update_bound(self) -> None:
         if self.update_bound is not None and not self.algorithm.uploads_deltas:
@@ -307,7 +327,7 @@ class FederatedFitLoop(compat.FitLoopBase):
                 "FedMRN, FedMRNS, FedAvgSM; not FedPM, whose server sets its mask probabilities to the clients' mean "
                 "mask), or a robust rule or secure aggregation over one, can; run it with devices=1."
             )
-        return ClientSharding(trainer.strategy)
+        return ClientSharding(trainer.strategy, by_owner=bool(self.algorithm.client_stores()))
 
     def hparams(self) -> dict[str, Any]:
         """The whole federated configuration as flat hyper-parameters, so runs group and filter by

@@ -21,6 +21,7 @@ from torch import Tensor
 
 from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientUpdate
 from fl_lightning.compression.wire import PayloadError
+from fl_lightning.server.client_store import excluded_from_state_dicts
 from fl_lightning.server.model_state import State, all_finite, load_into
 from fl_lightning.robust.update_bounds import UpdateBound, scaled, update_norm
 
@@ -95,16 +96,30 @@ def aggregate_or_roll_back(
         The aggregation's metrics and whether it was rolled back.
     """
     saved_global = {name: t.clone() for name, t in global_state.items()}
-    saved_algorithm = copy.deepcopy(algorithm.state_dict())
-    metrics = aggregate()
-    if all_finite(global_state) and nested_finite(algorithm.state_dict()):
+    # Per-client state is not copied (nor gathered across ranks) every round: the stores record what changes.
+    stores = list(algorithm.client_stores().values())
+    with excluded_from_state_dicts(stores):
+        saved_algorithm = copy.deepcopy(algorithm.state_dict())
+    for store in stores:
+        store.record_changes()
+    try:
+        metrics = aggregate()
+        with excluded_from_state_dicts(stores):
+            finite = all_finite(global_state) and nested_finite(algorithm.state_dict())
+        if not finite:
+            for store in stores:
+                store.undo_changes()
+    finally:
+        for store in stores:
+            store.stop_recording()
+    if finite:
         return metrics, False
     rank_zero_warn(
         f"Round {round_idx}: the aggregate is not finite (NaN/Inf, e.g. an overflowing client update); "
         "the round is rolled back: the global model and the algorithm's state stay as before it."
     )
     load_into(global_state, saved_global)
-    algorithm.load_state_dict(saved_algorithm)
+    algorithm.load_state_dict(saved_algorithm)  # its stores keep their (restored) entries
     return metrics, True
 
 

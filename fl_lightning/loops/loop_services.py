@@ -10,7 +10,7 @@ from typing_extensions import override
 
 from fl_lightning import _lightning_compat as compat
 from fl_lightning.algorithms.shared.algorithm import ClientUpdate
-from fl_lightning.algorithms.shared.client_state import load_optimizer_state, optimizer_state_to_cpu
+from fl_lightning.algorithms.shared.optimizer_state import load_optimizer_state, optimizer_state_to_cpu
 from fl_lightning.models.schedulers import restart_staircases
 from fl_lightning.server.services import OptimizerState, ServerServices
 

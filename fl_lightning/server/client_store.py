@@ -6,17 +6,44 @@ norm layers (FedBN), optimizer moments: every algorithm that remembers a client 
 handled in one place. Each entry is a flat :data:`~fl_lightning.server.model_state.State` (name ->
 tensor) kept on the CPU in at least float32, never on the accelerator, whose memory would
 otherwise grow with the number of clients.
+
+Memory: beyond its budget (:meth:`ClientStore.bind`, set by the loop from
+``FederatedTrainer(client_state_memory=...)``) the store writes its least recently used entries to
+disk, one file per client in a folder of its own in the run folder, removed with the store; a
+spilled entry is read back bit for bit when asked for. Checkpoints hold every entry inline
+(:meth:`ClientStore.state_dict`), so a checkpoint never depends on a spill file.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import contextlib
+import ctypes
+import os
+import shutil
+import tempfile
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from fl_lightning.server.model_state import State
+
+#: Entries of every rank, gathered for a checkpoint (client sharding: :meth:`ClientSharding.gather_entries`).
+Gather = Callable[[dict[int, State]], dict[int, State]]
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, which hands freed heap memory back to the system; ``None`` without glibc."""
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+_MALLOC_TRIM = _malloc_trim()
 
 
 def cpu_copy(tensors: Mapping[str, Tensor]) -> State:
@@ -35,45 +62,215 @@ def state_nbytes(state: Mapping[str, Tensor]) -> int:
 
 
 class ClientStore:
-    """Client id -> that client's state (a flat name -> tensor mapping), on the CPU.
+    """Client id -> that client's state (a flat name -> tensor mapping), on the CPU or spilled to disk.
 
-    The interface every stateful algorithm uses: :meth:`get`, :meth:`put`, ``in``, :meth:`ids`,
-    :meth:`items`, and :meth:`state_dict` / :meth:`load_state_dict` for checkpoints. ``put`` stores
-    CPU copies (:func:`cpu_copy`), so the caller may reuse or free what it passed.
+    The interface every stateful algorithm uses: :meth:`get`, :meth:`put`, ``in``, ``len``, :meth:`ids`,
+    :meth:`items`, :meth:`nbytes`, and :meth:`state_dict` / :meth:`load_state_dict` for checkpoints.
+    ``put`` stores CPU copies (:func:`cpu_copy`), so the caller may reuse or free what it passed.
+    Unbound (the default), it keeps everything in memory; the loop binds it at set-up (:meth:`bind`).
     """
 
     def __init__(self) -> None:
-        self._entries: dict[int, State] = {}
+        #: Entries in memory, least recently used first.
+        self._memory: OrderedDict[int, State] = OrderedDict()
+        self._spilled: set[int] = set()
+        self._sizes: dict[int, int] = {}
+        self._resident = 0
+        self._budget: int | None = None
+        self._parent: str | None = None
+        self._folder: str | None = None
+        self._owns: Callable[[int], bool] | None = None
+        self._gather: Gather | None = None
+        #: While recording (:meth:`record_changes`): each changed client's entry before the first change (None: none).
+        self._undo: dict[int, State | None] | None = None
+        self._excluded = False
+
+    def bind(
+        self,
+        *,
+        budget: int | None,
+        folder: str | os.PathLike[str] | None = None,
+        owns: Callable[[int], bool] | None = None,
+        gather: Gather | None = None,
+    ) -> None:
+        """Sets where and how much the store keeps.
+
+        Args:
+            budget: bytes of entries kept in memory; beyond it the least recently used spill to disk
+                (``None``: no limit).
+            folder: where the spill folder is made (the run folder); ``None``: the system's temporary folder.
+            owns: under client sharding, whether this rank trains a client: the store then holds only those
+                clients (others are dropped, and reading or writing one is an error).
+            gather: under client sharding, the collective that gives rank 0 every rank's entries for a checkpoint.
+        """
+        self._budget, self._parent, self._owns, self._gather = budget, None if folder is None else os.fspath(folder), owns, gather
+        for cid in [c for c in self.ids() if owns is not None and not owns(c)]:
+            self._discard(cid)
+        self._fit_budget()
 
     def get(self, client_id: int) -> State | None:
         """Client ``client_id``'s state, or ``None`` if it has none yet."""
-        return self._entries.get(client_id)
+        cid = self._owned(client_id)
+        if cid in self._memory:
+            self._memory.move_to_end(cid)
+            return self._memory[cid]
+        if cid not in self._spilled:
+            return None
+        state = self._read(cid, mmap=False)
+        self._discard(cid)
+        self._keep(cid, state)
+        return state
 
     def put(self, client_id: int, state: Mapping[str, Tensor]) -> None:
         """Stores (a CPU copy of) ``state`` as client ``client_id``'s, replacing any earlier one."""
-        self._entries[int(client_id)] = cpu_copy(state)
+        cid = self._owned(client_id)
+        if self._undo is not None and cid not in self._undo:
+            self._undo[cid] = self.get(cid)
+        self._discard(cid)
+        self._keep(cid, cpu_copy(state))
 
     def __contains__(self, client_id: object) -> bool:
-        return client_id in self._entries
+        return client_id in self._sizes
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._sizes)
 
     def ids(self) -> list[int]:
         """The clients that have a state, in ascending order."""
-        return sorted(self._entries)
+        return sorted(self._sizes)
 
     def items(self) -> Iterator[tuple[int, State]]:
-        """``(client_id, state)`` pairs in ascending client order."""
+        """``(client_id, state)`` pairs in ascending client order; spilled entries are memory-mapped from their
+        files (read-only views, not brought back into memory)."""
         for cid in self.ids():
-            yield cid, self._entries[cid]
+            yield cid, self._memory[cid] if cid in self._memory else self._read(cid, mmap=True)
 
     def nbytes(self) -> int:
-        """Bytes held."""
-        return sum(state_nbytes(s) for s in self._entries.values())
+        """Bytes of every entry, in memory and spilled."""
+        return sum(self._sizes.values())
+
+    def resident_nbytes(self) -> int:
+        """Bytes of the entries in memory (at most the budget, or one entry when a single entry exceeds it)."""
+        return self._resident
+
+    @property
+    def spill_folder(self) -> str | None:
+        """The folder of this store's spilled entries (made at the first spill; ``None`` before)."""
+        return self._folder
 
     def state_dict(self) -> dict[str, Any]:
-        return {"entries": {cid: dict(s) for cid, s in self._entries.items()}}
+        """Every entry, inline; under client sharding rank 0's holds every rank's (a collective: every rank calls it).
+        Inside :func:`excluded_from_state_dicts`, no entry and a mark that :meth:`load_state_dict` leaves the store as is."""
+        if self._excluded:
+            return {"entries": {}, "excluded": True}
+        entries = dict(self.items())
+        return {"entries": self._gather(entries) if self._gather is not None else entries}
+
+    def record_changes(self) -> None:
+        """Starts keeping, for each client :meth:`put` from now on, its entry before the first change, so that
+        :meth:`undo_changes` can restore them (the loop's roll-back of a non-finite aggregation: the cost is the
+        entries changed, not the whole store)."""
+        self._undo = {}
+
+    def undo_changes(self) -> None:
+        """Restores the entries changed since :meth:`record_changes` and stops recording."""
+        undo, self._undo = self._undo or {}, None
+        for cid, before in undo.items():
+            if before is None:
+                self._discard(cid)
+            else:
+                self.put(cid, before)
+
+    def stop_recording(self) -> None:
+        """Stops recording changes, keeping them."""
+        self._undo = None
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._entries = {int(cid): {k: v.cpu() for k, v in s.items()} for cid, s in state["entries"].items()}
+        if state.get("excluded"):  # from excluded_from_state_dicts: the store keeps its entries
+            return
+        for cid in self.ids():
+            self._discard(cid)
+        for cid, entry in state["entries"].items():
+            if self._owns is None or self._owns(int(cid)):
+                self.put(int(cid), entry)
+
+    # --- memory and disk -----------------------------------------------------------------
+
+    def _owned(self, client_id: int) -> int:
+        cid = int(client_id)
+        if self._owns is not None and not self._owns(cid):
+            raise RuntimeError(
+                f"Client {cid}'s state is kept by another process under client sharding; this rank reads and writes "
+                "only the clients it trains."
+            )
+        return cid
+
+    def _keep(self, cid: int, state: State) -> None:
+        self._memory[cid] = state
+        self._sizes[cid] = size = state_nbytes(state)
+        self._resident += size
+        self._fit_budget()
+
+    def _discard(self, cid: int) -> None:
+        if cid in self._memory:
+            del self._memory[cid]
+            self._resident -= self._sizes[cid]
+        elif cid in self._spilled:
+            self._spilled.remove(cid)
+            os.unlink(self._path(cid))
+        self._sizes.pop(cid, None)
+
+    def _fit_budget(self) -> None:
+        spilled = False
+        while self._budget is not None and self._resident > self._budget and self._memory:
+            self._spill_oldest()
+            spilled = True
+        if spilled and _MALLOC_TRIM is not None:
+            # glibc keeps freed multi-MB blocks on its heap once its mmap threshold has grown: without this the
+            # resident memory measured 2-3 times the budget (benchmarks/results/client_store.md).
+            _MALLOC_TRIM(0)
+
+    def _spill_oldest(self) -> None:
+        cid, state = self._memory.popitem(last=False)
+        self._resident -= self._sizes[cid]
+        path = self._path(cid)
+        torch.save(state, path + ".tmp")
+        os.replace(path + ".tmp", path)  # never a half-written entry under the client's name
+        self._spilled.add(cid)
+
+    def _read(self, cid: int, *, mmap: bool) -> State:
+        return torch.load(self._path(cid), map_location="cpu", weights_only=True, mmap=mmap)
+
+    def _path(self, cid: int) -> str:
+        if self._folder is None:
+            if self._parent is not None:
+                os.makedirs(self._parent, exist_ok=True)
+            self._folder = tempfile.mkdtemp(prefix="client_state-", dir=self._parent)
+            weakref.finalize(self, shutil.rmtree, self._folder, ignore_errors=True)
+        return os.path.join(self._folder, f"{cid}.pt")
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy (deepcopy, pickling for spawned processes) holds every entry in memory, keeps the budget and
+        # parent folder, and is bound to no process (its own spill folder, no sharding).
+        state = dict(self.__dict__)
+        state.update(_memory=OrderedDict(self.items()), _spilled=set(), _resident=self.nbytes(), _folder=None)
+        state.update(_owns=None, _gather=None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._fit_budget()
+
+
+@contextlib.contextmanager
+def excluded_from_state_dicts(stores: Iterable[ClientStore]) -> Iterator[None]:
+    """Within it, ``stores`` give a mark in place of their entries from :meth:`ClientStore.state_dict` (and load it as
+    a no-op): an algorithm's state without its per-client state, cheap to copy every round."""
+    stores = list(stores)
+    for store in stores:
+        store._excluded = True
+    try:
+        yield
+    finally:
+        for store in stores:
+            store._excluded = False

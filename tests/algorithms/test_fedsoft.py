@@ -84,9 +84,9 @@ def test_each_selected_client_trains_once_and_centres_average_their_selected_mod
     union = sorted(set(selected[0]) | set(selected[1]))
     assert trainer.fit_loop.history == [union]  # the loop trains each client once
     assert len(union) < 10  # some clients were drawn by both clusters
-    assert sorted(algorithm.clients.models) == union
+    assert algorithm.models.ids() == union
     for s, sel in enumerate(selected):
-        expected = average_states([algorithm.clients.models[c] for c in sel])
+        expected = average_states([algorithm.models.get(c) for c in sel])
         for name, value in algorithm.centres[s].items():
             torch.testing.assert_close(value, expected[name], rtol=0, atol=0)
 
@@ -95,8 +95,8 @@ def test_global_model_is_centre_zero_and_state_lives_on_the_cpu():
     algorithm = FedSoft(num_clusters=2, clients_per_cluster=4, persist_optimizer_state=True)
     model, _ = fit(algorithm, rounds=2)
     assert torch.equal(model.net.weight.detach(), algorithm.centres[0]["net.weight"])
-    tensors = [t for m in algorithm.clients.models.values() for t in m.values()] + [t for c in algorithm.centres for t in c.values()]
-    tensors += [v for states in algorithm.clients.optimizers.values() for s in states for e in s.values() for v in e.values()]
+    tensors = [t for _, m in algorithm.models.items() for t in m.values()] + [t for c in algorithm.centres for t in c.values()]
+    tensors += [t for _, s in algorithm.optimizer_states.items() for t in s.values()]
     assert tensors and all(t.device.type == "cpu" for t in tensors) and algorithm.u.device.type == "cpu"
 
 
@@ -178,7 +178,7 @@ def test_resume_restores_per_client_state_exactly_and_gives_the_same_weights(tmp
     fresh = algorithm()
     fresh.load_state_dict(saved)
     assert_same_state(fresh.state_dict(), saved)
-    assert len(saved["clients"]["optimizers"]) > 0
+    assert len(saved["optimizer_states"]["entries"]) > 0
 
     torch.manual_seed(0)
     resumed = LinearRegression(lr=0.05)
@@ -186,6 +186,51 @@ def test_resume_restores_per_client_state_exactly_and_gives_the_same_weights(tmp
     again.fit(resumed, datamodule=mixture_data(), ckpt_path=tmp_path / "epoch=1.ckpt")  # resumes at round 2 (not a tau round)
     assert torch.equal(straight.net.weight, resumed.net.weight)
     assert_same_state(trainer.algorithm.state_dict(), again.algorithm.state_dict())
+
+
+def _resume_from(checkpoint, algorithm: FedSoft, rounds: int, **kwargs: Any) -> LinearRegression:
+    torch.manual_seed(0)
+    resumed = LinearRegression(lr=0.05)
+    settings = {**QUIET, "max_epochs": rounds, "local_epochs": 1, "limit_val_batches": 0, "algorithm": algorithm, **kwargs}
+    FederatedTrainer(**settings).fit(resumed, datamodule=mixture_data(), ckpt_path=checkpoint)
+    return resumed
+
+
+def _persisting() -> FedSoft:
+    return FedSoft(num_clusters=2, clients_per_cluster=4, tau=2, persist_optimizer_state=True)
+
+
+def test_client_state_spilled_to_disk_checkpoints_and_resumes_bit_exactly(tmp_path):
+    straight, _ = fit(_persisting(), rounds=4)  # no memory limit: nothing spills
+    checkpoint = ModelCheckpoint(dirpath=tmp_path, every_n_epochs=1, save_top_k=-1, filename="{epoch}")
+    _, spilling = fit(_persisting(), rounds=2, callbacks=[checkpoint], enable_checkpointing=True, client_state_memory=0)
+    models, optimizer_states = spilling.algorithm.models, spilling.algorithm.optimizer_states
+    assert len(models) > 0 and models.resident_nbytes() == 0 and optimizer_states.resident_nbytes() == 0
+    resumed = _resume_from(tmp_path / "epoch=1.ckpt", _persisting(), 4, client_state_memory="1kB")
+    assert torch.equal(straight.net.weight, resumed.net.weight)
+
+
+def test_a_checkpoint_from_before_the_client_store_is_converted_and_resumes_the_same(tmp_path):
+    checkpoint = ModelCheckpoint(dirpath=tmp_path, every_n_epochs=1, save_top_k=-1, filename="{epoch}")
+    straight, _ = fit(_persisting(), rounds=4, callbacks=[checkpoint], enable_checkpointing=True)
+    saved = torch.load(tmp_path / "epoch=1.ckpt", weights_only=False)
+    algorithm = saved["loops"]["fit_loop"]["state_dict"]["federated"]["algorithm"]
+    models, optimizers = algorithm.pop("models")["entries"], algorithm.pop("optimizer_states")["entries"]
+    # ClientStates' layout: whole models, and per client one {parameter index: {key: value}} per optimizer.
+    algorithm["clients"] = {
+        "models": models,
+        "optimizers": {
+            cid: [{int(name.split(".")[1]): {} for name in flat if name.count(".") == 2}] for cid, flat in optimizers.items()
+        },
+    }
+    for cid, flat in optimizers.items():
+        for name, value in flat.items():
+            if name.count(".") == 2:
+                _, index, key = name.split(".")
+                algorithm["clients"]["optimizers"][cid][0][int(index)][key] = value
+    torch.save(saved, tmp_path / "old.ckpt")
+    resumed = _resume_from(tmp_path / "old.ckpt", _persisting(), 4)
+    assert torch.equal(straight.net.weight, resumed.net.weight)
 
 
 # --- bad input -----------------------------------------------------------------------------------

@@ -35,8 +35,8 @@ def test_a_local_model_is_the_client_training_alone_round_after_round():
     local = LocalOnly(clients=[1, 4])
     model, _ = fit(local)
     for name, value in alone.state_dict().items():
-        torch.testing.assert_close(local.models[4][name], value.cpu(), rtol=0, atol=1e-6)  # FedAvg adds a delta
-    assert not torch.equal(local.models[1]["net.1.weight"], local.models[4]["net.1.weight"])
+        torch.testing.assert_close(local.models.get(4)[name], value.cpu(), rtol=0, atol=1e-6)  # FedAvg adds a delta
+    assert not torch.equal(local.models.get(1)["net.1.weight"], local.models.get(4)["net.1.weight"])
     torch.manual_seed(0)
     untouched = MLP(in_features=64, hidden=(16,), lr=0.1)
     for name, value in untouched.state_dict().items():  # the global model never moves
@@ -49,7 +49,7 @@ def test_local_accuracy_pools_each_clients_own_model_on_its_own_heldout_samples(
     datamodule = trainer.datamodule
     correct, total = 0.0, 0
     for cid in (0, 2, 5):
-        model.load_state_dict(local.models[cid])
+        model.load_state_dict(local.models.get(cid))
         scores = sample_metrics(model, datamodule.holdout_dataloader(cid))["correct"]
         correct, total = correct + float(scores.sum()), total + len(scores)
     assert trainer.callback_metrics["round/local_test_acc"].item() == pytest.approx(correct / total, abs=1e-6)
@@ -75,3 +75,15 @@ def test_heldout_data_is_required():
     plain = FederatedDataModule(Digits(split="train"), Digits(split="test"), num_clients=4)
     with pytest.raises(ValueError, match="holdout_fraction"):
         trainer.fit(MLP(in_features=64, hidden=(16,)), datamodule=plain)
+
+
+def test_a_checkpoint_from_before_the_client_store_loads():
+    own = {"net.1.weight": torch.randn(3, 4), "net.1.bias": torch.zeros(3)}
+    local = LocalOnly()
+    local.load_state_dict({"models": {2: own}})  # the dict of models LocalOnly kept before the client store
+    assert local.models.ids() == [2]
+    for name, value in own.items():
+        assert torch.equal(local.models.get(2)[name], value)
+    again = LocalOnly()
+    again.load_state_dict(local.state_dict())  # and the store's own layout
+    assert again.models.ids() == [2] and torch.equal(again.models.get(2)["net.1.weight"], own["net.1.weight"])

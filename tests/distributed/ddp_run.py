@@ -40,6 +40,7 @@ from fl_lightning.models import MLP
 from fl_lightning.models.masked_networks import MaskedMLP
 from fl_lightning.robust import Byzantine, CoordinateMedian, Krum, SignFlip
 from fl_lightning.secure import SecureAggregation
+from tests.algorithms.stateful import RunningMeanFedAvg
 
 
 ALGORITHMS = {
@@ -77,6 +78,8 @@ ALGORITHMS = {
     "median-fedmrn": lambda: CoordinateMedian(algorithm=FedMRN()),
     # Each client's h_k rides as its weight: the h-weighted sum shards like FedAvg's.
     "qffedavg": lambda: QFedAvg(q=1.0),
+    # Per-client state in a ClientStore: each client trains on its owner rank, whose store alone holds it.
+    "stateful": RunningMeanFedAvg,
 }
 
 #: FedMRN masks seeded noise, which needs MaskedNoiseMixin; the other algorithms train the plain MLP.
@@ -131,6 +134,7 @@ def fit(
     fault: str = "none",
     step_schedule: bool = False,
     timeout: float = 600.0,
+    client_state_memory: int | None = None,
 ) -> None:
     """Runs the federated fit; every rank saves its final global state, round metrics and history."""
     pl.seed_everything(0, verbose=False)
@@ -146,6 +150,7 @@ def fit(
         seed=3,
         client_executor=executor,
         update_bound=UPDATE_BOUNDS[update_bound](),
+        client_state_memory=client_state_memory,
         max_epochs=rounds,
         accelerator="cpu",
         devices=devices,
@@ -183,6 +188,7 @@ def main() -> None:
     parser.add_argument("--fault", choices=sorted(FAULTS), default="none")
     parser.add_argument("--step-schedule", action="store_true", help="a per-step cosine LR schedule")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds a process waits for the others")
+    parser.add_argument("--client-state-memory", type=int, default=None, help="bytes of per-client state in memory")
     args = parser.parse_args()
     torch.set_num_threads(1)
     fit(
@@ -198,6 +204,7 @@ def main() -> None:
         fault=args.fault,
         step_schedule=args.step_schedule,
         timeout=args.timeout,
+        client_state_memory=args.client_state_memory,
     )
 
 

@@ -91,7 +91,7 @@ def test_tampered_state_is_one_error_naming_file_and_entry(checkpoint: Path, tmp
 #: Per-client state of each algorithm that remembers clients, and the error a foreign id gives.
 PER_CLIENT_STATE: dict[type, tuple[Callable[[dict], None], str]] = {
     FedStaleWeight: (lambda a: a["tracker"]["count"].update({99: 1}), r"`tracker\.count` names client 99"),
-    FedSoft: (lambda a: a["clients"]["models"].update({99: {}}), r"`clients\.models` names client 99"),
+    FedSoft: (lambda a: a["models"]["entries"].update({99: {}}), r"`models` names client 99"),
 }
 
 

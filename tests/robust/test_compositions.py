@@ -48,7 +48,7 @@ def test_each_fedsoft_centre_is_the_rule_of_its_members_models(make_rule, refere
     (selected,) = fedsoft.selection_history
     for s, members in enumerate(selected):
         names = list(fedsoft.centres[s])
-        rows = np.stack([_flat(fedsoft.clients.models[c], names) for c in members])
+        rows = np.stack([_flat(fedsoft.models.get(c), names) for c in members])
         np.testing.assert_allclose(_flat(fedsoft.centres[s], names), reference(rows), rtol=1e-6, atol=1e-7)
         assert not np.allclose(_flat(fedsoft.centres[s], names), rows.mean(axis=0))
 

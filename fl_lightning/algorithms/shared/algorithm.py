@@ -11,6 +11,7 @@ import torch
 
 # Re-exported: the contract names all three.
 from fl_lightning.algorithms.shared.client_update import TRAINING_METRICS, ClientContext, ClientUpdate  # noqa: F401
+from fl_lightning.server.client_store import ClientStore
 from fl_lightning.server.federation import Federation
 from fl_lightning.server.model_state import State, tensor_bytes
 from fl_lightning.utils.init_args import RecordsInitArgs
@@ -51,6 +52,18 @@ class Algorithm(RecordsInitArgs, ABC):
         unknown = sorted(c for c in map(int, ids) if not 0 <= c < num_clients)
         if unknown:
             raise ValueError(f"`{entry}` names client {unknown[0]}, but this federation has clients 0..{num_clients - 1}")
+
+    def client_stores(self) -> dict[str, ClientStore]:
+        """The algorithm's per-client state stores, by attribute path, which the loop binds at set-up to the run
+        folder, ``client_state_memory`` and client sharding (:meth:`ClientStore.bind`). By default its
+        :class:`ClientStore` attributes and those of the algorithms it wraps (``inner.models``, ...)."""
+        stores: dict[str, ClientStore] = {}
+        for name, value in vars(self).items():
+            if isinstance(value, ClientStore):
+                stores[name] = value
+            elif isinstance(value, Algorithm):
+                stores.update({f"{name}.{path}": store for path, store in value.client_stores().items()})
+        return stores
 
     def overridden_settings(self) -> dict[str, str]:
         """Trainer settings the user gave (after :meth:`setup`) that this algorithm replaces, each with what

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from fl_lightning.evaluation.protocols import has_client_holdout
 from fl_lightning.algorithms.shared.algorithm import Algorithm
-from fl_lightning.algorithms.shared.client_state import cpu_copy
+from fl_lightning.server.client_store import cpu_copy
 from fl_lightning.algorithms.shared.cluster_math import match_clusters
 from fl_lightning.server.federation import Federation
 from fl_lightning.server.model_state import State, live_tensors, load_into, tensor_bytes
