@@ -45,8 +45,9 @@ class FedDyn(Algorithm):
     solved exactly; with a finite number of local steps the stored term is its first-order
     estimate above, as in the authors' code.
 
-    Shards over processes by gathering the round's updates to every rank (:attr:`gathers_updates`): each
-    rank stores every aggregated client's gradient term, so whichever rank trains a client next has it.
+    Shards over processes by gathering the round's updates to every rank (:attr:`gathers_updates`): every
+    rank updates :math:`h` from all of them, and each stores the gradient terms of the clients it owns (the
+    client store's sharding: a client always trains on its owner rank).
     Not a weighted-sum aggregation, so DP and the robust rules refuse it; the trainer's ``update_bound`` is refused
     (it would change the delta the term is read from), and the batched executor refuses it (per-client
     ``configure_client``).
@@ -84,13 +85,15 @@ class FedDyn(Algorithm):
 
     @property
     def gathers_updates(self) -> bool:
-        """Yes: every rank stores every aggregated client's gradient term, from the gathered updates."""
+        """Yes: every rank needs every aggregated client's delta for :math:`h`."""
         return True
 
     @torch.no_grad()
     def aggregate(self, round_idx: int, global_state: State, updates: list[ClientUpdate]) -> dict[str, float]:
         """Stores each aggregated client's new gradient term, then updates :math:`h` and :math:`\\theta`."""
         for update in updates:
+            if not self.gradients.owns(update.client_id):
+                continue  # under client sharding, the rank that trains the client keeps its term
             delta = {name: update.payload[name].cpu() for name in self.h}
             previous = self.gradients.get(update.client_id)  # None: the client's first round, a zero term
             new = {n: -self.alpha * d if previous is None else previous[n] - self.alpha * d for n, d in delta.items()}

@@ -3,6 +3,7 @@ Optimization", NeurIPS): normalised averaging of clients that ran different numb
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
 import lightning.pytorch as pl
@@ -36,10 +37,9 @@ def normalizing_norm(steps: int, momentum: float = 0.0) -> float:
     return total
 
 
-def local_momentum(module: pl.LightningModule) -> float:
+def local_momentum(optimizers: Sequence[torch.optim.Optimizer]) -> float:
     """The heavy-ball momentum of the module's one ``torch.optim.SGD`` optimizer; ``ValueError`` naming
     anything else, since :func:`normalizing_norm` is derived for plain or heavy-ball SGD only."""
-    optimizers = module.trainer.optimizers
     if len(optimizers) != 1 or type(optimizers[0]) is not torch.optim.SGD:
         names = [type(o).__name__ for o in optimizers]
         raise ValueError(
@@ -110,7 +110,7 @@ class FedNova(Algorithm):
 
     def setup(self, federation: Federation) -> None:
         super().setup(federation)
-        self.momentum = local_momentum(federation.module)
+        self.momentum = local_momentum(federation.services.optimizers())
         if self.participation is not None:
             if federation.local_steps is None:
                 raise ValueError(

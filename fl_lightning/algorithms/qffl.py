@@ -78,7 +78,7 @@ class QFedAvg(SummableAggregation):
     def setup(self, federation: Federation) -> None:
         super().setup(federation)
         if self.lipschitz is None:
-            learning_rates = {float(g["lr"]) for o in federation.module.trainer.optimizers for g in o.param_groups}
+            learning_rates = {float(g["lr"]) for o in federation.services.optimizers() for g in o.param_groups}
             if len(learning_rates) != 1:
                 raise ValueError(
                     f"QFedAvg's default L = 1/lr needs one client learning rate, got {sorted(learning_rates)}: "
@@ -101,7 +101,7 @@ class QFedAvg(SummableAggregation):
         """:math:`L`: ``lipschitz``, or :math:`1/\\eta` of the client optimizer now (a client's start)."""
         if self.lipschitz is not None:
             return float(self.lipschitz)
-        return 1.0 / float(module.trainer.optimizers[0].param_groups[0]["lr"])
+        return 1.0 / float(self.federation.services.optimizers()[0].param_groups[0]["lr"])
 
     def configure_client(self, client: ClientContext, module: pl.LightningModule, global_state: State) -> None:
         # The module holds the global weights now, before any local step: F_k(w^t) of Algorithm 2; and L from

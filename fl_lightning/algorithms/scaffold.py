@@ -52,8 +52,9 @@ class SCAFFOLD(Algorithm):
     A client's :math:`c_i^+` is stored when its update is aggregated: a dropped (non-finite) or
     rejected update leaves :math:`c_i` unchanged, so :math:`c = \frac{1}{N}\sum_i c_i` stays true.
 
-    Shards over processes by gathering the round's updates to every rank (:attr:`gathers_updates`): each
-    rank stores every aggregated client's :math:`c_i^+`, so whichever rank trains a client next has it. Not
+    Shards over processes by gathering the round's updates to every rank (:attr:`gathers_updates`): every
+    rank computes :math:`c` from all of them, and each stores the :math:`c_i^+` of the clients it owns (the
+    client store's sharding: a client always trains on its owner rank). Not
     a weighted-sum aggregation, so DP and the robust rules refuse it; the trainer's ``update_bound`` is refused (the
     client's :math:`c_i^+` comes from its own, unbounded :math:`y_i`), and the batched executor refuses it
     (per-client ``configure_client``).
@@ -95,7 +96,7 @@ class SCAFFOLD(Algorithm):
 
     @property
     def gathers_updates(self) -> bool:
-        """Yes: every rank stores every aggregated client's :math:`c_i^+`, from the gathered updates."""
+        r"""Yes: every rank needs every aggregated client's :math:`\Delta c_i` for :math:`c`."""
         return True
 
     @torch.no_grad()
@@ -104,11 +105,13 @@ class SCAFFOLD(Algorithm):
         lr = _local_lr(self.federation.services)
         sum_delta_c = {name: torch.zeros_like(c) for name, c in self.control.items()}
         for update in updates:
-            c_i, steps = self._client_control(update.client_id), update.num_steps
+            steps = update.num_steps
             if not steps:
                 continue  # option II's quotient is undefined: a client that took no step keeps its c_i
             delta_c = {name: -c - update.payload[name].cpu() / (steps * lr) for name, c in self.control.items()}
-            self.client_controls.put(update.client_id, {name: c_i[name] + d for name, d in delta_c.items()})
+            if self.client_controls.owns(update.client_id):  # under client sharding, the rank that trains it
+                c_i = self._client_control(update.client_id)
+                self.client_controls.put(update.client_id, {name: c_i[name] + d for name, d in delta_c.items()})
             for name, d in delta_c.items():
                 sum_delta_c[name].add_(d)
         mean_delta_y = weighted_average([u.payload for u in updates], [1.0] * len(updates))  # uniform over S

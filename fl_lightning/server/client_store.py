@@ -108,6 +108,12 @@ class ClientStore:
             self._discard(cid)
         self._fit_budget()
 
+    def owns(self, client_id: int) -> bool:
+        """Whether this process keeps client ``client_id``'s state: always, except under client sharding, where
+        each rank keeps the clients it trains. An aggregation that sees every client (gathered updates) writes
+        only the entries it owns."""
+        return self._owns is None or self._owns(int(client_id))
+
     def get(self, client_id: int) -> State | None:
         """Client ``client_id``'s state, or ``None`` if it has none yet."""
         cid = self._owned(client_id)

@@ -15,7 +15,7 @@ from fl_lightning.models.classifier import ClassificationModule
 
 from ..integration.conftest import QUIET
 from ..test_federation import federation
-from .feature_shift import CLASSES, FEATURES, NUM_CLIENTS, feature_shift_data, sgd_steps
+from .feature_shift import CLASSES, FEATURES, feature_shift_data, sgd_steps
 
 LR, ROUNDS, LOCAL_STEPS, PER_ROUND, HIDDEN = 0.1, 3, 4, 2, 6
 BN = ("net.1.weight", "net.1.bias", "net.1.running_mean", "net.1.running_var", "net.1.num_batches_tracked")

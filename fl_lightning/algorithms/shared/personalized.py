@@ -23,10 +23,9 @@ class PersonalizedFedAvg(FedAvg):
     :class:`~fl_lightning.FederatedEvaluation`, whose ``clients/personal/*`` metrics then score each
     client's own model on its held-out data. The store is saved in :meth:`state_dict`.
 
-    The global aggregation stays FedAvg's weighted sum (so DP and robust wrappers compose), but a client's
-    entry is written on the process that trains it, and the store does not yet gather entries across
-    processes: multi-process client sharding is refused in :meth:`setup` rather than checkpointing only
-    rank 0's clients.
+    The global aggregation stays FedAvg's weighted sum (so DP and robust wrappers compose). Multi-process
+    client sharding is refused in :meth:`setup`: the store would keep each client on the rank that trains it,
+    but the personalised evaluation (:meth:`personalized_state`) reads every client's entry on each process.
     """
 
     def __init__(
@@ -43,9 +42,9 @@ class PersonalizedFedAvg(FedAvg):
     def setup(self, federation: Federation) -> None:
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             raise ValueError(
-                f"{type(self).__name__} keeps each client's own state on the process that trains it, which the "
-                f"client store does not yet share across the {dist.get_world_size()} processes (a checkpoint "
-                "would hold only rank 0's clients): run it with devices=1."
+                f"{type(self).__name__}'s personalised evaluation reads every client's own state on each process, "
+                f"but under client sharding over {dist.get_world_size()} processes each keeps only the clients it "
+                "trains: run it with devices=1."
             )
         super().setup(federation)
 
