@@ -48,6 +48,7 @@ from fl_lightning.loops.batched_sgd import (
     unflatten,
 )
 from fl_lightning.loops.client_executor import ClientExecutor, ClientRuntime
+from fl_lightning.loops.skipped_features import skipped_step_features, warn_skipped
 from fl_lightning.server.model_state import State, load_into
 
 __all__ = ["BatchedExecutor", "check_batched_support", "check_mean_step", "flatten_stream", "group_clients"]
@@ -87,6 +88,22 @@ def check_batched_support(runtime: ClientRuntime) -> torch.optim.SGD:
         if value is not None:
             raise ValueError(f"{PREFIX} does not support {what} (got {value!r}); use client_executor='lightning'.")
     return optimizer
+
+
+#: Precisions whose arithmetic the batched kernels reproduce to float32 rounding.
+EXACT_PRECISIONS = ("32-true", "64-true")
+
+
+def warn_rounding(trainer: pl.Trainer) -> None:
+    """Says once that under a lower precision the weights equal the sequential executors' only to
+    that precision's rounding: a batched matrix product rounds each output to ``bf16``/``fp16``
+    after summing in another order, which moves it by one unit in the last place (about 1e-3)."""
+    if str(trainer.precision) not in EXACT_PRECISIONS:
+        rank_zero_warn(
+            f"{PREFIX} with precision={trainer.precision!r} gives weights equal to the sequential executors' only to "
+            "that precision's rounding (about 1e-3 after a few rounds), not to float32's: its batched kernels sum in "
+            "another order before rounding. Use precision='32-true', or client_executor='lean' or 'lightning'."
+        )
 
 
 #: A client's batch stream, each batch flattened once into its tensors and their structure
@@ -186,6 +203,9 @@ class BatchedExecutor(ClientExecutor):
 
     def __init__(self, runtime: ClientRuntime, *, max_clients: int | None = None) -> None:
         super().__init__(runtime)
+        check_batched_support(runtime)  # refused before the first round, not in it
+        warn_skipped("batched", skipped_step_features(runtime.trainer))
+        warn_rounding(runtime.trainer)
         self.max_clients = max_clients
         self._steps: dict[tuple[type | TreeSpec, bool], BatchedStep] = {}
         self._mean_checked = False
