@@ -24,6 +24,7 @@ from fl_lightning.data.partitioners import Partitioner
 from fl_lightning.distributed.strategy import FederatedDDPStrategy
 from fl_lightning.server.federation import FederatedDataSource, require_federated_data
 from fl_lightning.loops.async_fit_loop import AsyncFitLoop
+from fl_lightning.loops.batched_executor import check_compile_backend
 from fl_lightning.loops.federated_fit_loop import FederatedFitLoop
 from fl_lightning.trainer_arguments import check_trainer_arguments
 from fl_lightning.robust.update_bounds import UpdateBound
@@ -89,7 +90,12 @@ class FederatedTrainer(pl.Trainer):
             it skips what ``"lean"`` skips.
         max_batched_clients: with ``client_executor="batched"``, at most this many clients train at
             once (each costs about three model copies of memory: weights, gradients, momentum);
-            default: all of a round's clients.
+            default: as many as half the device's free memory holds at four model copies per client,
+            at most all of a round's clients (:mod:`fl_lightning.loops.batched_group_size`).
+        compile_batched_steps: with ``client_executor="batched"``, run each step under ``torch.compile``
+            (``True``: the ``"inductor"`` backend; a string names another backend, e.g. ``"aot_eager"``).
+            A group's steps then all take one shape (every client, the largest batch, padded), so it
+            compiles once per group size; worth it for long runs (compiling takes seconds to minutes).
         update_bound: a bound on the clients' update norms applied before every aggregation (synchronous
             rounds, asynchronous buffers, sharded rounds): :class:`~fl_lightning.NormClip` or
             :class:`~fl_lightning.MedianNormFilter` (:mod:`fl_lightning.robust.update_bounds`); default none.
@@ -130,6 +136,7 @@ class FederatedTrainer(pl.Trainer):
         reset_optimizer: bool = True,
         client_executor: Literal["auto", "lightning", "lean", "batched"] = "auto",
         max_batched_clients: int | None = None,
+        compile_batched_steps: bool | str = False,
         update_bound: UpdateBound | None = None,
         allow_resume_changes: bool = False,
         use_distributed_sampler: bool = False,
@@ -165,6 +172,7 @@ class FederatedTrainer(pl.Trainer):
                 f"`max_batched_clients` must be a positive integer with client_executor='batched', got "
                 f"{max_batched_clients!r} with client_executor={client_executor!r}."
             )
+        check_compile_backend(compile_batched_steps, client_executor)
         if seed < 0:
             raise ValueError(f"`seed` must be >= 0, got {seed}.")
         self._num_clients = None if num_clients is None else check_int("num_clients", num_clients, minimum=1)
@@ -225,6 +233,7 @@ class FederatedTrainer(pl.Trainer):
             reset_optimizer=reset_optimizer,
             client_executor=client_executor,
             max_batched_clients=max_batched_clients,
+            compile_backend="inductor" if compile_batched_steps is True else compile_batched_steps or None,
             update_bound=update_bound,
             allow_resume_changes=allow_resume_changes,
             min_steps=previous.epoch_loop.min_steps,

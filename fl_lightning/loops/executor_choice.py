@@ -80,13 +80,15 @@ class AutoExecutor(SequentialExecutor):
         return steps
 
 
-def make_executor(client_executor: str, runtime: ClientRuntime, *, max_batched_clients: int | None = None) -> ClientExecutor:
+def make_executor(
+    client_executor: str, runtime: ClientRuntime, *, max_batched_clients: int | None = None, compile_backend: str | None = None
+) -> ClientExecutor:
     """The executor ``client_executor`` names; for ``"auto"``, Lightning's when the trainer rules
     the lean executor out (:func:`auto_choice_before_fit`), else :class:`AutoExecutor`."""
     if client_executor == "auto":
         return AutoExecutor(runtime) if auto_choice_before_fit(runtime.trainer) is None else LightningExecutor(runtime)
     if client_executor == "batched":
-        return BatchedExecutor(runtime, max_clients=max_batched_clients)
+        return BatchedExecutor(runtime, max_clients=max_batched_clients, compile_backend=compile_backend)
     sequential = {"lightning": LightningExecutor, "lean": LeanExecutor}
     if client_executor not in sequential:
         raise ValueError(f"`client_executor` must be 'auto', 'lightning', 'lean' or 'batched', got {client_executor!r}.")

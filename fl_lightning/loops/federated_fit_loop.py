@@ -116,6 +116,7 @@ class FederatedFitLoop(compat.FitLoopBase):
             ``"lean"`` (:mod:`~fl_lightning.loops.lean_executor`) or ``"batched"``
             (:mod:`~fl_lightning.loops.batched_executor`).
         max_batched_clients: the batched executor's cap on clients trained at once (``None``: no cap).
+        compile_backend: the ``torch.compile`` backend of the batched executor's steps (``None``: eager).
         update_bound: clips or filters the clients' update norms before aggregation (``None``: no bound).
         allow_resume_changes: resume from a checkpoint whose federation fingerprint differs (with a warning).
         min_steps, max_steps: Lightning's step limits, for the loop's own client epoch loop.
@@ -138,6 +139,7 @@ class FederatedFitLoop(compat.FitLoopBase):
         reset_optimizer: bool,
         client_executor: str = "auto",
         max_batched_clients: int | None = None,
+        compile_backend: str | None = None,
         update_bound: UpdateBound | None = None,
         allow_resume_changes: bool = False,
         min_steps: int | None = None,
@@ -157,6 +159,7 @@ class FederatedFitLoop(compat.FitLoopBase):
         self.client_executor = client_executor
         self._executor: ClientExecutor | None = None
         self.max_batched_clients = max_batched_clients
+        self.compile_backend = compile_backend
         self.update_bound = update_bound
         self.allow_resume_changes = allow_resume_changes
         self.global_state: State = {}
@@ -248,7 +251,9 @@ class FederatedFitLoop(compat.FitLoopBase):
         runtime = ClientRuntime(
             trainer, self.algorithm, self._live, self.client_batches, self.loss_recorder, self.reset_optimizer, self._schedules
         )
-        self._executor = make_executor(self.client_executor, runtime, max_batched_clients=self.max_batched_clients)
+        self._executor = make_executor(
+            self.client_executor, runtime, max_batched_clients=self.max_batched_clients, compile_backend=self.compile_backend
+        )
         federation = Federation(
             data=data,
             module=module,
@@ -327,6 +332,7 @@ class FederatedFitLoop(compat.FitLoopBase):
             "fl/reset_optimizer": self.reset_optimizer,
             "fl/client_executor": self.client_executor,
             "fl/max_batched_clients": self.max_batched_clients,
+            "fl/compile_backend": self.compile_backend,
         }
 
     @override
