@@ -287,6 +287,8 @@ class BatchedExecutor(ClientExecutor):
                 grads, losses = self._run(step, trained, others, inputs, batch_idx, *(() if mask is None else (mask,)))
             if width > active:  # the finished clients' padding-only steps are dropped
                 grads, losses = {name: g[:active] for name, g in grads.items()}, losses[:active]
+            if batch_idx == 0:
+                state.match_layout(grads)
             for group, params in state.groups:
                 sgd_step(params, grads, momenta, group, active)
             loss_sums[:active] += losses.detach().float()
