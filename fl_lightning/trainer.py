@@ -87,7 +87,8 @@ class FederatedTrainer(pl.Trainer):
             and, when clients' batches differ in size (they are then padded and the padding
             masked out), whose loss is the mean of a per-sample loss over the batch (no summed
             loss, no BatchNorm in training mode; checked once, refused with a ``ValueError``);
-            it skips what ``"lean"`` skips.
+            it warns once, naming them, about the per-batch hooks ``"lean"`` skips and about a precision
+            other than 32/64-true (weights equal to that precision's rounding only).
         max_batched_clients: with ``client_executor="batched"``, at most this many clients train at
             once (each costs about three model copies of memory: weights, gradients, momentum);
             default: as many as half the device's free memory holds at four model copies per client,
