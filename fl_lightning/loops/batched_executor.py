@@ -60,7 +60,9 @@ from fl_lightning.loops.client_executor import ClientExecutor, ClientRuntime
 from fl_lightning.loops.skipped_features import skipped_step_features, warn_skipped
 from fl_lightning.server.model_state import State, load_into
 
-__all__ = ["BatchedExecutor", "check_batched_support", "check_compile_backend", "check_mean_step", "flatten_stream", "group_clients"]
+__all__ = [
+    "BatchedExecutor", "check_batched_support", "check_compile_backend", "check_mean_step", "flatten_stream", "group_clients"
+]
 
 PREFIX = "client_executor='batched'"
 
@@ -273,7 +275,9 @@ class BatchedExecutor(ClientExecutor):
         precision = trainer.precision_plugin
         loss_sums = torch.zeros(len(streams), device=trainer.strategy.root_device)
         # Compiled: one shape for the whole group (every client, the largest batch), so it compiles once.
-        rows = max((num_samples(leaves) for stream in streams for leaves, _ in stream), default=0) if self.compile_backend else None
+        rows = None
+        if self.compile_backend:
+            rows = max((num_samples(leaves) for stream in streams for leaves, _ in stream), default=0)
         for batch_idx in range(len(streams[0]) if streams else 0):
             active = sum(len(stream) > batch_idx for stream in streams)  # a prefix: sorted by steps
             batches = [stream[batch_idx] for stream in streams[:active]]

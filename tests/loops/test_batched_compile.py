@@ -52,5 +52,6 @@ def test_compiled_steps_equal_eager_and_compile_once_per_group(backend: str) -> 
     ("value", "executor"), [("no_such_backend", "batched"), ("inductor", "lean"), (True, "auto"), (1, "batched")]
 )
 def test_bad_compile_batched_steps(value: Any, executor: str) -> None:
-    with pytest.raises(ValueError, match=rf"`compile_batched_steps` must be True, False or a torch.compile backend .*got {value!r}"):
+    match = rf"`compile_batched_steps` must be True, False or a torch.compile backend .*got {value!r}"
+    with pytest.raises(ValueError, match=match):
         quiet_trainer(client_executor=executor, compile_batched_steps=value)

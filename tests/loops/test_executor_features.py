@@ -151,10 +151,16 @@ FEATURES = {
     "callback.on_after_backward": Feature(
         lambda: MLP(**mlp()), "CallbackAfterBackward.on_after_backward", callbacks=lambda: [CallbackAfterBackward()]
     ),
-    "callback.on_train_batch_start": Feature(lambda: MLP(**mlp()), "CallbackBatchStart.on_train_batch_start", callbacks=lambda: [CallbackBatchStart()]),
-    "callback.on_train_batch_end": Feature(lambda: MLP(**mlp()), "CallbackBatchEnd.on_train_batch_end", callbacks=lambda: [CallbackBatchEnd()]),
+    "callback.on_train_batch_start": Feature(
+        lambda: MLP(**mlp()), "CallbackBatchStart.on_train_batch_start", callbacks=lambda: [CallbackBatchStart()]
+    ),
+    "callback.on_train_batch_end": Feature(
+        lambda: MLP(**mlp()), "CallbackBatchEnd.on_train_batch_end", callbacks=lambda: [CallbackBatchEnd()]
+    ),
     "callback.on_before_optimizer_step": Feature(
-        lambda: MLP(**mlp()), "CallbackBeforeOptimizerStep.on_before_optimizer_step", callbacks=lambda: [CallbackBeforeOptimizerStep()]
+        lambda: MLP(**mlp()),
+        "CallbackBeforeOptimizerStep.on_before_optimizer_step",
+        callbacks=lambda: [CallbackBeforeOptimizerStep()],
     ),
     "precision=bf16-mixed": Feature(lambda: MLP(**mlp()), "bf16-mixed", {"precision": "bf16-mixed"}),
     "gradient clipping": Feature(lambda: MLP(**mlp()), "gradient_clip_val|gradient clipping", {"gradient_clip_val": 0.05}),
