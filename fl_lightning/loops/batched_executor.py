@@ -18,8 +18,8 @@ executors' to float rounding: the same batches in the same order.
   the padded copies get no gradient. This needs a ``training_step`` that returns the mean of a
   per-sample loss over the batch (:func:`check_mean_step`, run once, refuses others).
 
-*Compiled steps* (``compile_backend``, e.g. ``"inductor"``): the vmapped forward and its
-backward run under ``torch.compile``, which compiles anew for each new shape. So that a group
+*Compiled steps* (``compile_backend``, e.g. ``"inductor"``): each step, ``vmap(grad_and_value)``
+of the loss, forward and backward, runs under ``torch.compile``, which compiles anew for each new shape. So that a group
 compiles once, every step of it runs in one shape: all the group's clients (a finished client
 gets a batch of padding only, whose update is dropped), each batch padded to the group's largest
 (the mean-step check applies). Recompiles are bounded by the group sizes a round brings (a full
@@ -32,6 +32,7 @@ many as half the device's free memory holds (:mod:`~fl_lightning.loops.batched_g
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -239,6 +240,8 @@ class BatchedExecutor(ClientExecutor):
         warn_skipped("batched", skipped_step_features(runtime.trainer))
         warn_rounding(runtime.trainer)
         self.max_clients = max_clients
+        #: The default group size's memory bound, read once per fit so that every round groups alike.
+        self._memory_cap: int | None = None
         self._steps: dict[tuple[type | TreeSpec, bool], BatchedStep] = {}
         self._mean_checked = False
         self._logging_warned = False
@@ -248,9 +251,10 @@ class BatchedExecutor(ClientExecutor):
         optimizer = check_batched_support(self.runtime)
         streams = [flatten_stream(self.runtime.batches(client)) for client in clients]
         updates: dict[int, ClientUpdate] = {}
-        device = self.runtime.trainer.strategy.root_device
-        size = self.max_clients or group_size(self.runtime.live.values(), free_memory(device), len(clients))
-        for members in group_clients([len(stream) for stream in streams], size):
+        if self._memory_cap is None:
+            free = free_memory(self.runtime.trainer.strategy.root_device)
+            self._memory_cap = group_size(self.runtime.live.values(), free, clients=sys.maxsize)
+        for members in group_clients([len(stream) for stream in streams], self.max_clients or self._memory_cap):
             for i in sorted(members):
                 self.start_client(clients[i], global_state)
             with logging_skipped(self.runtime.module) as logged:  # the group's steps, mean-step check included
