@@ -58,11 +58,11 @@ from fl_lightning.loops.batched_sgd import (
     unflatten,
 )
 from fl_lightning.loops.client_executor import ClientExecutor, ClientRuntime
-from fl_lightning.loops.skipped_features import skipped_step_features, warn_skipped
 from fl_lightning.server.model_state import State, load_into
 
 __all__ = [
-    "BatchedExecutor", "check_batched_support", "check_compile_backend", "check_mean_step", "flatten_stream", "group_clients"
+    "BatchedExecutor", "check_batched_support", "check_compile_backend", "check_mean_step", "flatten_stream", "group_clients",
+    "warn_rounding",
 ]
 
 PREFIX = "client_executor='batched'"
@@ -236,9 +236,6 @@ class BatchedExecutor(ClientExecutor):
     def __init__(self, runtime: ClientRuntime, *, max_clients: int | None = None, compile_backend: str | None = None) -> None:
         super().__init__(runtime)
         self.compile_backend = compile_backend
-        check_batched_support(runtime)  # refused before the first round, not in it
-        warn_skipped("batched", skipped_step_features(runtime.trainer))
-        warn_rounding(runtime.trainer)
         self.max_clients = max_clients
         #: The default group size's memory bound, read once per fit so that every round groups alike.
         self._memory_cap: int | None = None

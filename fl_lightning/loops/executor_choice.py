@@ -23,7 +23,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from typing_extensions import override
 
 from fl_lightning import _lightning_compat as compat
-from fl_lightning.loops.batched_executor import BatchedExecutor
+from fl_lightning.loops.batched_executor import BatchedExecutor, check_batched_support, warn_rounding
 from fl_lightning.loops.client_executor import ClientExecutor, ClientRuntime, SequentialExecutor
 from fl_lightning.loops.lean_executor import LeanExecutor
 from fl_lightning.loops.lightning_executor import LightningExecutor
@@ -88,6 +88,9 @@ def make_executor(
     if client_executor == "auto":
         return AutoExecutor(runtime) if auto_choice_before_fit(runtime.trainer) is None else LightningExecutor(runtime)
     if client_executor == "batched":
+        check_batched_support(runtime)  # refused when the fit starts, not in its first round
+        warn_skipped("batched", skipped_step_features(runtime.trainer))
+        warn_rounding(runtime.trainer)
         return BatchedExecutor(runtime, max_clients=max_batched_clients, compile_backend=compile_backend)
     sequential = {"lightning": LightningExecutor, "lean": LeanExecutor}
     if client_executor not in sequential:
