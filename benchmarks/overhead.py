@@ -29,6 +29,7 @@ Run from the repository root::
     PYTHONPATH=. python benchmarks/overhead.py --out results.md --clock wall --models digits
     PYTHONPATH=. python benchmarks/overhead.py --profile    # cProfile of path (b), top functions
     PYTHONPATH=. python benchmarks/overhead.py --ragged 10,50  # ragged Dirichlet(0.5) clients, every executor
+    PYTHONPATH=. python benchmarks/overhead.py --ragged 10,50 --ragged-executors batched,compiled  # + torch.compile
     PYTHONPATH=. python benchmarks/overhead.py --ragged 10,50 --device cuda  # the same on a GPU (wall clock)
 
 ``--device cuda`` puts the data, the plain loop's model and every Trainer on the GPU; the clock
@@ -57,6 +58,7 @@ from typing import Any
 import lightning.pytorch as pl
 import numpy as np
 import torch
+import torch._dynamo
 from harness import (  # benchmarks/ is on sys.path as a script
     CLOCKS,
     QUIET_TRAINER,
@@ -69,6 +71,7 @@ from harness import (  # benchmarks/ is on sys.path as a script
 )
 from reporting import emit, header, load
 from torch import Tensor, nn
+from torch._dynamo.utils import counters
 from torch.utils.data import DataLoader, TensorDataset
 
 from fl_lightning import FederatedTrainer
@@ -357,33 +360,45 @@ def bench_model(spec: ModelSpec, cfg: Config, log: Callable[[str], None]) -> dic
 #: The ragged workload: digits-sized (1,800 samples of 64 features, 10 classes) over 50 clients by
 #: Dirichlet(0.5) label skew, one local epoch of batch 10 per client, so clients differ in samples and steps.
 RAGGED_CLIENTS, RAGGED_SAMPLES_PER_CLIENT, RAGGED_ALPHA = 50, 36, 0.5
-#: ``(label, client_executor, extra FederatedTrainer arguments)`` of the ragged rows, after the plain loop.
-RAGGED_EXECUTORS = (
-    ("default (`client_executor=\"auto\"`)", "auto", {}),
-    ("`client_executor=\"lean\"`", "lean", {}),
-    ("`client_executor=\"batched\"`", "batched", {}),
-    ("`client_executor=\"batched\"`, `max_batched_clients=10`", "batched", {"max_batched_clients": 10}),
-)
+#: ``key: (label, client_executor, extra FederatedTrainer arguments)`` of the ragged rows, after the plain loop.
+RAGGED_EXECUTORS = {
+    "auto": ("default (`client_executor=\"auto\"`)", "auto", {}),
+    "lean": ("`client_executor=\"lean\"`", "lean", {}),
+    "batched": ("`client_executor=\"batched\"`", "batched", {}),
+    "batched10": ("`client_executor=\"batched\"`, `max_batched_clients=10`", "batched", {"max_batched_clients": 10}),
+    "compiled": ("`client_executor=\"batched\"`, `compile_batched_steps=True`", "batched", {"compile_batched_steps": True}),
+}
 
 
-def bench_ragged(cfg: Config, clients_per_round: int, log: Callable[[str], None]) -> dict[str, Any]:
-    """Per-round times of the plain loop and every executor on the ragged workload, interleaved per repeat."""
+def bench_ragged(cfg: Config, clients_per_round: int, rows: Sequence[str], log: Callable[[str], None]) -> dict[str, Any]:
+    """Per-round times of the plain loop and the ``rows`` executors on the ragged workload, interleaved per repeat;
+    also each run's first round (wall s: compilation included) and the graphs ``torch.compile`` made during it."""
     work = make_workload(
         MODELS["digits"], RAGGED_CLIENTS, RAGGED_SAMPLES_PER_CLIENT, clients_per_round, Dirichlet(alpha=RAGGED_ALPHA), cfg.device
     )
     total = cfg.warmup + cfg.rounds
-    series = {label: Series() for label in ("plain", *(label for label, _, _ in RAGGED_EXECUTORS))}
-    diffs: dict[str, list[float]] = {label: [] for label, _, _ in RAGGED_EXECUTORS}
+    executors = [RAGGED_EXECUTORS[key] for key in rows]
+    series = {label: Series() for label in ("plain", *(label for label, _, _ in executors))}
+    diffs: dict[str, list[float]] = {label: [] for label, _, _ in executors}
+    first: dict[str, list[float]] = {label: [] for label, _, _ in executors}
+    graphs: dict[str, list[int]] = {label: [] for label, _, _ in executors}
     for rep in range(cfg.repeats):
         log(f"  [ragged, {clients_per_round} clients/round] repeat {rep + 1}/{cfg.repeats}")
         times, w_plain = run_plain(work, None, total)
         series["plain"].add(times, cfg.warmup, clients_per_round)
-        for label, executor, kwargs in RAGGED_EXECUTORS:
+        for label, executor, kwargs in executors:
+            torch._dynamo.reset()  # each run compiles from scratch (and never reaches dynamo's recompile limit)
+            counters.clear()
             times, weights, _ = run_federated(work, None, total, MLP, executor=executor, **kwargs)
             series[label].add(times, cfg.warmup, clients_per_round)
             diffs[label].append(max_abs_diff(w_plain, weights))
+            first[label].append(float(times[0, CLOCKS.index("wall")]))
+            graphs[label].append(int(counters["stats"]["unique_graphs"]))
     sizes = [len(idx) for idx in work.client_idx]
-    return {"clients_per_round": clients_per_round, "series": series, "diffs": diffs, "sizes": (min(sizes), max(sizes))}
+    return {
+        "clients_per_round": clients_per_round, "series": series, "diffs": diffs, "first": first, "graphs": graphs,
+        "sizes": (min(sizes), max(sizes)),
+    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -489,19 +504,22 @@ def render_ragged(results: list[dict[str, Any]], cfg: Config, clock: str, head: 
         f"one after another; ms / client = median over measured rounds of round time / clients per round, **{clock}** clock",
         "",
         f"| clients / round | way of running the clients | ms / client | p25-p75 | vs plain loop | {other} ms / client | "
-        f"vs plain ({other}) | max abs diff of final weights vs plain |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|",
+        f"vs plain ({other}) | max abs diff of final weights vs plain | first round, wall s (median) | graphs compiled |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for res in results:
         series, base = res["series"], res["series"]["plain"]
         for label, ser in series.items():
             q1, q3 = ser.quartiles(clock)
             m, mo = ser.median(clock), ser.median(other)
-            diff = "-" if label == "plain" else f"{max(res['diffs'][label]):.2g}"
-            name = "plain PyTorch loop" if label == "plain" else label
+            plain = label == "plain"
+            diff = "-" if plain else f"{max(res['diffs'][label]):.2g}"
+            first = "-" if plain else f"{statistics.median(res['first'][label]):.2f}"
+            graphs = "-" if plain else "/".join(map(str, res["graphs"][label]))
+            name = "plain PyTorch loop" if plain else label
             out.append(
                 f"| {res['clients_per_round']} | {name} | {fmt(m)} | {fmt(q1)}-{fmt(q3)} | {m / base.median(clock):.2f}x | "
-                f"{fmt(mo)} | {mo / base.median(other):.2f}x | {diff} |"
+                f"{fmt(mo)} | {mo / base.median(other):.2f}x | {diff} | {first} | {graphs} |"
             )
     return "\n".join(out + [""])
 
@@ -547,6 +565,10 @@ def main(argv: list[str] | None = None) -> None:
         "--ragged", default="", metavar="CLIENTS_PER_ROUND",
         help="instead: the ragged Dirichlet(0.5) digits workload at these comma-separated clients per round (e.g. 10,50)",
     )
+    parser.add_argument(
+        "--ragged-executors", default="auto,lean,batched,batched10", metavar="ROWS",
+        help=f"the ragged rows after the plain loop, comma-separated, of {sorted(RAGGED_EXECUTORS)}",
+    )
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: CUDA is not available")
@@ -587,7 +609,12 @@ def main(argv: list[str] | None = None) -> None:
         return header(started, load_before, threads=torch.get_num_threads(), cuda=args.device == "cuda")
 
     if args.ragged:
-        ragged = [bench_ragged(cfg, int(c), lambda msg: print(msg, file=sys.stderr, flush=True)) for c in args.ragged.split(",")]
+        rows = [key.strip() for key in args.ragged_executors.split(",")]
+        if unknown := [key for key in rows if key not in RAGGED_EXECUTORS]:
+            parser.error(f"--ragged-executors: unknown {unknown}; choose from {sorted(RAGGED_EXECUTORS)}")
+        ragged = [
+            bench_ragged(cfg, int(c), rows, lambda msg: print(msg, file=sys.stderr, flush=True)) for c in args.ragged.split(",")
+        ]
         emit(render_ragged(ragged, cfg, args.clock, report_header()), args.out)
         return
     results = []

@@ -13,7 +13,13 @@ of the same shape (throughput does not depend on pixel values). Four ways, side 
 (b') ``FederatedTrainer(client_executor="lean")`` (``--executors`` picks the executors);
 (c) a centralised Lightning ``Trainer.fit`` of the same module over the same samples, the same
     number of SGD steps of batch 10 (a batch sampler over the whole training set): the per-step
-    cost of Lightning without any per-client work.
+    cost of Lightning without any per-client work;
+(d) with ``--hand-vmap eager,compiled``: the hand-written ``torch.func`` loop of issue 30
+    (``harness.vmap_fedavg``), eager and under ``torch.compile``: the batched executor's yardstick.
+
+An executor of ``--executors`` may carry options: ``batched-compiled`` (``compile_batched_steps=True``)
+and a ``:K`` suffix for ``max_batched_clients=K`` (``batched:50``). Each row also reports its
+runs' first round (wall s, compilation included) and, on CUDA, the peak of allocated GPU memory.
 
 (a) and every (b) select the same clients and cut the same batches; their final weights are
 compared (dropout draws from the global RNG, reseeded before every run). Every way reads
@@ -30,6 +36,8 @@ Run from the repository root::
     PYTHONPATH=. python benchmarks/pfl_cifar10.py --device cuda --data-on cpu    # batches copied per step
     PYTHONPATH=. python benchmarks/pfl_cifar10.py --per-round 10 --rounds 2 --warmup 1 --repeats 1 --clients 200  # CPU
     PYTHONPATH=. python benchmarks/pfl_cifar10.py --quick                        # smoke run, < 1 min on CPU
+    PYTHONPATH=. python benchmarks/pfl_cifar10.py --device cuda --per-round 200 --executors batched,batched-compiled,batched:50 \
+        --hand-vmap eager,compiled                                               # issue 30's GPU rows
 """
 
 from __future__ import annotations
@@ -41,11 +49,22 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import lightning.pytorch as pl
 import numpy as np
 import torch
-from harness import CLOCKS, QUIET_TRAINER, RoundTimer, max_abs_diff, now, on_device, plain_fedavg, select_clients  # benchmarks/ is on sys.path
+from harness import (  # benchmarks/ is on sys.path
+    CLOCKS,
+    QUIET_TRAINER,
+    RoundTimer,
+    max_abs_diff,
+    now,
+    on_device,
+    plain_fedavg,
+    select_clients,
+    vmap_fedavg,
+)
 from reporting import emit, header, load, mean_std
 from torch import Tensor
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, TensorDataset
@@ -127,12 +146,33 @@ def run_plain(work: Workload, rounds: int) -> tuple[np.ndarray, dict[str, Tensor
     return times, {"net." + k: v for k, v in weights.items()}
 
 
+def run_hand_vmap(work: Workload, rounds: int, compile: bool) -> tuple[np.ndarray, dict[str, Tensor]]:
+    net = work.module().net
+    torch.manual_seed(SEED)
+    times, weights = vmap_fedavg(
+        net, work.inputs, work.labels, work.client_idx, work.select,
+        steps=STEPS, rounds=rounds, lr=LR, batch_size=BATCH_SIZE, seed=SEED, compile=compile,
+    )  # fmt: skip
+    return times, {"net." + k: v for k, v in weights.items()}
+
+
+def executor_arguments(token: str) -> dict[str, Any]:
+    """``FederatedTrainer`` arguments of an ``--executors`` entry: ``NAME[-compiled][:K]``."""
+    name, _, cap = token.partition(":")
+    compiled = name.endswith("-compiled")
+    return {
+        "client_executor": name.removesuffix("-compiled"),
+        **({"compile_batched_steps": True} if compiled else {}),
+        **({"max_batched_clients": int(cap)} if cap else {}),
+    }
+
+
 def run_federated(work: Workload, rounds: int, executor: str) -> tuple[np.ndarray, dict[str, Tensor]]:
     module, dm, timer = work.module(), work.datamodule(), RoundTimer()
     torch.manual_seed(SEED)
     trainer = FederatedTrainer(
         algorithm=FedAvg(),  # sample-weighted like the plain loop; equal to pfl-research's WeightByUser here
-        client_executor=executor,
+        **executor_arguments(executor),
         local_epochs=LOCAL_EPOCHS,
         clients_per_round=work.clients_per_round,
         seed=SEED,
@@ -177,8 +217,14 @@ def run_centralised(work: Workload, rounds: int) -> np.ndarray:
 class Row:
     label: str
     rates: dict[str, list[float]] = field(default_factory=lambda: {c: [] for c in CLOCKS})  # clients/s per repeat
+    first: list[float] = field(default_factory=list)  # each run's first round, wall s (compilation included)
+    peaks: list[float] = field(default_factory=list)  # each run's peak allocated GPU memory, MiB (CUDA only)
 
     def add(self, rounds: np.ndarray, warmup: int, clients_per_round: int) -> None:
+        self.first.append(float(rounds[0, CLOCKS.index("wall")]))
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            self.peaks.append(torch.cuda.max_memory_allocated() / 2**20)
+            torch.cuda.reset_peak_memory_stats()  # the next run's peak
         measured = rounds[warmup:]
         for i, clock in enumerate(CLOCKS):
             self.rates[clock].append(len(measured) * clients_per_round / float(measured[:, i].sum()))
@@ -191,7 +237,9 @@ def bench(work: Workload, args: argparse.Namespace, log: Callable[[str], None]) 
     for i, executor in enumerate(args.executors):
         rows[executor] = Row("(b" + "'" * i + f") FederatedTrainer, `client_executor={executor!r}`")
     rows["central"] = Row("(c) centralised Lightning `fit`, same samples and step count (no clients)")
-    diffs: dict[str, list[float]] = {executor: [] for executor in args.executors}
+    for way in args.hand_vmap:
+        rows[f"hand-{way}"] = Row(f"(d) hand-written `torch.func` loop ({way})")
+    diffs: dict[str, list[float]] = {executor: [] for executor in (*args.executors, *(f"hand-{way}" for way in args.hand_vmap))}
     for rep in range(args.repeats):  # the ways interleaved, so slow drift hits all alike
         log(f"repeat {rep + 1}/{args.repeats}: plain loop")
         times, w_plain = run_plain(work, total)
@@ -203,6 +251,11 @@ def bench(work: Workload, args: argparse.Namespace, log: Callable[[str], None]) 
             diffs[executor].append(max_abs_diff(w_plain, weights))
         log(f"repeat {rep + 1}/{args.repeats}: centralised fit")
         rows["central"].add(run_centralised(work, total), args.warmup, cpr)
+        for way in args.hand_vmap:
+            log(f"repeat {rep + 1}/{args.repeats}: hand-written torch.func loop ({way})")
+            times, weights = run_hand_vmap(work, total, compile=way == "compiled")
+            rows[f"hand-{way}"].add(times, args.warmup, cpr)
+            diffs[f"hand-{way}"].append(max_abs_diff(w_plain, weights))
     return list(rows.values()), {executor: max(values) for executor, values in diffs.items()}
 
 
@@ -226,24 +279,27 @@ def render(rows: list[Row], diffs: dict[str, float], work: Workload, args: argpa
             "alongside); for (c), a round is the same number of steps"
         ),
         "",
-        f"| way | clients/s | samples/s | ms / client | vs plain loop | clients/s ({other} clock) |",
-        "|---|---:|---:|---:|---:|---:|",
+        f"| way | clients/s | samples/s | ms / client | vs plain loop | clients/s ({other} clock) | first round, wall s "
+        "| peak GPU MiB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         rates = row.rates[clock]
         mean = float(np.mean(rates))
+        peak = f"{max(row.peaks):.0f}" if row.peaks else "-"
         out.append(
             f"| {row.label} | {mean_std(rates, 1)} | {mean_std(rates, 0, SAMPLES_PER_CLIENT * LOCAL_EPOCHS)} | "
-            f"{1e3 / mean:.2f} | {base / mean:.2f}x | {mean_std(row.rates[other], 1)} |"
+            f"{1e3 / mean:.2f} | {base / mean:.2f}x | {mean_std(row.rates[other], 1)} | {np.median(row.first):.2f} | {peak} |"
         )
-    best = max(float(np.mean(row.rates[clock])) for row in rows[1:-1])
+    best = max(float(np.mean(row.rates[clock])) for row in rows[1 : 1 + len(args.executors)])
     out += [
         "",
         "- final global weights, FederatedTrainer vs (a), max |diff|: "
         + "; ".join(f"{executor} {diff:.3g}" + (" (bit-identical)" if diff == 0 else "") for executor, diff in diffs.items())
         + (
-            " (the batched executor draws each client's dropout masks under `vmap`, not in the plain loop's order)"
-            if diffs.get("batched", 0) > 0
+            " (the batched executor and the hand loop draw each client's dropout masks under `vmap`, not in the plain "
+            "loop's order)"
+            if any(diff > 0 for diff in diffs.values())
             else ""
         ),
         f"- goal >= {GOAL_CLIENTS_PER_S} clients/s on one H100-class GPU: best federated way {best:.0f} clients/s "
@@ -266,6 +322,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--executors", default="lightning,lean", help="FederatedTrainer client executors to run (rows (b), (b'), ...)"
     )
+    parser.add_argument(
+        "--hand-vmap", default="", help="rows (d): the hand-written torch.func loop, comma-separated of eager, compiled"
+    )
     parser.add_argument("--quick", action="store_true", help="smoke run: 100 clients, 5 per round, 1 + 2 rounds, 1 repeat")
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads(N); 0 keeps torch's default")
     parser.add_argument("--clock", choices=CLOCKS, help="clock of the table (default: wall on CUDA, cpu on CPU)")
@@ -276,6 +335,9 @@ def main(argv: list[str] | None = None) -> None:
         if getattr(args, name) is None:
             setattr(args, name, quick if args.quick else full)
     args.executors = [e.strip() for e in args.executors.split(",") if e.strip()]
+    args.hand_vmap = [w.strip() for w in args.hand_vmap.split(",") if w.strip()]
+    if unknown := set(args.hand_vmap) - {"eager", "compiled"}:
+        parser.error(f"--hand-vmap: unknown {sorted(unknown)}; choose from eager, compiled")
     if args.clock is None:
         args.clock = "wall" if args.device == "cuda" else "cpu"
     if args.device == "cuda" and not torch.cuda.is_available():

@@ -25,6 +25,7 @@ from fl_lightning.distributed.strategy import FederatedDDPStrategy
 from fl_lightning.server.federation import FederatedDataSource, require_federated_data
 from fl_lightning.server.memory_budget import AUTO, parse_memory
 from fl_lightning.loops.async_fit_loop import AsyncFitLoop
+from fl_lightning.loops.batched_executor import check_compile_backend
 from fl_lightning.loops.federated_fit_loop import FederatedFitLoop
 from fl_lightning.trainer_arguments import check_trainer_arguments
 from fl_lightning.robust.update_bounds import UpdateBound
@@ -87,10 +88,16 @@ class FederatedTrainer(pl.Trainer):
             and, when clients' batches differ in size (they are then padded and the padding
             masked out), whose loss is the mean of a per-sample loss over the batch (no summed
             loss, no BatchNorm in training mode; checked once, refused with a ``ValueError``);
-            it skips what ``"lean"`` skips.
+            it warns once, naming them, about the per-batch hooks ``"lean"`` skips and about a precision
+            other than 32/64-true (weights equal to that precision's rounding only).
         max_batched_clients: with ``client_executor="batched"``, at most this many clients train at
             once (each costs about three model copies of memory: weights, gradients, momentum);
-            default: all of a round's clients.
+            default: as many as half the device's free memory holds at four model copies per client,
+            at most all of a round's clients (:mod:`fl_lightning.loops.batched_group_size`).
+        compile_batched_steps: with ``client_executor="batched"``, run each step under ``torch.compile``
+            (``True``: the ``"inductor"`` backend; a string names another backend, e.g. ``"aot_eager"``).
+            A group's steps then all take one shape (every client, the largest batch, padded), so it
+            compiles once per group size; worth it for long runs (compiling takes seconds to minutes).
         update_bound: a bound on the clients' update norms applied before every aggregation (synchronous
             rounds, asynchronous buffers, sharded rounds): :class:`~fl_lightning.NormClip` or
             :class:`~fl_lightning.MedianNormFilter` (:mod:`fl_lightning.robust.update_bounds`); default none.
@@ -137,6 +144,7 @@ class FederatedTrainer(pl.Trainer):
         reset_optimizer: bool = True,
         client_executor: Literal["auto", "lightning", "lean", "batched"] = "auto",
         max_batched_clients: int | None = None,
+        compile_batched_steps: bool | str = False,
         update_bound: UpdateBound | None = None,
         allow_resume_changes: bool = False,
         client_state_memory: int | str | None = AUTO,
@@ -173,6 +181,7 @@ class FederatedTrainer(pl.Trainer):
                 f"`max_batched_clients` must be a positive integer with client_executor='batched', got "
                 f"{max_batched_clients!r} with client_executor={client_executor!r}."
             )
+        check_compile_backend(compile_batched_steps, client_executor)
         if seed < 0:
             raise ValueError(f"`seed` must be >= 0, got {seed}.")
         self._num_clients = None if num_clients is None else check_int("num_clients", num_clients, minimum=1)
@@ -239,6 +248,7 @@ class FederatedTrainer(pl.Trainer):
             reset_optimizer=reset_optimizer,
             client_executor=client_executor,
             max_batched_clients=max_batched_clients,
+            compile_backend="inductor" if compile_batched_steps is True else compile_batched_steps or None,
             update_bound=update_bound,
             allow_resume_changes=allow_resume_changes,
             client_state_memory=state_memory,

@@ -18,12 +18,21 @@ executors' to float rounding: the same batches in the same order.
   the padded copies get no gradient. This needs a ``training_step`` that returns the mean of a
   per-sample loss over the batch (:func:`check_mean_step`, run once, refuses others).
 
+*Compiled steps* (``compile_backend``, e.g. ``"inductor"``): each step, ``vmap(grad_and_value)``
+of the loss, forward and backward, runs under ``torch.compile``, which compiles anew for each new shape. So that a group
+compiles once, every step of it runs in one shape: all the group's clients (a finished client
+gets a batch of padding only, whose update is dropped), each batch padded to the group's largest
+(the mean-step check applies). Recompiles are bounded by the group sizes a round brings (a full
+group and the last one) and, once, a ``batch_idx`` that becomes a symbolic integer.
+
 Extra memory: the stacked weights, gradients (and momentum buffers) and activations of one
-group of at most ``max_batched_clients`` clients, about ``3 K`` models.
+group of at most ``max_batched_clients`` clients, about ``3 K`` models; by default ``K`` is as
+many as half the device's free memory holds (:mod:`~fl_lightning.loops.batched_group_size`).
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -37,6 +46,7 @@ from typing_extensions import override
 
 from fl_lightning import _lightning_compat as compat
 from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientContext, ClientUpdate
+from fl_lightning.loops.batched_group_size import free_memory, group_size
 from fl_lightning.loops.batched_sgd import (
     SGD_OPTIONS,
     BatchedStep,
@@ -50,7 +60,10 @@ from fl_lightning.loops.batched_sgd import (
 from fl_lightning.loops.client_executor import ClientExecutor, ClientRuntime
 from fl_lightning.server.model_state import State, load_into
 
-__all__ = ["BatchedExecutor", "check_batched_support", "check_mean_step", "flatten_stream", "group_clients"]
+__all__ = [
+    "BatchedExecutor", "check_batched_support", "check_compile_backend", "check_mean_step", "flatten_stream", "group_clients",
+    "warn_rounding",
+]
 
 PREFIX = "client_executor='batched'"
 
@@ -87,6 +100,35 @@ def check_batched_support(runtime: ClientRuntime) -> torch.optim.SGD:
         if value is not None:
             raise ValueError(f"{PREFIX} does not support {what} (got {value!r}); use client_executor='lightning'.")
     return optimizer
+
+
+def check_compile_backend(value: object, client_executor: str) -> None:
+    """Refuses a ``compile_batched_steps`` other than ``False``, ``True`` or a ``torch.compile``
+    backend's name, or one given without the batched executor."""
+    from torch._dynamo import list_backends  # only when asked for: importing torch._dynamo takes about a second
+
+    if value is False or (client_executor == "batched" and (value is True or value in list_backends(exclude_tags=()))):
+        return
+    raise ValueError(
+        f"`compile_batched_steps` must be True, False or a torch.compile backend ({', '.join(list_backends())}, "
+        f"aot_eager, ...) with client_executor='batched', got {value!r} with client_executor={client_executor!r}."
+    )
+
+
+#: Precisions whose arithmetic the batched kernels reproduce to float32 rounding.
+EXACT_PRECISIONS = ("32-true", "64-true")
+
+
+def warn_rounding(trainer: pl.Trainer) -> None:
+    """Says once that under a lower precision the weights equal the sequential executors' only to
+    that precision's rounding: a batched matrix product rounds each output to ``bf16``/``fp16``
+    after summing in another order, which moves it by one unit in the last place (about 1e-3)."""
+    if str(trainer.precision) not in EXACT_PRECISIONS:
+        rank_zero_warn(
+            f"{PREFIX} with precision={trainer.precision!r} gives weights equal to the sequential executors' only to "
+            "that precision's rounding (about 1e-3 after a few rounds), not to float32's: its batched kernels sum in "
+            "another order before rounding. Use precision='32-true', or client_executor='lean' or 'lightning'."
+        )
 
 
 #: A client's batch stream, each batch flattened once into its tensors and their structure
@@ -127,13 +169,19 @@ def num_samples(leaves: Sequence[Tensor]) -> int:
     return int(sizes.pop())
 
 
-def pad_batches(batches: Sequence[list[Tensor]]) -> tuple[list[Tensor], Tensor]:
-    """The clients' batches stacked, each padded to the largest with copies of its first sample,
-    and the ``[clients, samples]`` mask of the real samples."""
+def pad_batches(
+    batches: Sequence[list[Tensor]], size: int | None = None, clients: int | None = None
+) -> tuple[list[Tensor], Tensor]:
+    """The clients' batches stacked, each padded to ``size`` samples (default: the largest) with
+    copies of its first sample, and the ``[clients, samples]`` mask of the real samples; up to
+    ``clients`` rows (default: one per batch), the extra ones copies of the first batch, all padding."""
     sizes = [num_samples(leaves) for leaves in batches]
-    size = max(sizes)
+    size = size or max(sizes)
+    extra = (clients or len(batches)) - len(batches)
+    batches = [*batches, *[batches[0]] * extra]
+    sizes += [0] * extra
     stacked = [
-        torch.stack([torch.cat([t, t[:1].expand(size - n, *t.shape[1:])]) if n < size else t for t, n in zip(parts, sizes)])
+        torch.stack([torch.cat([t[:n], t[:1].expand(size - n, *t.shape[1:])]) if n < size else t for t, n in zip(parts, sizes)])
         for parts in zip(*batches)
     ]
     mask = torch.arange(size) < torch.tensor(sizes).unsqueeze(1)
@@ -175,7 +223,8 @@ def check_mean_step(module: pl.LightningModule, leaves: list[Tensor], structure:
 
 
 class BatchedExecutor(ClientExecutor):
-    """Trains a round's clients in groups of at most ``max_clients`` (``None``: one group).
+    """Trains a round's clients in groups of at most ``max_clients`` (``None``: as many as the
+    device's free memory allows, :mod:`~fl_lightning.loops.batched_group_size`).
 
     Per group: ``on_client_start`` for each member (in the clients' order), their local steps at
     once, then per member, with the module holding its local weights, ``algorithm.client_update``
@@ -184,9 +233,12 @@ class BatchedExecutor(ClientExecutor):
 
     name = "batched"
 
-    def __init__(self, runtime: ClientRuntime, *, max_clients: int | None = None) -> None:
+    def __init__(self, runtime: ClientRuntime, *, max_clients: int | None = None, compile_backend: str | None = None) -> None:
         super().__init__(runtime)
+        self.compile_backend = compile_backend
         self.max_clients = max_clients
+        #: The default group size's memory bound, read once per fit so that every round groups alike.
+        self._memory_cap: int | None = None
         self._steps: dict[tuple[type | TreeSpec, bool], BatchedStep] = {}
         self._mean_checked = False
         self._logging_warned = False
@@ -196,7 +248,10 @@ class BatchedExecutor(ClientExecutor):
         optimizer = check_batched_support(self.runtime)
         streams = [flatten_stream(self.runtime.batches(client)) for client in clients]
         updates: dict[int, ClientUpdate] = {}
-        for members in group_clients([len(stream) for stream in streams], self.max_clients):
+        if self._memory_cap is None:
+            free = free_memory(self.runtime.trainer.strategy.root_device)
+            self._memory_cap = group_size(self.runtime.live.values(), free, clients=sys.maxsize)
+        for members in group_clients([len(stream) for stream in streams], self.max_clients or self._memory_cap):
             for i in sorted(members):
                 self.start_client(clients[i], global_state)
             with logging_skipped(self.runtime.module) as logged:  # the group's steps, mean-step check included
@@ -220,28 +275,40 @@ class BatchedExecutor(ClientExecutor):
         momenta: dict[str, Tensor] = {}
         precision = trainer.precision_plugin
         loss_sums = torch.zeros(len(streams), device=trainer.strategy.root_device)
+        # Compiled: one shape for the whole group (every client, the largest batch), so it compiles once.
+        rows = None
+        if self.compile_backend:
+            rows = max((num_samples(leaves) for stream in streams for leaves, _ in stream), default=0)
         for batch_idx in range(len(streams[0]) if streams else 0):
             active = sum(len(stream) > batch_idx for stream in streams)  # a prefix: sorted by steps
             batches = [stream[batch_idx] for stream in streams[:active]]
             structure = batches[0][1]
-            inputs, mask = self._stack([leaves for leaves, _ in batches], structure)
-            trained = {name: t[:active] for name, t in state.trained.items()}
-            others = {name: t[:active] for name, t in state.others.items()}
+            width = len(streams) if rows else active  # the clients the step runs: the active ones first
+            inputs, mask = self._stack([leaves for leaves, _ in batches], structure, rows, width)
+            trained = {name: t[:width] for name, t in state.trained.items()}
+            others = {name: t[:width] for name, t in state.others.items()}
             step = self._step(state.tied, structure, padded=mask is not None)
             with precision.train_step_context():
                 grads, losses = self._run(step, trained, others, inputs, batch_idx, *(() if mask is None else (mask,)))
+            if width > active:  # the finished clients' padding-only steps are dropped
+                grads, losses = {name: g[:active] for name, g in grads.items()}, losses[:active]
+            if batch_idx == 0:
+                state.match_layout(grads)
             for group, params in state.groups:
                 sgd_step(params, grads, momenta, group, active)
             loss_sums[:active] += losses.detach().float()
         return state, loss_sums.tolist()
 
-    def _stack(self, batches: list[list[Tensor]], structure: type | TreeSpec) -> tuple[list[Tensor], Tensor | None]:
+    def _stack(
+        self, batches: list[list[Tensor]], structure: type | TreeSpec, rows: int | None, clients: int
+    ) -> tuple[list[Tensor], Tensor | None]:
         """The clients' batches stacked on the device; padded, with the mask of the real samples,
-        when their shapes differ (``None``: no padding)."""
-        if len({tuple(t.shape for t in leaves) for leaves in batches}) == 1:
+        when their shapes differ or ``rows`` (to ``rows`` samples and ``clients`` clients) is given
+        (``None``: no padding)."""
+        if rows is None and len({tuple(t.shape for t in leaves) for leaves in batches}) == 1:
             return self._on_device([torch.stack(parts) for parts in zip(*batches)]), None
         self._check_mean_step(batches[0], structure)
-        stacked, mask = pad_batches(batches)
+        stacked, mask = pad_batches(batches, rows, clients)
         return self._on_device(stacked), mask.to(self.runtime.trainer.strategy.root_device)
 
     def _on_device(self, tensors: list[Tensor]) -> list[Tensor]:
@@ -252,7 +319,7 @@ class BatchedExecutor(ClientExecutor):
     def _step(self, tied: bool, structure: type | TreeSpec, *, padded: bool) -> BatchedStep:
         key = (structure, padded)
         if key not in self._steps:
-            self._steps[key] = batched_step(self.runtime.module, tied, structure, padded)
+            self._steps[key] = batched_step(self.runtime.module, tied, structure, padded, self.compile_backend)
         return self._steps[key]
 
     def _run(self, step: BatchedStep, *args: Any) -> tuple[dict[str, Tensor], Tensor]:

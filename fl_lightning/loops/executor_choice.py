@@ -7,9 +7,10 @@ for bit as Lightning's epoch loop unless something it skips would act during the
 a per-batch hook of the module, the datamodule or a callback, manual or multiple optimizers,
 gradient clipping or accumulation, gradient scaling,
 or ``self.log(..., on_step=True)``. The first are read from the trainer before the fit
-(:func:`lean_blockers`); per-step logging is only known once a client has trained, so ``auto``
-trains the run's first client with Lightning's epoch loop and decides then
-(:func:`~fl_lightning._lightning_compat.on_step_metric_names`).
+(:func:`~fl_lightning.loops.skipped_features.skipped_step_features`); per-step logging is only
+known once a client has trained, so ``auto`` trains the run's first client with Lightning's
+epoch loop and decides then (:func:`~fl_lightning._lightning_compat.on_step_metric_names`). ``auto`` never picks the batched
+executor, whose weights equal the others' only to float rounding.
 """
 
 from __future__ import annotations
@@ -17,60 +18,22 @@ from __future__ import annotations
 from collections.abc import Sized
 
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities.model_helpers import is_overridden
-from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from typing_extensions import override
 
 from fl_lightning import _lightning_compat as compat
-from fl_lightning.callbacks.client_loss import ClientLossRecorder
-from fl_lightning.loops.batched_executor import BatchedExecutor
+from fl_lightning.loops.batched_executor import BatchedExecutor, check_batched_support, warn_rounding
 from fl_lightning.loops.client_executor import ClientExecutor, ClientRuntime, SequentialExecutor
 from fl_lightning.loops.lean_executor import LeanExecutor
 from fl_lightning.loops.lightning_executor import LightningExecutor
-
-
-#: Hooks Lightning calls around every training step, on the module and on callbacks.
-STEP_HOOKS = (
-    "on_train_batch_start",
-    "on_train_batch_end",
-    "on_before_backward",
-    "on_after_backward",
-    "on_before_optimizer_step",
-    "on_before_zero_grad",
-)
-#: Module methods through which Lightning runs a step, which the lean executor does not call.
-MODULE_STEP_METHODS = ("backward", "optimizer_step", "optimizer_zero_grad", "configure_gradient_clipping", "lr_scheduler_step")
-
-
-def lean_blockers(trainer: pl.Trainer) -> list[str]:
-    """Why the lean executor could differ from Lightning's epoch loop on this trainer (empty: it cannot)."""
-    module = trainer.lightning_module
-    reasons = []
-    if not module.automatic_optimization:
-        reasons.append("manual optimization")
-    if len(trainer.optimizers) != 1:
-        reasons.append(f"{len(trainer.optimizers)} optimizers")
-    if trainer.gradient_clip_val:
-        reasons.append(f"gradient clipping (gradient_clip_val={trainer.gradient_clip_val})")
-    if trainer.accumulate_grad_batches != 1:
-        reasons.append(f"gradient accumulation (accumulate_grad_batches={trainer.accumulate_grad_batches})")
-    if getattr(trainer.precision_plugin, "scaler", None) is not None:
-        reasons.append(f"gradient scaling (precision={trainer.precision!r})")
-    reasons += [f"{type(module).__name__}.{hook}" for hook in (*STEP_HOOKS, *MODULE_STEP_METHODS) if is_overridden(hook, module)]
-    reasons += compat.overridden_batch_hooks(trainer, compat.BATCH_TRANSFER_HOOKS[:1])
-    for callback in trainer.callbacks:  # type: ignore[attr-defined]
-        if isinstance(callback, ClientLossRecorder) or compat.acts_only_at_epoch_ends(callback):
-            continue  # the lean executor reports losses to the recorder itself
-        reasons += [f"{type(callback).__name__}.{hook}" for hook in STEP_HOOKS if is_overridden(hook, callback, Callback)]
-    return reasons
+from fl_lightning.loops.skipped_features import skipped_step_features, warn_skipped
 
 
 def auto_choice_before_fit(trainer: pl.Trainer) -> str | None:
     """``"lightning"`` (and says why, once) if the trainer rules the lean executor out, else
     ``None``: the decision waits for the first client (:func:`auto_choice_after_first_client`)."""
-    blockers = lean_blockers(trainer)
+    blockers = skipped_step_features(trainer)
     if not blockers:
         return None
     rank_zero_info(f"client_executor='auto' runs clients through Lightning's epoch loop: {', '.join(blockers)}.")
@@ -117,27 +80,21 @@ class AutoExecutor(SequentialExecutor):
         return steps
 
 
-def make_executor(client_executor: str, runtime: ClientRuntime, *, max_batched_clients: int | None = None) -> ClientExecutor:
+def make_executor(
+    client_executor: str, runtime: ClientRuntime, *, max_batched_clients: int | None = None, compile_backend: str | None = None
+) -> ClientExecutor:
     """The executor ``client_executor`` names; for ``"auto"``, Lightning's when the trainer rules
     the lean executor out (:func:`auto_choice_before_fit`), else :class:`AutoExecutor`."""
     if client_executor == "auto":
         return AutoExecutor(runtime) if auto_choice_before_fit(runtime.trainer) is None else LightningExecutor(runtime)
     if client_executor == "batched":
-        return BatchedExecutor(runtime, max_clients=max_batched_clients)
+        check_batched_support(runtime)  # refused when the fit starts, not in its first round
+        warn_skipped("batched", skipped_step_features(runtime.trainer))
+        warn_rounding(runtime.trainer)
+        return BatchedExecutor(runtime, max_clients=max_batched_clients, compile_backend=compile_backend)
     sequential = {"lightning": LightningExecutor, "lean": LeanExecutor}
     if client_executor not in sequential:
         raise ValueError(f"`client_executor` must be 'auto', 'lightning', 'lean' or 'batched', got {client_executor!r}.")
     if client_executor == "lean":
-        warn_what_lean_skips(runtime.trainer)
+        warn_skipped("lean", skipped_step_features(runtime.trainer))
     return sequential[client_executor](runtime)
-
-
-def warn_what_lean_skips(trainer: pl.Trainer) -> None:
-    """An explicit ``"lean"`` never runs what :func:`lean_blockers` lists (a callback's per-batch
-    hook, gradient clipping, ...); say so once, since nothing else would show it was skipped."""
-    blockers = lean_blockers(trainer)
-    if blockers:
-        rank_zero_warn(
-            f"client_executor='lean' skips {', '.join(blockers)}, which Lightning's epoch loop would run; "
-            "pass client_executor='lightning' (or 'auto', which then picks it) to keep them."
-        )

@@ -117,6 +117,7 @@ class FederatedFitLoop(compat.FitLoopBase):
             ``"lean"`` (:mod:`~fl_lightning.loops.lean_executor`) or ``"batched"``
             (:mod:`~fl_lightning.loops.batched_executor`).
         max_batched_clients: the batched executor's cap on clients trained at once (``None``: no cap).
+        compile_backend: the ``torch.compile`` backend of the batched executor's steps (``None``: eager).
         update_bound: clips or filters the clients' update norms before aggregation (``None``: no bound).
         allow_resume_changes: resume from a checkpoint whose federation fingerprint differs (with a warning).
         client_state_memory: bytes of per-client state the algorithm's stores keep in memory together, each an
@@ -141,6 +142,7 @@ class FederatedFitLoop(compat.FitLoopBase):
         reset_optimizer: bool,
         client_executor: str = "auto",
         max_batched_clients: int | None = None,
+        compile_backend: str | None = None,
         update_bound: UpdateBound | None = None,
         allow_resume_changes: bool = False,
         client_state_memory: int | None = None,
@@ -161,6 +163,7 @@ class FederatedFitLoop(compat.FitLoopBase):
         self.client_executor = client_executor
         self._executor: ClientExecutor | None = None
         self.max_batched_clients = max_batched_clients
+        self.compile_backend = compile_backend
         self.update_bound = update_bound
         self.allow_resume_changes = allow_resume_changes
         self.client_state_memory = client_state_memory
@@ -253,7 +256,9 @@ class FederatedFitLoop(compat.FitLoopBase):
         runtime = ClientRuntime(
             trainer, self.algorithm, self._live, self.client_batches, self.loss_recorder, self.reset_optimizer, self._schedules
         )
-        self._executor = make_executor(self.client_executor, runtime, max_batched_clients=self.max_batched_clients)
+        self._executor = make_executor(
+            self.client_executor, runtime, max_batched_clients=self.max_batched_clients, compile_backend=self.compile_backend
+        )
         federation = Federation(
             data=data,
             module=module,
@@ -347,6 +352,7 @@ class FederatedFitLoop(compat.FitLoopBase):
             "fl/reset_optimizer": self.reset_optimizer,
             "fl/client_executor": self.client_executor,
             "fl/max_batched_clients": self.max_batched_clients,
+            "fl/compile_backend": self.compile_backend,
         }
 
     @override

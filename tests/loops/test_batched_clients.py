@@ -15,6 +15,7 @@ from fl_lightning.algorithms.shared.server_optimizers import ServerSGD
 from fl_lightning.callbacks.federated_callback import FederatedCallback
 from fl_lightning.data import Dirichlet, FederatedDataModule, InMemoryDataset
 from fl_lightning.loops.batched_executor import flatten_stream, group_clients, pad_batches
+from fl_lightning.loops.batched_sgd import StackedState, batched_step
 from fl_lightning.models import CNN, MLP
 
 from ..integration.conftest import quiet_trainer
@@ -182,6 +183,10 @@ def test_groups_by_steps_and_pads_with_a_mask() -> None:
     assert torch.equal(stacked[0][1], torch.tensor([[10.0, 11.0]] * 3))  # copies of the first sample
     assert torch.equal(stacked[1], torch.tensor([[0, 1, 2], [5, 5, 5]]))
     assert torch.equal(mask, torch.tensor([[True, True, True], [True, False, False]]))
+    # Compiled steps: one shape for a group, a finished client's row all padding.
+    stacked, mask = pad_batches([[first, torch.tensor([0, 1, 2])]], size=4, clients=2)
+    assert [tuple(t.shape) for t in stacked] == [(2, 4, 2), (2, 4)]
+    assert torch.equal(mask, torch.tensor([[True, True, True, False], [False] * 4]))
     with pytest.raises(ValueError, match=r"one row per sample; got a batch of tensors with shapes \[\(3, 2\), \(2,\)\]"):
         pad_batches([[first, torch.tensor([0, 1])], [second, torch.tensor([5])]])
     with pytest.raises(TypeError, match="batches made of tensors only"):
@@ -254,3 +259,21 @@ def test_unsupported_runs_fail_clearly(model_fn: Callable[[], Any], kwargs: dict
 def test_asynchronous_algorithm_is_refused() -> None:
     with pytest.raises(ValueError, match="FedBuff is asynchronous"):
         quiet_trainer(client_executor="batched", algorithm=FedBuff(buffer_size=2))
+
+
+def test_a_stacked_weight_takes_its_gradients_memory_layout() -> None:
+    """A vmapped linear layer's gradient comes out transposed in memory; the stacked weight follows it
+    (so the SGD update reads both in order), keeping its values, and tied names still share it."""
+    model = TiedMLP()
+    state = StackedState(dict(model.state_dict(keep_vars=True)), torch.optim.SGD(model.parameters(), lr=0.1), 3)
+    step = batched_step(model, state.tied, tuple, padded=False)
+    grads, _ = step(state.trained, state.others, [torch.randn(3, 5, 12), torch.randint(0, 4, (3, 5))], 0)
+    transposed = [name for name, g in grads.items() if not g.is_contiguous()]
+    assert transposed  # else this test would show nothing
+    before = {name: t.clone() for name, t in state.by_name.items()}
+    state.match_layout(grads)
+    for name in transposed:
+        assert state.trained[name].stride() == grads[name].stride()
+    assert all(torch.equal(state.by_name[name], t) for name, t in before.items())
+    assert state.by_name["net.3.weight"] is state.by_name["net.1.weight"] is state.trained["net.1.weight"]
+    assert all(state.groups[0][1][name] is state.trained[name] for name in state.trained)
