@@ -179,3 +179,13 @@ def test_a_full_disk_is_one_error_naming_the_folder_and_keeps_the_last_round(tmp
     assert not list(resumed.iterdir())  # no temp file left
     assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt", "round_1.ckpt"]
     assert (folder / "last.ckpt").read_bytes() == before
+
+
+def test_a_double_precision_run_resumes_bit_exactly(tmp_path: Path) -> None:
+    # Lightning loads a checkpoint's weights into the module as constructed (float32) before "64-true" converts
+    # it, so the float64 global model once came back rounded (about 1e-8 off after a resume).
+    uninterrupted, _ = _fit(tmp_path / "a", rounds=3, precision="64-true")
+    _, checkpoints = _fit(tmp_path / "b", rounds=2, precision="64-true")
+    resumed, _ = _fit(tmp_path / "c", rounds=3, model=_model(), ckpt_path=str(checkpoints / "last.ckpt"), precision="64-true")
+    for name, value in uninterrupted.state_dict().items():
+        torch.testing.assert_close(resumed.state_dict()[name], value, rtol=0, atol=0, msg=name)

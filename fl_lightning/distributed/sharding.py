@@ -122,6 +122,12 @@ class ClientSharding:
         """
         device = self.strategy.root_device
         total, weight = partial
+        unknown = sorted(set(total) - set(template))
+        if unknown:  # the buffer carries the global state's tensors only: these would be lost on every rank
+            raise RuntimeError(
+                f"The round's weighted sum has tensors {unknown} that the global model lacks; client sharding sums only "
+                "the global model's tensors. An algorithm that sums more must not shard (override `summable`)."
+            )
         reports = torch.zeros(len(clients), len(_REPORT_FIELDS), dtype=torch.float64)
         row_of = {cid: i for i, cid in enumerate(clients)}
         for update in local:

@@ -39,6 +39,17 @@ class ProbeResult:
     num_samples: int
 
 
+def _on_module(batch: Any, module: pl.LightningModule) -> Any:
+    """``batch`` on the module's device and, inside a fit, in its precision's input dtype (``64-true`` and
+    ``16-true`` cast floating inputs as Lightning's own steps do; the mixed precisions leave them as they are)."""
+    batch = move_data_to_device(batch, module.device)
+    try:
+        trainer = module.trainer
+    except RuntimeError:  # a module probed outside a fit
+        return batch
+    return trainer.precision_plugin.convert_input(batch)
+
+
 def _check(module: pl.LightningModule) -> None:
     if not isinstance(module, SupportsSampleMetrics):
         raise TypeError(
@@ -56,7 +67,7 @@ def sample_metrics(module: pl.LightningModule, batches: Iterable[Any]) -> dict[s
     try:
         parts: dict[str, list[Tensor]] = {}
         for batch in batches:
-            for key, value in module.sample_metrics(move_data_to_device(batch, module.device)).items():  # type: ignore[attr-defined]
+            for key, value in module.sample_metrics(_on_module(batch, module)).items():  # type: ignore[attr-defined]
                 parts.setdefault(key, []).append(value.detach().float())
         return {key: torch.cat(values) for key, values in parts.items()}
     finally:
@@ -150,7 +161,7 @@ def sample_metrics_many(
     try:
         parts: dict[str, list[Tensor]] = {}
         for batch in batches:
-            batch = move_data_to_device(batch, module.device)
+            batch = _on_module(batch, module)
             out: dict[str, Tensor] | None = None
             if use_vmap:
                 try:

@@ -590,9 +590,16 @@ class FederatedFitLoop(compat.FitLoopBase):
             "total_upload_bytes": self.total_upload_bytes,
             "total_download_bytes": self.total_download_bytes,
         }
-        # The module's weights are the global model except mid-round (they are a client's) or
-        # when the module's precision is below the master copy's, which holds the exact global model.
-        if self._in_round or any(t.dtype != self.global_state[k].dtype for k, t in self._live.items()):
+        # The module's weights are the global model except mid-round (they are a client's), when the
+        # module's precision is below the master copy's, which holds the exact global model, or when they
+        # are not in the default dtype: Lightning loads them into the module as constructed, before the
+        # precision plugin converts it ("64-true"), so float64 weights would pass through float32.
+        default = torch.get_default_dtype()
+        if (
+            self._in_round
+            or any(t.dtype != self.global_state[k].dtype for k, t in self._live.items())
+            or any(t.is_floating_point() and t.dtype != default for t in self._live.values())
+        ):
             federated["global_state"] = {k: v.clone() for k, v in self.global_state.items()}
         if self._in_round:
             federated["round_start_steps"] = list(self._round_start_steps)

@@ -61,7 +61,10 @@ class ClassificationModule(pl.LightningModule):
         """Refuses a datamodule that declares another class count (the natural-partition sources do):
         a mismatch would train, or count a next-token accuracy's special tokens, silently wrong."""
         super().setup(stage)
-        datamodule = self.trainer.datamodule
+        try:
+            datamodule = self.trainer.datamodule
+        except RuntimeError:  # set up by hand, outside a Trainer: no data to compare with
+            return
         declared = getattr(datamodule, "num_classes", None)
         if isinstance(declared, int) and declared != self.num_classes:
             raise ValueError(

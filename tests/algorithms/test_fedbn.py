@@ -165,7 +165,7 @@ def test_a_model_without_batch_norm_is_refused():
 def test_multi_process_sharding_is_refused(monkeypatch):
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: 2)
-    refusal = r"FedBN keeps each client's own state on the process that trains it.*2 processes.*devices=1"
+    refusal = r"FedBN's personalised evaluation reads every client's own state.*2 processes.*devices=1"
     with pytest.raises(ValueError, match=refusal):
         FedBN().setup(federation(new_model()))
 

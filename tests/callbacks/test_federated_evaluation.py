@@ -60,7 +60,7 @@ def by_hand(module: torch.nn.Module, data: FederatedDataModule, cid: int, state:
     x = torch.stack([data.train[i][0] for i in subset.indices])
     y = torch.tensor([int(data.train[i][1]) for i in subset.indices])
     with torch.no_grad():
-        logits = module.net.eval()(x)
+        logits = module.net.eval()(x.to(next(module.parameters()).dtype))
     return F.cross_entropy(logits, y).item(), (logits.argmax(-1) == y).float().mean().item()
 
 
@@ -400,3 +400,14 @@ def test_a_plain_trainer_is_refused():
     trainer = pl.Trainer(**QUIET, max_epochs=1, limit_train_batches=1, limit_val_batches=0, callbacks=[FederatedEvaluation()])
     with pytest.raises(TypeError, match="use it with FederatedTrainer"):
         trainer.fit(MLP(in_features=64, hidden=(16,)), datamodule=digits())
+
+
+def test_a_double_precision_fit_scores_its_clients_in_float64():
+    # The held-out batches are float32; under precision="64-true" they once reached the float64 model
+    # unconverted and the evaluation failed with a dtype error.
+    evaluation = FederatedEvaluation()
+    model, trainer = fit([evaluation], precision="64-true")
+    data = trainer.datamodule
+    expected = by_hand(model, data, 0)
+    row = next(r for r in evaluation.last_results if r.client_id == 0)
+    assert row.loss == pytest.approx(expected[0], rel=1e-6) and row.accuracy == pytest.approx(expected[1])

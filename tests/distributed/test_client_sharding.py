@@ -189,3 +189,11 @@ def test_algorithms_that_are_not_a_weighted_sum_refuse_to_shard(algorithm):
 
 def test_sharding_needs_the_federated_strategy():
     assert "SingleDeviceStrategy" in _sharding_error(FedProx(mu=0.1), SingleDeviceStrategy(torch.device("cpu")))
+
+
+def test_a_sum_over_tensors_the_global_model_lacks_is_refused_not_dropped():
+    # The all-reduce buffer is laid out from the global model: an extra summed tensor was silently lost on 2+ ranks.
+    sharding = ClientSharding(SimpleNamespace(root_device=torch.device("cpu")))  # type: ignore[arg-type]
+    w = torch.ones(2)
+    with pytest.raises(RuntimeError, match=r"\['tau'\] that the global model lacks"):
+        sharding.all_reduce([0], [], set(), ({"w": w, "tau": torch.ones(1)}, 1.0), {"w": w}, stop=False)
