@@ -43,6 +43,22 @@ class ClientReader(RecordsInitArgs, ABC):
         """The samples of the client at ``position``: tensors of equal first dimension, usually ``(x, y)``."""
 
 
+class IndexedReader(ClientReader):
+    """A reader whose constructor builds its index into ``_ids`` (client ids, in position order) and
+    ``_counts`` (``int64`` sample counts aligned with them), as the file-format readers do."""
+
+    _ids: list[str]
+    _counts: np.ndarray
+
+    @property
+    def client_ids(self) -> Sequence[str]:
+        return self._ids
+
+    @property
+    def num_samples(self) -> np.ndarray:
+        return self._counts
+
+
 def missing_data_error(dataset: str, path: str | Path, *, source: str, folder: str | Path) -> FileNotFoundError:
     """The one error for a dataset whose files are absent: nothing is ever downloaded behind the user's back."""
     return FileNotFoundError(

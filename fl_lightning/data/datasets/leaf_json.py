@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from torch import Tensor
 
-from fl_lightning.data.client_reader import ClientReader, missing_data_error
+from fl_lightning.data.client_reader import IndexedReader, missing_data_error
 
 #: ``(x, y)`` lists of one user as LEAF stores them -> that user's tensors.
 Decode = Callable[[list[Any], list[Any]], tuple[Tensor, ...]]
@@ -34,7 +34,7 @@ _STRUCTURE = re.compile(r'[^"\[\]{}]*("[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}])')
 _DECODER = json.JSONDecoder()
 
 
-class LeafJsonReader(ClientReader):
+class LeafJsonReader(IndexedReader):
     """The users of one LEAF split folder (``.../data/train``), sorted by id.
 
     Args:
@@ -66,14 +66,6 @@ class LeafJsonReader(ClientReader):
                 raise ValueError(f"{dataset}: user {current!r} appears in two files of {str(self.folder)!r}.")
         self._counts = np.asarray(counts, dtype=np.int64)[order]
         self._spans = np.asarray(spans, dtype=np.int64).reshape(-1, 3)[order]
-
-    @property
-    def client_ids(self) -> Sequence[str]:
-        return self._ids
-
-    @property
-    def num_samples(self) -> np.ndarray:
-        return self._counts
 
     def read(self, position: int) -> tuple[Tensor, ...]:
         number, start, end = (int(v) for v in self._spans[position])

@@ -10,14 +10,13 @@ gives, so every TFF dataset decodes both formats alike.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from torch import Tensor
 
-from fl_lightning.data.client_reader import ClientReader
+from fl_lightning.data.client_reader import IndexedReader
 from fl_lightning.data.datasets.tff_sqlite import Count, Decode
 
 
@@ -29,7 +28,7 @@ def _h5py() -> Any:
     return h5py
 
 
-class TffHdf5Reader(ClientReader):
+class TffHdf5Reader(IndexedReader):
     """The clients of one TFF HDF5 file (one split), sorted by id.
 
     Args:
@@ -51,14 +50,6 @@ class TffHdf5Reader(ClientReader):
         )
         if count is not None:
             self._counts = np.array([sum(count(e) for e in self._records(p)) for p in range(len(self._ids))], dtype=np.int64)
-
-    @property
-    def client_ids(self) -> Sequence[str]:
-        return self._ids
-
-    @property
-    def num_samples(self) -> np.ndarray:
-        return self._counts
 
     def read(self, position: int) -> tuple[Tensor, ...]:
         return self.decode(self._records(position))

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from torch import Tensor
 
-from fl_lightning.data.client_reader import ClientReader, missing_data_error
+from fl_lightning.data.client_reader import IndexedReader, missing_data_error
 from fl_lightning.data.datasets.tf_example import example_message, parse_example
 
 #: One client's parsed ``tf.train.Example`` features, in row order -> that client's tensors.
@@ -33,7 +33,7 @@ Count = Callable[[dict[str, Any]], int]
 TFF_URL = "https://storage.googleapis.com/tff-datasets-public"
 
 
-class TffSqliteReader(ClientReader):
+class TffSqliteReader(IndexedReader):
     """The clients of one split (``split_name``) of a TFF SQLite file, sorted by id.
 
     Args:
@@ -69,14 +69,6 @@ class TffSqliteReader(ClientReader):
         self._counts = np.fromiter((row[1] for row in rows), dtype=np.int64, count=len(rows))
         if count is not None:
             self._counts = self._counted(count)
-
-    @property
-    def client_ids(self) -> Sequence[str]:
-        return self._ids
-
-    @property
-    def num_samples(self) -> np.ndarray:
-        return self._counts
 
     def read(self, position: int) -> tuple[Tensor, ...]:
         rows = self._query(
