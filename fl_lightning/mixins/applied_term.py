@@ -7,8 +7,6 @@ resolution order), so the term is never added and the algorithm silently degrade
 
 from __future__ import annotations
 
-from typing import Any
-
 
 class AppliedTermMixin:
     """Shared base of the mixins whose ``training_step`` adds a term: which terms are set, and the
@@ -38,7 +36,7 @@ def set_terms(module: object) -> list[str]:
     return [mixin.__name__ for mixin in module.applied_term_steps] if isinstance(module, AppliedTermMixin) else []
 
 
-def check_terms_applied(module: Any, steps: int, algorithm: object) -> None:
+def check_terms_applied(module: object, steps: int, algorithm: object) -> None:
     """Raises ``TypeError`` naming the fix when ``module`` trained ``steps > 0`` steps and a mixin whose term is set
     applied it in none of them: a ``training_step`` defined in the class that lists the mixin replaces the mixin's."""
     if not steps or not isinstance(module, AppliedTermMixin):
