@@ -12,7 +12,7 @@ import torch
 from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientContext, ClientUpdate
 from fl_lightning.algorithms.shared.aggregation import apply_delta, weighted_sum
 from fl_lightning.algorithms.shared.parameter_state import state_norm, zero_parameter_state
-from fl_lightning.mixins.linear_term import LinearTermMixin, check_linear_term_applied
+from fl_lightning.mixins.linear_term import LinearTermMixin
 from fl_lightning.mixins.proximal import ProximalMixin
 from fl_lightning.mixins.required import require_mixin
 from fl_lightning.server.client_store import ClientStore, cpu_copy
@@ -75,13 +75,9 @@ class FedDyn(Algorithm):
     def configure_client(self, client: ClientContext, module: pl.LightningModule, global_state: State) -> None:
         module.set_proximal_center(global_state, self.alpha)  # type: ignore[attr-defined]
         gradient = self.gradients.get(client.client_id)
-        # A zero term in a client's first round adds an exact 0 to each gradient, and lets client_update see that it applies.
+        # A zero term in a client's first round adds an exact 0 to each gradient, and lets the executors see that it applies.
         direction = {n: torch.zeros_like(h) if gradient is None else -gradient[n] for n, h in self.h.items()}
         module.set_linear_term(direction)  # type: ignore[attr-defined]
-
-    def client_update(self, client: ClientContext, module: pl.LightningModule, delta: State) -> ClientUpdate:
-        check_linear_term_applied(module, client.completed_steps, self)
-        return super().client_update(client, module, delta)
 
     @property
     def gathers_updates(self) -> bool:

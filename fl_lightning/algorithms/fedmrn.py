@@ -148,13 +148,6 @@ class FedMRN(CompressedFedAvg):
         )
 
     def encode(self, client: ClientContext, module: pl.LightningModule, delta: State) -> bytes:
-        if client.completed_steps and not module.masked_noise_batches:  # type: ignore[attr-defined]
-            # The global weights trained nothing (they are frozen in a round): the masks would be noise.
-            raise TypeError(
-                f"{type(module).__name__}.training_step bypasses MaskedNoiseMixin.training_step, so no latent update "
-                f"was trained: define training_step in a base class and put the mixin first, e.g. "
-                f"class Masked(MaskedNoiseMixin, {type(module).__name__}), or call super().training_step()."
-            )
         final = device_generator(final_mask_seed(client), module.device)
         bits = module.end_masked_noise_round(final)  # type: ignore[attr-defined]
         return self.codec.encode(self.noise_seed(client), bits, delta, self.layout)

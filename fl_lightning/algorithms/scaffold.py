@@ -15,7 +15,7 @@ from fl_lightning.algorithms.shared.aggregation import weighted_average
 from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientContext, ClientUpdate
 from fl_lightning.algorithms.shared.parameter_state import state_norm, zero_parameter_state
 from fl_lightning.algorithms.shared.server_optimizers import ServerSGD
-from fl_lightning.mixins.linear_term import LinearTermMixin, check_linear_term_applied
+from fl_lightning.mixins.linear_term import LinearTermMixin
 from fl_lightning.mixins.required import require_mixin
 from fl_lightning.server.client_store import ClientStore, cpu_copy
 from fl_lightning.server.federation import Federation
@@ -89,7 +89,6 @@ class SCAFFOLD(Algorithm):
         module.set_linear_term({name: c - c_i[name] for name, c in self.control.items()})  # type: ignore[attr-defined]
 
     def client_update(self, client: ClientContext, module: pl.LightningModule, delta: State) -> ClientUpdate:
-        check_linear_term_applied(module, client.completed_steps, self)
         update = super().client_update(client, module, delta)
         # Line 13 sends Delta c_i too: one more tensor per trainable parameter.
         return replace(update, upload_bytes=update.upload_bytes + tensor_bytes({n: delta[n] for n in self.control}))

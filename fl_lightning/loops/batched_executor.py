@@ -58,11 +58,12 @@ from fl_lightning.loops.batched_sgd import (
     unflatten,
 )
 from fl_lightning.loops.client_executor import ClientExecutor, ClientRuntime
+from fl_lightning.mixins.applied_term import set_terms
 from fl_lightning.server.model_state import State, load_into
 
 __all__ = [
     "BatchedExecutor", "check_batched_support", "check_compile_backend", "check_mean_step", "flatten_stream", "group_clients",
-    "warn_rounding",
+    "check_no_term", "warn_rounding",
 ]
 
 PREFIX = "client_executor='batched'"
@@ -222,6 +223,20 @@ def check_mean_step(module: pl.LightningModule, leaves: list[Tensor], structure:
         )
 
 
+def check_no_term(module: pl.LightningModule, client: ClientContext) -> None:
+    """Refuses a client for which a mixin's term is set (e.g. by a callback's ``on_client_start``).
+
+    The term would add no gradient: a mixin keeps references to the module's parameters, which
+    ``functional_call`` replaces by the stacked weights it differentiates, so the term is a constant there.
+    """
+    if terms := set_terms(module):
+        raise ValueError(
+            f"{PREFIX} cannot apply the term of {', '.join(terms)} set for client {client.client_id}: under "
+            "torch.func.functional_call it is a constant of the stacked weights and adds no gradient. "
+            "Use client_executor='lightning' or 'lean'."
+        )
+
+
 class BatchedExecutor(ClientExecutor):
     """Trains a round's clients in groups of at most ``max_clients`` (``None``: as many as the
     device's free memory allows, :mod:`~fl_lightning.loops.batched_group_size`).
@@ -254,6 +269,7 @@ class BatchedExecutor(ClientExecutor):
         for members in group_clients([len(stream) for stream in streams], self.max_clients or self._memory_cap):
             for i in sorted(members):
                 self.start_client(clients[i], global_state)
+                check_no_term(self.runtime.module, clients[i])
             with logging_skipped(self.runtime.module) as logged:  # the group's steps, mean-step check included
                 state, loss_sums = self._train_group(optimizer, [streams[i] for i in members])
             self._warn_skipped_logging(logged)

@@ -18,6 +18,7 @@ from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientContext, C
 from fl_lightning.callbacks.client_loss import ClientLossRecorder
 from fl_lightning.callbacks.federated_callback import call_federated_hook
 from fl_lightning.data._data_checks import ClientDataError
+from fl_lightning.mixins.applied_term import check_terms_applied
 from fl_lightning.server.model_state import State, compute_delta, load_into
 from fl_lightning.models.schedulers import RoundStepSchedules
 
@@ -85,8 +86,10 @@ class ClientExecutor(ABC):
         call_federated_hook(runtime.trainer, "on_client_start", client)
 
     def finish_client(self, client: ClientContext, global_state: State) -> ClientUpdate:
-        """The update of ``client``, whose local weights the module holds (``delta = local - global``)."""
+        """The update of ``client``, whose local weights the module holds (``delta = local - global``), once every
+        term a mixin set was applied (before the algorithm's ``client_update``, which may unset it)."""
         runtime = self.runtime
+        check_terms_applied(runtime.module, client.completed_steps, runtime.algorithm)
         update = runtime.algorithm.client_update(client, runtime.module, compute_delta(runtime.live, global_state))
         call_federated_hook(runtime.trainer, "on_client_end", client, update)
         return update

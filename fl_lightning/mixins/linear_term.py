@@ -8,10 +8,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from fl_lightning.mixins.applied_term import AppliedTermMixin
 from fl_lightning.mixins.regularized import add_regularizer
 
 
-class LinearTermMixin:
+class LinearTermMixin(AppliedTermMixin):
     r"""Adds :math:`\langle w, v \rangle = \sum_i \langle w_i, v_i \rangle` to the training loss.
 
     Its gradient is exactly :math:`v`, so a linear term is an exact gradient correction that works
@@ -29,26 +30,19 @@ class LinearTermMixin:
     """
 
     _linear_pairs: list[tuple[Tensor, Tensor]] = []
-    #: Training steps since :meth:`set_linear_term` that added the term.
-    _linear_term_batches: int = 0
 
     def set_linear_term(self, direction: Mapping[str, Tensor] | None) -> None:
         """Sets :math:`v` for the coming local training (one tensor per trainable parameter), or removes the term (``None``)."""
-        self._linear_term_batches = 0
         if direction is None:
             self._linear_pairs = []
+            self._set_term(LinearTermMixin, False)
             return
         params = [(name, p) for name, p in self.named_parameters() if p.requires_grad]  # type: ignore[attr-defined]
         missing = [name for name, _ in params if name not in direction]
         if missing:
             raise ValueError(f"The linear term's direction has no tensor for the trainable parameter(s) {missing}.")
         self._linear_pairs = [(p, direction[name].detach().to(device=p.device, dtype=p.dtype)) for name, p in params]
-
-    @property
-    def linear_term_batches(self) -> int:
-        """Training steps since :meth:`set_linear_term` that added the term: 0 after a client trained means the
-        module's own ``training_step`` bypassed the mixin's (the mixin is not first among the bases)."""
-        return self._linear_term_batches
+        self._set_term(LinearTermMixin, bool(self._linear_pairs))  # training_step adds nothing without pairs
 
     def linear_term(self) -> Tensor:
         r""":math:`\sum_i \langle w_i, v_i \rangle` over the trainable parameters."""
@@ -58,17 +52,6 @@ class LinearTermMixin:
         output = super().training_step(*args, **kwargs)  # type: ignore[misc]
         if not self._linear_pairs or output is None:
             return output
-        self._linear_term_batches += 1
+        self._count_term_step(LinearTermMixin)
         return add_regularizer(output, self.linear_term())
 
-
-def check_linear_term_applied(module: Any, steps: int, algorithm: object) -> None:
-    """Raises ``TypeError`` naming the fix when ``module`` trained ``steps > 0`` steps without adding the linear
-    term set on it: a ``training_step`` defined in the class that lists the mixin replaces the mixin's."""
-    if steps and not module.linear_term_batches:
-        name = type(module).__name__
-        raise TypeError(
-            f"{name}.training_step bypasses LinearTermMixin.training_step, so {type(algorithm).__name__}'s correction "
-            f"was never applied: define training_step in a base class and put the mixin first, e.g. "
-            f"class Corrected(LinearTermMixin, {name}), or call super().training_step()."
-        )

@@ -43,6 +43,7 @@ from fl_lightning.mixins._holders import (
     default_maskable_names,
     install_holders,
 )
+from fl_lightning.mixins.applied_term import AppliedTermMixin
 
 
 class LatentUpdate(WeightSwap, Unsaved):
@@ -77,7 +78,7 @@ class _Round:
     requires_grad: dict[str, bool] = field(default_factory=dict)
 
 
-class MaskedNoiseMixin:
+class MaskedNoiseMixin(AppliedTermMixin):
     r"""Trains :math:`\hat u` in :math:`w^t + \hat u` with progressive stochastic masking (FedMRN, Li et al. 2024).
 
     Put it first among the bases (``class MyModel(MaskedNoiseMixin, MyLightningModule)``);
@@ -164,6 +165,7 @@ class MaskedNoiseMixin:
                 weight.requires_grad_(False)
                 holder.effective.clear()
         self._masked_round = state
+        self._set_term(MaskedNoiseMixin, True)
 
     def end_masked_noise_round(self, generator: torch.Generator | None = None) -> dict[str, Tensor]:
         """Ends the round and returns the final masks :math:`m = \\mathcal{M}(u, n)` (one more
@@ -188,16 +190,11 @@ class MaskedNoiseMixin:
             holder.effective.clear()
             owner.get_parameter(local).requires_grad_(state.requires_grad[name])
         self._masked_round = None
+        self._set_term(MaskedNoiseMixin, False)
 
     def latent_updates(self) -> dict[str, Tensor]:
         """The latent updates :math:`u` by masked parameter name (live tensors)."""
         return {name: holder.get_parameter(local) for name, (_, local, holder) in (self._masked_owners or {}).items()}
-
-    @property
-    def masked_noise_batches(self) -> int:
-        """Batches of this round whose effective weights the mixin drew (0 outside a round): 0 after training
-        means the module's own ``training_step`` bypassed the mixin's (the mixin is not first among the bases)."""
-        return self._masked_round.batches if self._masked_round is not None else 0
 
     @property
     def masking_probability(self) -> float:
@@ -228,6 +225,7 @@ class MaskedNoiseMixin:
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
         if self._masked_round is not None:
             self.draw_masked_noise()
+            self._count_term_step(MaskedNoiseMixin)
         return super().training_step(*args, **kwargs)  # type: ignore[misc]
 
     def _check_optimized(self) -> None:

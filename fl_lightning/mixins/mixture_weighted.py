@@ -8,6 +8,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from fl_lightning.evaluation.probe import WeightSets, sample_metrics_many
+from fl_lightning.mixins.applied_term import AppliedTermMixin
 
 
 def responsibilities(losses: Tensor, log_pi: Tensor) -> Tensor:
@@ -17,7 +18,7 @@ def responsibilities(losses: Tensor, log_pi: Tensor) -> Tensor:
     return (log_pi.to(losses) - losses).softmax(dim=1)
 
 
-class MixtureWeightedMixin:
+class MixtureWeightedMixin(AppliedTermMixin):
     r"""Trains one FedEM component on :math:`\frac{1}{B}\sum_i q(z_i = m)\,\ell(h_{\theta_m}(x_i), y_i)`.
 
     The weights :math:`q` are recomputed on each batch from the round's frozen components and
@@ -32,16 +33,19 @@ class MixtureWeightedMixin:
         """Train component ``index`` of ``components`` with prior ``log_pi`` (``None``: plain training)."""
         if components is None or log_pi is None:
             self._mixture = None
+            self._set_term(MixtureWeightedMixin, False)
             return
         if not 0 <= index < len(components):
             raise ValueError(f"Component index {index} is out of range for {len(components)} components.")
         self._mixture = (components, log_pi, index)
+        self._set_term(MixtureWeightedMixin, True)
 
     @override
     def training_step(self, batch: Any, batch_idx: int) -> Any:
         if self._mixture is None:
             return super().training_step(batch, batch_idx)  # type: ignore[misc]
         components, log_pi, index = self._mixture
+        self._count_term_step(MixtureWeightedMixin)
         frozen = sample_metrics_many(self, components, [batch])["loss"].T  # type: ignore[arg-type]
         q = responsibilities(frozen, log_pi)[:, index]
         losses = self.sample_metrics(batch)["loss"]  # type: ignore[attr-defined]

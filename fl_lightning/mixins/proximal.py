@@ -8,10 +8,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from fl_lightning.mixins.applied_term import AppliedTermMixin
 from fl_lightning.mixins.regularized import add_regularizer
 
 
-class ProximalMixin:
+class ProximalMixin(AppliedTermMixin):
     r"""Adds :math:`\frac{\mu}{2}\lVert w - w^t \rVert^2` to the training loss (FedProx, Li et al. 2020, eq. 2).
 
     Put it first among the bases so its ``training_step`` wraps yours::
@@ -44,6 +45,7 @@ class ProximalMixin:
             for name, param in self.named_parameters()  # type: ignore[attr-defined]
             if param.requires_grad
         ]
+        self._set_term(ProximalMixin, self._proximal_mu != 0.0)
 
     @torch.no_grad()
     def set_proximal_centers(
@@ -94,5 +96,6 @@ class ProximalMixin:
         output = super().training_step(*args, **kwargs)  # type: ignore[misc]
         if self._proximal_mu == 0.0 or output is None:
             return output
+        self._count_term_step(ProximalMixin)
         # The loop logs the task loss as ``train_loss`` and the term as ``train_regularizer``.
         return add_regularizer(output, self.proximal_term())

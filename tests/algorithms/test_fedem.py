@@ -10,7 +10,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from fl_lightning import FedAvg, FederatedTrainer, FedEM
+from fl_lightning import FedAvg, FederatedTrainer, FedEM, MixtureWeightedMixin
 from fl_lightning.cli import FederatedCLI
 from fl_lightning.models import LinearRegression, MixtureLinearRegression
 
@@ -114,6 +114,15 @@ def test_a_module_without_the_mixin_is_rejected():
     trainer = FederatedTrainer(**{**QUIET, "max_epochs": 1, "local_steps": 1, "algorithm": FedEM()})
     with pytest.raises(TypeError, match=r"inherits `fl_lightning.MixtureWeightedMixin`.*MixtureWeightedMixin, Quadratic\)"):
         trainer.fit(Quadratic(), datamodule=quadratic_data())
+
+
+class BypassingMixture(MixtureWeightedMixin, LinearRegression):
+    training_step = LinearRegression.training_step  # defined in the class that lists the mixin: the mixin never runs
+
+
+def test_a_training_step_that_bypasses_the_mixin_is_refused():
+    with pytest.raises(TypeError, match=r"BypassingMixture.training_step bypasses MixtureWeightedMixin.training_step, so FedEM's"):
+        fit(FedEM(num_components=2), model_cls=BypassingMixture)
 
 
 def test_the_paper_config_runs_through_the_cli(tmp_path, monkeypatch):

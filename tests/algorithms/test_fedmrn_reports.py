@@ -67,5 +67,5 @@ class MixinBypassed(MaskedNoiseMixin, SequenceModel):
 
 def test_a_training_step_that_bypasses_the_mixin_is_refused_naming_the_fix() -> None:
     # Its masks would be random: the latent updates never enter the forward, so they never train.
-    with pytest.raises(TypeError, match=r"MixinBypassed.training_step bypasses MaskedNoiseMixin.training_step.*mixin first"):
+    with pytest.raises(TypeError, match=r"MixinBypassed.training_step bypasses MaskedNoiseMixin.training_step.*mixin first among the bases"):
         one_client_step().fit(MixinBypassed(), datamodule=sequence_data())

@@ -53,6 +53,6 @@ def test_counts_the_steps_that_added_the_term():
     net.set_linear_term({name: torch.zeros_like(p) for name, p in net.named_parameters()})
     net.training_step(batch(), 0)
     net.training_step(batch(), 1)
-    assert net.linear_term_batches == 2
+    assert net.applied_term_steps == {LinearTermMixin: 2}
     net.set_linear_term(None)
-    assert net.linear_term_batches == 0
+    assert net.applied_term_steps == {}

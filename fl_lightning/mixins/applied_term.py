@@ -1,0 +1,53 @@
+"""The guard against a mixin that never runs: each client-side mixin counts the training steps that went
+through its ``training_step`` while its term is set, and the client executors check the counts.
+
+A ``training_step`` defined in the class that lists a mixin replaces the mixin's (Python's method
+resolution order), so the term is never added and the algorithm silently degrades to FedAvg.
+"""
+
+from __future__ import annotations
+
+
+class AppliedTermMixin:
+    """Shared base of the mixins whose ``training_step`` adds a term: which terms are set, and the
+    training steps that applied each since it was set (one count per mixin, so mixins compose)."""
+
+    #: Steps that applied each set term since it was set, by mixin; a mixin whose term is unset is absent.
+    _applied_term_steps: dict[type, int] = {}
+
+    def _set_term(self, mixin: type, active: bool) -> None:
+        """Starts counting ``mixin``'s steps from 0 when its term is set (``active``), stops when it is removed."""
+        counts = {k: v for k, v in self._applied_term_steps.items() if k is not mixin}  # per instance, never the class's
+        self._applied_term_steps = {**counts, mixin: 0} if active else counts
+
+    def _count_term_step(self, mixin: type) -> None:
+        """Records that a training step applied ``mixin``'s term."""
+        self._applied_term_steps[mixin] += 1
+
+    @property
+    def applied_term_steps(self) -> dict[type, int]:
+        """Training steps that applied each set term since it was set, by mixin: 0 after a client trained means the
+        module's own ``training_step`` bypassed the mixin's (the mixin is not first among the bases)."""
+        return dict(self._applied_term_steps)
+
+
+def set_terms(module: object) -> list[str]:
+    """The names of the mixins of ``module`` whose term is set."""
+    return [mixin.__name__ for mixin in module.applied_term_steps] if isinstance(module, AppliedTermMixin) else []
+
+
+def check_terms_applied(module: object, steps: int, algorithm: object) -> None:
+    """Raises ``TypeError`` naming the fix when ``module`` trained ``steps > 0`` steps and a mixin whose term is set
+    applied it in none of them: a ``training_step`` defined in the class that lists the mixin replaces the mixin's."""
+    if not steps or not isinstance(module, AppliedTermMixin):
+        return
+    mro = type(module).__mro__  # the fix keeps the mixins' order among the bases
+    bypassed = [m.__name__ for m, count in sorted(module.applied_term_steps.items(), key=lambda t: mro.index(t[0])) if not count]
+    if bypassed:
+        name = type(module).__name__
+        raise TypeError(
+            f"{name}.training_step bypasses {' and '.join(f'{m}.training_step' for m in bypassed)}, so "
+            f"{type(algorithm).__name__}'s term was never applied in {steps} training step(s): define training_step "
+            f"in a base class and put the mixin first among the bases, e.g. class Fixed({', '.join(bypassed)}, {name}), "
+            "or call super().training_step() from it."
+        )

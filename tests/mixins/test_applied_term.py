@@ -1,0 +1,94 @@
+"""The generic guard against a bypassed mixin: each term mixin counts the steps that applied its set term, the
+executors refuse a client that trained without applying it, and the batched executor refuses a set term."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fl_lightning import FedAvg, FederatedTrainer, FedSoft, LinearTermMixin, ProximalMixin
+from fl_lightning.callbacks.federated_callback import FederatedCallback
+from fl_lightning.mixins.applied_term import check_terms_applied
+from fl_lightning.models import LinearRegression
+
+from ..algorithms.quadratic import Quadratic, quadratic_data, quadratic_trainer
+from ..algorithms.test_fedsoft import mixture_data
+from ..integration.conftest import QUIET
+from .nets import Net, batch
+
+
+class Terms(LinearTermMixin, ProximalMixin, Net):
+    pass
+
+
+def _weights(module: torch.nn.Module, value: float) -> dict[str, torch.Tensor]:
+    return {name: torch.full_like(p, value) for name, p in module.named_parameters()}
+
+
+def test_counts_each_set_term_from_when_it_was_set():
+    net = Terms()
+    net.set_proximal_center(_weights(net, 1.0), 0.5)
+    net.training_step(batch(), 0)
+    net.set_linear_term(_weights(net, 0.1))
+    net.training_step(batch(), 1)
+    assert net.applied_term_steps == {ProximalMixin: 2, LinearTermMixin: 1}
+    net.set_proximal_center(_weights(net, 1.0), 0.0)  # mu = 0 removes the term
+    net.set_linear_term(None)
+    assert net.applied_term_steps == {}
+    assert Terms().applied_term_steps == {}  # per instance: nothing leaks through the class
+
+
+def test_a_client_that_took_no_step_or_set_no_term_is_not_refused():
+    net = Terms()
+    check_terms_applied(net, 5, FedAvg())  # no term set
+    net.set_proximal_center(_weights(net, 1.0), 0.5)
+    check_terms_applied(net, 0, FedAvg())  # no step
+    with pytest.raises(TypeError, match=r"Terms.training_step bypasses ProximalMixin.training_step, so FedAvg's term"):
+        check_terms_applied(net, 1, FedAvg())
+
+
+class BypassingRegression(LinearRegression):
+    def training_step(self, batch, batch_idx):  # overrides the mixins' without calling super()
+        x, y = batch
+        return torch.nn.functional.mse_loss(self(x), y)
+
+
+def test_fedsoft_with_a_bypassing_module_is_refused_and_with_lam_zero_trains():
+    def fit(lam: float) -> None:
+        algorithm = FedSoft(num_clusters=2, clients_per_cluster=2, lam=lam)
+        trainer = FederatedTrainer(**{**QUIET, "max_epochs": 1, "local_epochs": 1, "limit_val_batches": 0, "algorithm": algorithm})
+        trainer.fit(BypassingRegression(lr=0.05, optimizer="sgd"), datamodule=mixture_data())
+
+    fit(0.0)
+    with pytest.raises(TypeError, match=r"BypassingRegression.training_step bypasses ProximalMixin.training_step, so FedSoft's"):
+        fit(0.5)
+
+
+class ProximalQuadratic(ProximalMixin, Quadratic):
+    pass
+
+
+class SetCentre(FederatedCallback):
+    """A user's way to set a term under the batched executor, which refuses algorithms that configure clients."""
+
+    def __init__(self, mu: float) -> None:
+        self.mu = mu
+
+    def on_client_start(self, trainer, pl_module, client) -> None:
+        pl_module.set_proximal_center(_weights(pl_module, 10.0), self.mu)
+
+
+def fit_with_centre(mu: float, client_executor: str) -> torch.Tensor:
+    module = ProximalQuadratic(lr=0.1)
+    trainer = quadratic_trainer(
+        max_epochs=1, local_steps=3, algorithm=FedAvg(), client_executor=client_executor, callbacks=[SetCentre(mu)]
+    )
+    trainer.fit(module, datamodule=quadratic_data())
+    return module.w.detach()
+
+
+def test_the_batched_executor_refuses_a_set_term_which_would_add_no_gradient_there():
+    assert not torch.allclose(fit_with_centre(5.0, "lean"), fit_with_centre(0.0, "lean"))  # the term matters
+    with pytest.raises(ValueError, match=r"client_executor='batched' cannot apply the term of ProximalMixin set for client \d+"):
+        fit_with_centre(5.0, "batched")
+    assert torch.equal(fit_with_centre(0.0, "batched"), fit_with_centre(0.0, "lean"))  # mu = 0 sets no term: batched trains
