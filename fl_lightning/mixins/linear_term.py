@@ -15,8 +15,9 @@ from fl_lightning.mixins.regularized import add_regularizer
 class LinearTermMixin(AppliedTermMixin):
     r"""Adds :math:`\langle w, v \rangle = \sum_i \langle w_i, v_i \rangle` to the training loss.
 
-    Its gradient is exactly :math:`v`, so a linear term is an exact gradient correction that works
-    under every client executor: SCAFFOLD's :math:`v = c - c_i` turns a local step into
+    Its gradient is exactly :math:`v`, so a linear term is an exact gradient correction under the
+    Lightning and lean executors (the batched executor refuses a set term: its ``functional_call``
+    differentiates stacked copies of the weights, which the term does not see): SCAFFOLD's :math:`v = c - c_i` turns a local step into
     :math:`y \leftarrow y - \eta_l (g_i(y) - c_i + c)` (Karimireddy et al. 2020, Algorithm 1, line 10);
     FedDyn's :math:`v = -\nabla L_k(\theta_k^{t-1})` is its linear term (Acar et al. 2021, Algorithm 1).
     Put it first among the bases so its ``training_step`` wraps yours::
