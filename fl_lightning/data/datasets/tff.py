@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TextIO
 
 import numpy as np
 import torch
@@ -36,6 +36,15 @@ def tff_split(
     if sqlite_path.is_file():
         return TffSqliteReader(sqlite_path, split, decode, dataset=dataset, count=count)
     return TffHdf5Reader(hdf5_path, decode, count=count)
+
+
+def stackoverflow_counts(root: str, kind: Literal["word_count", "tag_count"], *, dataset: str) -> TextIO:
+    """TFF's ``<root>/stackoverflow.<kind>`` (``load_word_counts``/``load_tag_counts``), open, or the missing-file error."""
+    path = Path(root) / f"stackoverflow.{kind}"
+    if not path.is_file():
+        source = f"{TFF_URL}/stackoverflow.{kind}.tar.bz2 (then: tar xjf stackoverflow.{kind}.tar.bz2)"
+        raise missing_data_error(dataset, path, source=source, folder=path.parent)
+    return open(path, encoding="utf-8")
 
 
 class TffEMNIST(NaturalDataModule):
@@ -135,11 +144,7 @@ class TffStackOverflow(NaturalDataModule):
     def __init__(self, root: str, *, vocab_size: int = 10_000, sequence_length: int = 20, **kwargs: Any) -> None:
         self.vocab_size = check_int("vocab_size", vocab_size, minimum=1)
         self.sequence_length = check_int("sequence_length", sequence_length, minimum=1)
-        counts = Path(root) / "stackoverflow.word_count"
-        if not counts.is_file():
-            source = f"{TFF_URL}/stackoverflow.word_count.tar.bz2 (then: tar xjf stackoverflow.word_count.tar.bz2)"
-            raise missing_data_error("TffStackOverflow", counts, source=source, folder=counts.parent)
-        with open(counts, encoding="utf-8") as file:
+        with stackoverflow_counts(root, "word_count", dataset="TffStackOverflow") as file:
             self.vocab = [line.split()[0] for line, _ in zip(file, range(vocab_size))]
         self._word_id = {word: index + 1 for index, word in enumerate(self.vocab)}
         self.num_classes = len(self.vocab) + 4
