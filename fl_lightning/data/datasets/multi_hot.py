@@ -57,8 +57,11 @@ class MultiHotRows:
         # Position j of the concatenated selected rows is the id at starts[row] + (j - first position of row).
         first = torch.cumsum(lengths, 0) - lengths
         positions = torch.arange(int(lengths.sum())) + (starts - first).repeat_interleave(lengths)
-        out = torch.zeros(len(rows), self.width)
         row_of = torch.arange(len(rows)).repeat_interleave(lengths)
-        out.index_put_((row_of, self._ids[positions]), torch.ones(len(positions)), accumulate=True)
-        divisors = self._divisors[rows, None]
-        return torch.where(divisors > 0, out / divisors, 0.0)  # the discarded quotients of 0 are NaN
+        flat = row_of * self.width + self._ids[positions]
+        out = torch.zeros(len(rows) * self.width)
+        out.index_add_(0, flat, torch.ones(len(flat)))
+        # Only the filled entries are divided (counts / divisor, as TFF computes them): a batch is mostly zeros.
+        divisors = self._divisors[rows][row_of]
+        out[flat] = torch.where(divisors > 0, out[flat] / divisors, 0.0)  # the discarded quotients of 0 are NaN
+        return out.view(len(rows), self.width)

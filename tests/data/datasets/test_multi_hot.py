@@ -37,7 +37,8 @@ def test_client_batches_slice_the_rows_per_batch() -> None:
     class Samples:
         tensors = (MultiHotRows(ids, 3, [1, 2, 1, 2]), MultiHotRows([[0], [1], [0], [1]], 2))
 
-    batches = list(client_batches(Samples(), np.arange(4), batch_size=3, generator=torch.Generator(), shuffle=False, num_epochs=1))
+    stream = client_batches(Samples(), np.arange(4), batch_size=3, generator=torch.Generator(), shuffle=False, num_epochs=1)
+    batches = list(stream)
     assert [x.tolist() for x, _ in batches] == [[[1, 0, 0], [0, 0.5, 0.5], [0, 0, 1]], [[1, 0, 0]]]
     assert [y.tolist() for _, y in batches] == [[[1, 0], [0, 1], [1, 0]], [[0, 1]]]
 

@@ -55,7 +55,9 @@ def test_vocabularies_are_the_most_frequent_words_and_tags(root: Path) -> None:
     [("vocabulary", [2 / 5, 1 / 5, 1 / 5, 1 / 5]), ("all_words", [2 / 6, 1 / 6, 1 / 6, 1 / 6])],
 )
 def test_rows_match_hand_computed_bags_and_tags(root: Path, normalize: str, first_post: list[float]) -> None:
-    data = TffStackOverflowTags(str(root), vocab_size=4, tag_vocab_size=3, normalize=normalize, shuffle=False)  # type: ignore[arg-type]
+    data = TffStackOverflowTags(
+        str(root), vocab_size=4, tag_vocab_size=3, normalize=normalize, shuffle=False  # type: ignore[arg-type]
+    )
     (x, y), = data.client_batches(1, generator=torch.Generator(), num_epochs=1)
     # The empty post and "never mind" (no vocabulary word) are zero rows; "rare" is not among the 3 tags.
     assert x.dtype == torch.float32 and torch.allclose(x, torch.tensor([first_post, [0.0] * 4, [0.0] * 4]))
