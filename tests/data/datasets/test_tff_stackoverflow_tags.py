@@ -103,3 +103,25 @@ def test_bad_arguments_and_missing_tag_counts_are_named(root: Path) -> None:
     (root / "stackoverflow.tag_count").unlink()
     with pytest.raises(FileNotFoundError, match="stackoverflow.tag_count.tar.bz2"):
         TffStackOverflowTags(str(root))
+
+
+def test_tffs_older_hdf5_release_gives_the_same_rows(root: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    pytest.importorskip("h5py", reason="the datasets extra (h5py) reads TFF's HDF5 files")
+    from .tff_files import write_tff_hdf5
+
+    h5 = tmp_path_factory.mktemp("h5")
+    for name in ("stackoverflow.word_count", "stackoverflow.tag_count"):
+        (h5 / name).write_bytes((root / name).read_bytes())
+    users = {"00042": ["the cat is the|python  a|python|rare", "||", "never mind||c|java"], "00007": ["a|a|java"]}
+    for split, by_user in (("train", users), ("held_out", {"00010": ["is||c"]}), ("test", {"00042": ["python|is|python|java"]})):
+        features = {u: [p.split("|", 2) for p in ps] for u, ps in by_user.items()}
+        write_tff_hdf5(
+            h5 / f"stackoverflow_{split}.h5",
+            {u: {name: [f[i].encode() for f in fs] for i, name in enumerate(("tokens", "title", "tags"))} for u, fs in features.items()},
+        )
+    sqlite, hdf5 = (TffStackOverflowTags(str(r), vocab_size=4, tag_vocab_size=3, shuffle=False) for r in (root, h5))
+    assert type(hdf5.train).__name__ == "TffHdf5Reader" and hdf5.client_ids == sqlite.client_ids
+    for cid in range(2):
+        (xa, ya), = hdf5.client_batches(cid, generator=torch.Generator(), num_epochs=1)
+        (xb, yb), = sqlite.client_batches(cid, generator=torch.Generator(), num_epochs=1)
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
