@@ -49,7 +49,9 @@ class MultiHotRows:
 
     def __getitem__(self, index: int | Tensor | np.ndarray) -> Tensor:
         rows = torch.as_tensor(index, dtype=torch.int64)
-        dense = self._dense(rows.reshape(-1))
+        if rows.numel() and not (-len(self) <= int(rows.min()) and int(rows.max()) < len(self)):
+            raise IndexError(f"row indices must be in [-{len(self)}, {len(self)}), got {index!r}.")
+        dense = self._dense(torch.where(rows < 0, rows + len(self), rows).reshape(-1))
         return dense[0] if rows.dim() == 0 else dense
 
     def _dense(self, rows: Tensor) -> Tensor:

@@ -28,6 +28,10 @@ def test_rows_equal_the_dense_reference_for_every_index_form() -> None:
     np.testing.assert_allclose(rows[4].numpy(), reference[4], rtol=1e-6)
     np.testing.assert_allclose(rows[torch.tensor([10, 9, 0, 9])].numpy(), reference[[10, 9, 0, 9]], rtol=1e-6)
     np.testing.assert_allclose(rows[np.arange(11)].numpy(), reference, rtol=1e-6)
+    np.testing.assert_allclose(rows[-1].numpy(), reference[-1])
+    np.testing.assert_allclose(rows[-11].numpy(), reference[0], rtol=1e-6)
+    with pytest.raises(IndexError, match=r"row indices must be in \[-11, 11\), got 11"):
+        rows[11]
     assert MultiHotRows([[1, 1], []], 3)[torch.tensor([0, 1])].tolist() == [[0, 2, 0], [0, 0, 0]]  # repeats add up
 
 
