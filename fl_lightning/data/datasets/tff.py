@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Literal, TextIO
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -38,13 +38,19 @@ def tff_split(
     return TffHdf5Reader(hdf5_path, decode, count=count)
 
 
-def stackoverflow_counts(root: str, kind: Literal["word_count", "tag_count"], *, dataset: str) -> TextIO:
-    """TFF's ``<root>/stackoverflow.<kind>`` (``load_word_counts``/``load_tag_counts``), open, or the missing-file error."""
+def stackoverflow_counts(root: str, kind: Literal["word_count", "tag_count"], *, dataset: str) -> Path:
+    """TFF's ``<root>/stackoverflow.<kind>`` (``load_word_counts``/``load_tag_counts``), or the missing-file error."""
     path = Path(root) / f"stackoverflow.{kind}"
     if not path.is_file():
         source = f"{TFF_URL}/stackoverflow.{kind}.tar.bz2 (then: tar xjf stackoverflow.{kind}.tar.bz2)"
         raise missing_data_error(dataset, path, source=source, folder=path.parent)
-    return open(path, encoding="utf-8")
+    return path
+
+
+def stackoverflow_words(root: str, size: int, *, dataset: str) -> list[str]:
+    """The first ``size`` words of ``stackoverflow.word_count`` (``word count`` a line, most frequent first)."""
+    with open(stackoverflow_counts(root, "word_count", dataset=dataset), encoding="utf-8") as file:
+        return [line.split()[0] for line, _ in zip(file, range(size))]
 
 
 class TffEMNIST(NaturalDataModule):
@@ -144,8 +150,7 @@ class TffStackOverflow(NaturalDataModule):
     def __init__(self, root: str, *, vocab_size: int = 10_000, sequence_length: int = 20, **kwargs: Any) -> None:
         self.vocab_size = check_int("vocab_size", vocab_size, minimum=1)
         self.sequence_length = check_int("sequence_length", sequence_length, minimum=1)
-        with stackoverflow_counts(root, "word_count", dataset="TffStackOverflow") as file:
-            self.vocab = [line.split()[0] for line, _ in zip(file, range(vocab_size))]
+        self.vocab = stackoverflow_words(root, vocab_size, dataset="TffStackOverflow")
         self._word_id = {word: index + 1 for index, word in enumerate(self.vocab)}
         self.num_classes = len(self.vocab) + 4
         train, val, test = (

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from fl_lightning.data._data_checks import check_choice, check_int
 from fl_lightning.data.datasets.multi_hot import MultiHotRows
-from fl_lightning.data.datasets.tff import stackoverflow_counts, tff_split
+from fl_lightning.data.datasets.tff import stackoverflow_counts, stackoverflow_words, tff_split
 from fl_lightning.data.natural import NaturalDataModule
 
 
@@ -58,10 +58,8 @@ class TffStackOverflowTags(NaturalDataModule):
         self.tag_vocab_size = check_int("tag_vocab_size", tag_vocab_size, minimum=1)
         check_choice("normalize", normalize, ["vocabulary", "all_words"])
         self.normalize = normalize
-        with stackoverflow_counts(root, "word_count", dataset="TffStackOverflowTags") as file:
-            self.vocab = [line.split()[0] for line, _ in zip(file, range(vocab_size))]
-        with stackoverflow_counts(root, "tag_count", dataset="TffStackOverflowTags") as file:
-            counts = json.load(file)
+        self.vocab = stackoverflow_words(root, vocab_size, dataset="TffStackOverflowTags")
+        counts = json.loads(stackoverflow_counts(root, "tag_count", dataset="TffStackOverflowTags").read_text("utf-8"))
         self.tags = sorted(counts, key=counts.__getitem__, reverse=True)[:tag_vocab_size]  # stable, as TFF's
         self._word_id = {word.encode(): index for index, word in enumerate(self.vocab)}
         self._tag_id = {tag.encode(): index for index, tag in enumerate(self.tags)}
