@@ -53,6 +53,15 @@ def stackoverflow_words(root: str, size: int, *, dataset: str) -> list[str]:
         return [line.split()[0] for line, _ in zip(file, range(size))]
 
 
+def stackoverflow_splits(root: str, decode: Decode, *, dataset: str) -> tuple[ClientReader, ClientReader, ClientReader]:
+    """Stack Overflow's train, held-out and test splits (``stackoverflow.sqlite``, or TFF's HDF5 release)."""
+    train, heldout, test = (
+        tff_split(root, "stackoverflow.sqlite", split, f"stackoverflow_{h5}.h5", decode, dataset=dataset)
+        for split, h5 in (("train", "train"), ("heldout", "held_out"), ("test", "test"))
+    )
+    return train, heldout, test
+
+
 class TffEMNIST(NaturalDataModule):
     """TFF's federated EMNIST (``emnist_all.sqlite``): 3,400 writers, 62 classes (671,585 train and 77,483
     test samples), or with ``only_digits`` 3,383 writers of the 10 digits. Every writer has train and test samples.
@@ -153,10 +162,7 @@ class TffStackOverflow(NaturalDataModule):
         self.vocab = stackoverflow_words(root, vocab_size, dataset="TffStackOverflow")
         self._word_id = {word: index + 1 for index, word in enumerate(self.vocab)}
         self.num_classes = len(self.vocab) + 4
-        train, val, test = (
-            tff_split(root, "stackoverflow.sqlite", split, f"stackoverflow_{h5}.h5", self._sequences, dataset="TffStackOverflow")
-            for split, h5 in (("train", "train"), ("heldout", "held_out"), ("test", "test"))
-        )
+        train, val, test = stackoverflow_splits(root, self._sequences, dataset="TffStackOverflow")
         super().__init__(train, test, val=val, **kwargs)
 
     def _sequences(self, examples: list[dict[str, Any]]) -> tuple[Tensor, Tensor]:

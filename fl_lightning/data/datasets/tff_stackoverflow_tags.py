@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from fl_lightning.data._data_checks import check_choice, check_int
 from fl_lightning.data.datasets.multi_hot import MultiHotRows
-from fl_lightning.data.datasets.tff import stackoverflow_counts, stackoverflow_words, tff_split
+from fl_lightning.data.datasets.tff import stackoverflow_counts, stackoverflow_splits, stackoverflow_words
 from fl_lightning.data.natural import NaturalDataModule
 
 
@@ -63,10 +63,7 @@ class TffStackOverflowTags(NaturalDataModule):
         self.tags = sorted(counts, key=counts.__getitem__, reverse=True)[:tag_vocab_size]  # stable, as TFF's
         self._word_id = {word.encode(): index for index, word in enumerate(self.vocab)}
         self._tag_id = {tag.encode(): index for index, tag in enumerate(self.tags)}
-        train, val, test = (
-            tff_split(root, "stackoverflow.sqlite", split, f"stackoverflow_{h5}.h5", self._bags, dataset="TffStackOverflowTags")
-            for split, h5 in (("train", "train"), ("heldout", "held_out"), ("test", "test"))
-        )
+        train, val, test = stackoverflow_splits(root, self._bags, dataset="TffStackOverflowTags")  # type: ignore[arg-type]
         super().__init__(train, test, val=val, **kwargs)
 
     def _bags(self, examples: list[dict[str, Any]]) -> tuple[MultiHotRows, MultiHotRows]:
