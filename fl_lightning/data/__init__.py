@@ -27,6 +27,7 @@ from fl_lightning.data.datasets import (
     TffEMNIST,
     TffShakespeare,
     TffStackOverflow,
+    TffStackOverflowTags,
 )
 from fl_lightning.data.partitioners import IID, Dirichlet, LabelsPerClient, Natural, ParetoSizes, Partitioner, Shards
 from fl_lightning.data.label_groups import LabelGroups
@@ -66,5 +67,6 @@ __all__ = [
     "TffEMNIST",
     "TffShakespeare",
     "TffStackOverflow",
+    "TffStackOverflowTags",
     "client_batches",
 ]

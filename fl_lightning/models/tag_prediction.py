@@ -79,8 +79,9 @@ class TagLogisticRegression(ProximalMixin, _TagLogisticRegression):
     """One linear layer from a ``num_words`` bag of words to ``num_tags`` independent sigmoids (Stack
     Overflow: 10,000 words, 500 tags, 5,000,500 parameters), trained on the mean binary cross-entropy.
 
-    Batches are ``(x, y)``: ``x`` the ``[N, num_words]`` bag of words (TFF normalises the counts to sum to
-    1), ``y`` the ``[N, num_tags]`` 0/1 tags. Logs ``val_loss``, ``val_recall_at_5`` (and ``test_``).
+    Batches are ``(x, y)``: ``x`` the ``[N, num_words]`` normalised bag of words, ``y`` the ``[N, num_tags]``
+    0/1 tags, as :class:`~fl_lightning.data.datasets.tff_stackoverflow_tags.TffStackOverflowTags` builds them.
+    Logs ``val_loss``, ``val_recall_at_5`` (and ``test_``).
     Weights start Glorot normal, biases zero, as the reference.
 
     Args:

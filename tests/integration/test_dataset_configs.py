@@ -15,7 +15,7 @@ from fl_lightning.data.datasets.leaf import SHAKESPEARE_LETTERS
 
 from ..data.datasets.test_leaf import femnist_user, write_leaf
 from ..data.datasets.test_tff import emnist_examples
-from ..data.datasets.tff_files import write_tff_sqlite
+from ..data.datasets.tff_files import write_stackoverflow_counts, write_tff_sqlite
 from .config_runs import CONFIGS, two_rounds
 
 pytestmark = pytest.mark.usefixtures("offline")
@@ -69,6 +69,12 @@ def tff_stackoverflow(root: Path) -> None:
     write_tff_sqlite(root / "stackoverflow.sqlite", {s: {c: [post] * n for c in CLIENTS} for s, n in splits.items()})
 
 
+def tff_stackoverflow_tags(root: Path) -> None:
+    tff_stackoverflow(root)  # its posts are tagged "python"
+    words = {f"w{i}": 10_000 - i for i in range(10_000)}
+    write_stackoverflow_counts(root, words, {"python": 1000, **{f"t{i}": 999 - i for i in range(600)}})
+
+
 def tff_cifar100(root: Path) -> None:
     root.mkdir(parents=True)
     rng = np.random.default_rng(0)
@@ -87,12 +93,14 @@ FIXTURES: dict[str, Callable[[Path], None]] = {
     "fl_lightning.data.datasets.tff.TffShakespeare": tff_shakespeare,
     "fl_lightning.data.datasets.tff.TffStackOverflow": tff_stackoverflow,
     "fl_lightning.data.datasets.tff.TffCIFAR100": tff_cifar100,
+    "fl_lightning.data.datasets.tff_stackoverflow_tags.TffStackOverflowTags": tff_stackoverflow_tags,
 }
 
 
 def test_every_dataset_config_has_a_fixture():
     assert {p.stem for p in DATASET_CONFIGS} >= {"leaf_femnist_cnn", "leaf_shakespeare_lstm", "reddi_emnist_cnn"}
-    assert {"reddi_shakespeare_lstm", "reddi_stackoverflow_nwp", "reddi_cifar100_resnet18"} <= {p.stem for p in DATASET_CONFIGS}
+    stems = {"reddi_shakespeare_lstm", "reddi_stackoverflow_nwp", "reddi_stackoverflow_lr", "reddi_cifar100_resnet18"}
+    assert stems <= {p.stem for p in DATASET_CONFIGS}
     assert {yaml.safe_load(p.read_text())["data"]["class_path"] for p in DATASET_CONFIGS} <= set(FIXTURES)
 
 

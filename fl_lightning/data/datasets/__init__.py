@@ -7,6 +7,7 @@ from fl_lightning.data.datasets.mixture import RotatedMixture, SourceMixture, Sy
 from fl_lightning.data.datasets.prioritized_synthetic import PrioritizedSynthetic
 from fl_lightning.data.datasets.synthetic import FedProxSynthetic
 from fl_lightning.data.datasets.tff import TffCIFAR100, TffEMNIST, TffShakespeare, TffStackOverflow
+from fl_lightning.data.datasets.tff_stackoverflow_tags import TffStackOverflowTags
 from fl_lightning.data.datasets.vision import CIFAR10, CIFAR100, EMNIST, MNIST, SVHN, FashionMNIST
 
 __all__ = [
@@ -32,4 +33,5 @@ __all__ = [
     "TffEMNIST",
     "TffShakespeare",
     "TffStackOverflow",
+    "TffStackOverflowTags",
 ]

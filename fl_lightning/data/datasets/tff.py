@@ -38,6 +38,30 @@ def tff_split(
     return TffHdf5Reader(hdf5_path, decode, count=count)
 
 
+def stackoverflow_counts(root: str, kind: Literal["word_count", "tag_count"], *, dataset: str) -> Path:
+    """TFF's ``<root>/stackoverflow.<kind>`` (``load_word_counts``/``load_tag_counts``), or the missing-file error."""
+    path = Path(root) / f"stackoverflow.{kind}"
+    if not path.is_file():
+        source = f"{TFF_URL}/stackoverflow.{kind}.tar.bz2 (then: tar xjf stackoverflow.{kind}.tar.bz2)"
+        raise missing_data_error(dataset, path, source=source, folder=path.parent)
+    return path
+
+
+def stackoverflow_words(root: str, size: int, *, dataset: str) -> list[str]:
+    """The first ``size`` words of ``stackoverflow.word_count`` (``word count`` a line, most frequent first)."""
+    with open(stackoverflow_counts(root, "word_count", dataset=dataset), encoding="utf-8") as file:
+        return [line.split()[0] for line, _ in zip(file, range(size))]
+
+
+def stackoverflow_splits(root: str, decode: Decode, *, dataset: str) -> tuple[ClientReader, ClientReader, ClientReader]:
+    """Stack Overflow's train, held-out and test splits (``stackoverflow.sqlite``, or TFF's HDF5 release)."""
+    train, heldout, test = (
+        tff_split(root, "stackoverflow.sqlite", split, f"stackoverflow_{h5}.h5", decode, dataset=dataset)
+        for split, h5 in (("train", "train"), ("heldout", "held_out"), ("test", "test"))
+    )
+    return train, heldout, test
+
+
 class TffEMNIST(NaturalDataModule):
     """TFF's federated EMNIST (``emnist_all.sqlite``): 3,400 writers, 62 classes (671,585 train and 77,483
     test samples), or with ``only_digits`` 3,383 writers of the 10 digits. Every writer has train and test samples.
@@ -135,18 +159,10 @@ class TffStackOverflow(NaturalDataModule):
     def __init__(self, root: str, *, vocab_size: int = 10_000, sequence_length: int = 20, **kwargs: Any) -> None:
         self.vocab_size = check_int("vocab_size", vocab_size, minimum=1)
         self.sequence_length = check_int("sequence_length", sequence_length, minimum=1)
-        counts = Path(root) / "stackoverflow.word_count"
-        if not counts.is_file():
-            source = f"{TFF_URL}/stackoverflow.word_count.tar.bz2 (then: tar xjf stackoverflow.word_count.tar.bz2)"
-            raise missing_data_error("TffStackOverflow", counts, source=source, folder=counts.parent)
-        with open(counts, encoding="utf-8") as file:
-            self.vocab = [line.split()[0] for line, _ in zip(file, range(vocab_size))]
+        self.vocab = stackoverflow_words(root, vocab_size, dataset="TffStackOverflow")
         self._word_id = {word: index + 1 for index, word in enumerate(self.vocab)}
         self.num_classes = len(self.vocab) + 4
-        train, val, test = (
-            tff_split(root, "stackoverflow.sqlite", split, f"stackoverflow_{h5}.h5", self._sequences, dataset="TffStackOverflow")
-            for split, h5 in (("train", "train"), ("heldout", "held_out"), ("test", "test"))
-        )
+        train, val, test = stackoverflow_splits(root, self._sequences, dataset="TffStackOverflow")
         super().__init__(train, test, val=val, **kwargs)
 
     def _sequences(self, examples: list[dict[str, Any]]) -> tuple[Tensor, Tensor]:

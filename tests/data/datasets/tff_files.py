@@ -4,6 +4,7 @@ library parses them with)."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import struct
 from collections.abc import Mapping, Sequence
@@ -78,3 +79,10 @@ def write_tff_hdf5(path: Path, clients: Mapping[str, Mapping[str, np.ndarray | l
                     group.create_dataset(name, data=values, dtype=h5py.string_dtype("ascii"))
                 else:
                     group.create_dataset(name, data=values)
+
+
+def write_stackoverflow_counts(root: Path, words: Mapping[str, int], tags: Mapping[str, int]) -> None:
+    """TFF's ``stackoverflow.word_count`` (``word count`` a line, in the given order) and
+    ``stackoverflow.tag_count`` (one JSON object ``{tag: count}``, in the given order)."""
+    (root / "stackoverflow.word_count").write_text("".join(f"{w} {c}\n" for w, c in words.items()))
+    (root / "stackoverflow.tag_count").write_text(json.dumps(dict(tags)))
