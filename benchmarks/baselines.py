@@ -48,6 +48,7 @@ CLAIMS = {
         ("feddyn", "fedavg", "final/val_acc", "FedDyn beats FedAvg under strong label skew (Acar et al. 2021, Table 2)"),
         ("fedprox", "fedavg", "final/val_acc", "FedProx is at least FedAvg's accuracy on heterogeneous data (Li et al. 2020)"),
         ("qffl", "fedavg", "final/clients/acc_worst10", "q > 0 raises the worst clients' accuracy (Li et al. 2020, Table 1)"),
+        ("qffl_l1", "fedavg", "final/clients/acc_worst10", "the same with L = 1 instead of 1/lr"),
         ("ditto", "fedavg", ("final/clients/personal/acc_mean", "final/clients/acc_mean"),
          "Ditto's personalised models beat the global model on the clients' own data (Li et al. 2021, Table 1)"),
         ("fedbn", "fedavg_bn", ("final/clients/personal/acc_mean", "final/clients/acc_mean"),
@@ -59,6 +60,7 @@ CLAIMS = {
         ("feddyn", "fedavg", "final/val_acc", "FedDyn beats FedAvg on heterogeneous clients (Acar et al. 2021)"),
         ("fedprox", "fedavg", "final/val_acc", "FedProx (mu = 1) beats FedAvg on Synthetic(1, 1) (Li et al. 2020, Fig. 2)"),
         ("qffl", "fedavg", "final/clients/acc_worst10", "q > 0 raises the worst clients' accuracy (Li et al. 2020)"),
+        ("qffl_l1", "fedavg", "final/clients/acc_worst10", "the same with L = 1 instead of 1/lr"),
     ],
 }
 
@@ -98,7 +100,10 @@ def table(result: StudyResult) -> list[str]:
 
 
 def claims(name: str, result: StudyResult) -> list[str]:
-    lines = ["| claim | arm − reference (per seed) | mean | 95 % CI, significant | holds? |", "|---|---|---|---|---|"]
+    lines = [
+        "| claim | arm − reference (per seed) | seeds in the claim's direction | mean | 95 % CI, significant | holds? |",
+        "|---|---|---|---|---|---|",
+    ]
     by_run = {(r.arm, r.seed): r for r in result.records if r.status == DONE}
     for arm, reference, key, claim in CLAIMS[name]:
         mine, theirs = (key, key) if isinstance(key, str) else key
@@ -110,12 +115,13 @@ def claims(name: str, result: StudyResult) -> list[str]:
             and by_run[(reference, s)].summary.get(theirs) is not None
         ]
         if not diffs:
-            lines.append(f"| {claim} | – | – | – | not measured |")
+            lines.append(f"| {claim} | – | – | – | – | not measured |")
             continue
         ci = significance(diffs)
         mean = sum(diffs) / len(diffs)
         verdict = "yes" if mean > 0 and ci.endswith("yes") else ("no: significantly worse" if mean < 0 and ci.endswith("yes") else "not significant")
-        lines.append(f"| {claim} | {', '.join(f'{d:+.3f}' for d in diffs)} | {mean:+.3f} | {ci} | {verdict} |")
+        ahead = f"{sum(d > 0 for d in diffs)}/{len(diffs)}"
+        lines.append(f"| {claim} | {', '.join(f'{d:+.3f}' for d in diffs)} | {ahead} | {mean:+.3f} | {ci} | {verdict} |")
     return lines
 
 
