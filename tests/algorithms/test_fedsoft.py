@@ -116,6 +116,41 @@ def test_one_cluster_without_proximal_term_is_uniform_fedavg_in_the_first_round(
     torch.testing.assert_close(soft.net.weight, avg.net.weight, rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("lam", [0.0, 1.0])
+def test_local_models_match_plain_gradient_descent_on_eq_4_with_the_proximal_term(lam):
+    """w_k after one round equals full-batch GD on h_k (eq. 4), MSE + lambda/2 sum_s u_ks ||w - c_s||^2.
+
+    LinearRegression once defined its own training_step beside ProximalMixin, so lambda changed nothing on
+    the synthetic benchmark's model; the reference below is plain PyTorch, and the other lambda's
+    reference is far from the result, so an inert (or wrongly scaled) proximal term fails."""
+    data = FederatedDataModule(
+        SyntheticRegressionMixture(num_clients=N, noise_std=0.0, samples_per_client=(20, 30), seed=0),
+        partitioner=Natural(),
+        num_clients=N,
+        batch_size=64,  # one full batch per epoch: the steps do not depend on the batch order
+    )
+    sigma, lr, steps = 1e-3, 0.05, 3
+    algorithm = FedSoft(num_clusters=2, clients_per_cluster=N, lam=lam, sigma=sigma, centres=oracle_centres(data))
+    fit(algorithm, rounds=1, data=data, optimizer="sgd", lr=lr, local_epochs=steps)
+    u = true_u(data).clamp_min(sigma)  # noise-free data and the true centres: the importance is known exactly
+    thetas = data.train.thetas[:, None, :]  # [S, 1, d], as net.weight
+    x, y = data.train.tensors
+
+    def reference(cid: int, lam_: float) -> torch.Tensor:
+        idx = torch.as_tensor(list(data.client_indices(cid)))
+        w = algorithm.initial["net.weight"].clone().requires_grad_(True)
+        for _ in range(steps):
+            loss = ((x[idx] @ w.T - y[idx]) ** 2).mean() + lam_ / 2 * sum(u[cid, s] * ((w - thetas[s]) ** 2).sum() for s in range(2))
+            (grad,) = torch.autograd.grad(loss, w)
+            w = (w - lr * grad).detach().requires_grad_(True)
+        return w.detach()
+
+    for cid in range(N):
+        got = algorithm.models.get(cid)["net.weight"]
+        torch.testing.assert_close(got, reference(cid, lam).to(got.dtype), rtol=1e-4, atol=1e-5)
+        assert (got - reference(cid, 1.0 - lam).to(got.dtype)).abs().max() > 1e-2
+
+
 class OptimizerSpy(FederatedCallback):
     """Reads the optimizer state and weights a client starts from, after the loop's reset and configure_client."""
 

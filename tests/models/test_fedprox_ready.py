@@ -6,6 +6,8 @@ import pytest
 import torch
 
 from fl_lightning.models import (
+    CNN,
+    MLP,
     EmnistCNN,
     FemnistCNN,
     ResNet18GN,
@@ -23,6 +25,9 @@ CASES = {
     "stackoverflow": (lambda: StackOverflowLSTM(vocab_size=20, hidden=8), (torch.randint(1, 24, (2, 5)), torch.randint(0, 24, (2, 5)))),
     "tags": (lambda: TagLogisticRegression(num_words=12, num_tags=5), (torch.rand(2, 12), torch.tensor([[1.0, 0, 0, 1, 0], [0, 1, 0, 0, 0]]))),
     "resnet": (lambda: ResNet18GN(num_classes=10), (torch.rand(2, 3, 32, 32), torch.tensor([1, 9]))),
+    # FedSoft's rotated-digits models (benchmarks/fedsoft.py --data rotated-digits)
+    "mlp": (lambda: MLP(in_features=64, hidden=(100,)), (torch.rand(2, 64), torch.tensor([0, 7]))),
+    "cnn": (lambda: CNN(in_channels=1, image_size=8), (torch.rand(2, 1, 8, 8), torch.tensor([2, 5]))),
 }
 
 
