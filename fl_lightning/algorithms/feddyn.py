@@ -115,5 +115,4 @@ class FedDyn(Algorithm):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.h = cpu_copy(state["h"])
-        self.gradients.load_state_dict(state["gradients"])
-        self.check_client_ids(self.gradients.ids(), "gradients")
+        self.load_client_store(self.gradients, state["gradients"], "gradients")

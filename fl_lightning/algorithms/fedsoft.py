@@ -254,6 +254,5 @@ class FedSoft(ClusteredAlgorithm):
                 "optimizer_states": {"entries": {c: flatten_optimizer_states(s) for c, s in old["optimizers"].items()}},
             }
         for name, store in {"models": self.models, "optimizer_states": self.optimizer_states}.items():
-            self.check_client_ids(saved[name]["entries"], name)
-            store.load_state_dict(saved[name])
+            self.load_client_store(store, saved[name], name)
         self.selection_history = [[list(s) for s in r] for r in state["selection_history"]]

@@ -134,5 +134,4 @@ class LocalOnly(Algorithm):
         models = state["models"]
         if "entries" not in models:  # written before the client store: {cid: model}
             models = {"entries": models}
-        self.check_client_ids(models["entries"], "models")
-        self.models.load_state_dict(models)
+        self.load_client_store(self.models, models, "models")

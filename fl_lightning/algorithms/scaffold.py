@@ -130,8 +130,7 @@ class SCAFFOLD(Algorithm):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.control = cpu_copy(state["control"])
-        self.client_controls.load_state_dict(state["client_controls"])
-        self.check_client_ids(self.client_controls.ids(), "client_controls")
+        self.load_client_store(self.client_controls, state["client_controls"], "client_controls")
 
 
 def _check_local_steps(services: ServerServices) -> None:

@@ -65,6 +65,12 @@ class Algorithm(RecordsInitArgs, ABC):
                 stores.update({f"{name}.{path}": store for path, store in value.client_stores().items()})
         return stores
 
+    def load_client_store(self, store: ClientStore, saved: dict[str, Any], entry: str) -> None:
+        """Restores ``store`` from its :meth:`~ClientStore.state_dict` ``saved`` (filed under ``entry`` in this
+        algorithm's state), after :meth:`check_client_ids` on every saved entry."""
+        self.check_client_ids(saved["entries"], entry)
+        store.load_state_dict(saved)
+
     def overridden_settings(self) -> dict[str, str]:
         """Trainer settings the user gave (after :meth:`setup`) that this algorithm replaces, each with what
         it does instead; the loop warns once per setting, naming it. None by default."""

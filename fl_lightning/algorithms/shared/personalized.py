@@ -63,5 +63,4 @@ class PersonalizedFedAvg(FedAvg):
     @override
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        self.personal.load_state_dict(state["personal"])
-        self.check_client_ids(self.personal.ids(), "personal")
+        self.load_client_store(self.personal, state["personal"], "personal")
