@@ -187,3 +187,58 @@ class _IndexBatches:
 
 # The functional spelling of the public API: calling the class, with its signature and docs.
 client_batches = ClientBatches
+
+
+class ClientLoading:
+    """The settings by which a federated data module cuts each client's samples into batches, checked once
+    (:meth:`_set_client_loading`), and the cut (:meth:`_client_batches`): shared by
+    :class:`~fl_lightning.data.FederatedDataModule` and :class:`~fl_lightning.data.natural.NaturalDataModule`."""
+
+    batch_size: int
+    eval_batch_size: int
+    num_workers: int
+    shuffle: bool
+    drop_last: bool
+    dataloader_kwargs: dict[str, Any]
+
+    def _set_client_loading(
+        self,
+        *,
+        batch_size: int,
+        eval_batch_size: int,
+        num_workers: int,
+        shuffle: bool,
+        drop_last: bool,
+        dataloader_kwargs: dict[str, Any] | None,
+    ) -> None:
+        self.batch_size = check_int("batch_size", batch_size, minimum=1)
+        self.eval_batch_size = check_int("eval_batch_size", eval_batch_size, minimum=1)
+        self.num_workers = check_int("num_workers", num_workers, minimum=0)
+        self.shuffle = check_bool("shuffle", shuffle)
+        self.drop_last = check_bool("drop_last", drop_last)
+        self.dataloader_kwargs = check_dataloader_kwargs(dataloader_kwargs)
+
+    def _client_batches(
+        self,
+        dataset: Any,
+        indices: np.ndarray,
+        *,
+        generator: torch.Generator,
+        num_epochs: int | None,
+        num_batches: int | None,
+        batch_size: int | None,
+    ) -> ClientBatches:
+        """``indices`` of ``dataset`` as one client's local batches (``batch_size``, default the clients' batch size)."""
+        return client_batches(
+            dataset,
+            indices,
+            batch_size=batch_size or self.batch_size,
+            generator=generator,
+            num_epochs=num_epochs,
+            num_batches=num_batches,
+            num_workers=self.num_workers,
+            shuffle=self.shuffle,
+            drop_last=self.drop_last,
+            dataloader_kwargs=self.dataloader_kwargs,
+        )
+

@@ -14,9 +14,9 @@ from typing_extensions import override
 
 from fl_lightning import _lightning_compat as compat
 from fl_lightning.data import partition_io
-from fl_lightning.data._data_checks import check_bool, check_int
-from fl_lightning.data.batches import ClientBatches, client_batches
-from fl_lightning.data.loader_settings import check_dataloader_kwargs, federated_loader_settings
+from fl_lightning.data._data_checks import check_int
+from fl_lightning.data.batches import ClientBatches, ClientLoading
+from fl_lightning.data.loader_settings import federated_loader_settings
 from fl_lightning.data.partitioners import IID, Partitioner
 from fl_lightning.data.validation_split import ValidationSplit, check_val_fraction, split_validation
 from fl_lightning.utils.init_args import RecordsInitArgs
@@ -65,7 +65,7 @@ def host_array(values: Any) -> np.ndarray:
     return values.cpu().numpy() if isinstance(values, torch.Tensor) else np.asarray(values)
 
 
-class FederatedDataModule(RecordsInitArgs, LightningDataModule):
+class FederatedDataModule(RecordsInitArgs, ClientLoading, LightningDataModule):
     """Partitions a training set among clients and serves each client's batches.
 
     Three splits, never mixed (``docs/evaluation.md``): the clients' training data; the server's
@@ -140,14 +140,12 @@ class FederatedDataModule(RecordsInitArgs, LightningDataModule):
     ) -> None:
         super().__init__()
         self._num_clients = check_int("num_clients", num_clients, minimum=1)
-        self.batch_size = check_int("batch_size", batch_size, minimum=1)
-        self.eval_batch_size = check_int("eval_batch_size", eval_batch_size, minimum=1)
+        self._set_client_loading(
+            batch_size=batch_size, eval_batch_size=eval_batch_size, num_workers=num_workers, shuffle=shuffle,
+            drop_last=drop_last, dataloader_kwargs=dataloader_kwargs,
+        )  # fmt: skip
         if not 0 <= holdout_fraction < 1:
             raise ValueError(f"holdout_fraction must be in [0, 1), got {holdout_fraction!r}.")
-        self.num_workers = check_int("num_workers", num_workers, minimum=0)
-        self.shuffle = check_bool("shuffle", shuffle)
-        self.drop_last = check_bool("drop_last", drop_last)
-        self.dataloader_kwargs = check_dataloader_kwargs(dataloader_kwargs)
         if val is not None and val_fraction is not None:
             raise ValueError(
                 f"Pass either val (a validation set) or val_fraction (split one off train), not both; got "
@@ -288,17 +286,8 @@ class FederatedDataModule(RecordsInitArgs, LightningDataModule):
     ) -> ClientBatches:
         """Client ``cid``'s local batches (of ``batch_size``, default the clients' batch size);
         see :func:`~fl_lightning.data.client_batches` for the semantics."""
-        return client_batches(
-            self.train,
-            self.client_indices(cid),
-            batch_size=batch_size or self.batch_size,
-            generator=generator,
-            num_epochs=num_epochs,
-            num_batches=num_batches,
-            num_workers=self.num_workers,
-            shuffle=self.shuffle,
-            drop_last=self.drop_last,
-            dataloader_kwargs=self.dataloader_kwargs,
+        return self._client_batches(
+            self.train, self.client_indices(cid), generator=generator, num_epochs=num_epochs, num_batches=num_batches, batch_size=batch_size
         )
 
     def label_counts(self, cid: int) -> np.ndarray:

@@ -11,14 +11,13 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch.utils.data import DataLoader, Dataset
 
 from fl_lightning.data._data_checks import check_bool, check_int
-from fl_lightning.data.batches import ClientBatches, client_batches
+from fl_lightning.data.batches import ClientBatches, ClientLoading
 from fl_lightning.data.client_reader import ClientFraction, ClientReader, ClientSamples, PooledClients
-from fl_lightning.data.loader_settings import check_dataloader_kwargs
 from fl_lightning.data.validation_split import check_val_fraction
 from fl_lightning.utils.init_args import RecordsInitArgs
 
 
-class NaturalDataModule(RecordsInitArgs, LightningDataModule):
+class NaturalDataModule(RecordsInitArgs, ClientLoading, LightningDataModule):
     """Clients that are the source's own users (writers, speakers, posters), read one at a time.
 
     Client ``c`` is the ``c``-th client of ``train`` (readers list their clients sorted by id). Only
@@ -80,13 +79,11 @@ class NaturalDataModule(RecordsInitArgs, LightningDataModule):
             )
         if len(train.client_ids) == 0:
             raise ValueError(f"{type(train).__name__} has no clients: the training split is empty.")
-        self.batch_size = check_int("batch_size", batch_size, minimum=1)
-        self.eval_batch_size = check_int("eval_batch_size", eval_batch_size, minimum=1)
+        self._set_client_loading(
+            batch_size=batch_size, eval_batch_size=eval_batch_size, num_workers=num_workers, shuffle=shuffle,
+            drop_last=drop_last, dataloader_kwargs=dataloader_kwargs,
+        )  # fmt: skip
         self.seed = check_int("seed", seed, minimum=0)
-        self.num_workers = check_int("num_workers", num_workers, minimum=0)
-        self.shuffle = check_bool("shuffle", shuffle)
-        self.drop_last = check_bool("drop_last", drop_last)
-        self.dataloader_kwargs = check_dataloader_kwargs(dataloader_kwargs)
         self.val_fraction = None if val_fraction is None else check_val_fraction(val_fraction)
         self.val: ClientReader | None = val
         self.train: ClientReader = train
@@ -126,17 +123,8 @@ class NaturalDataModule(RecordsInitArgs, LightningDataModule):
     ) -> ClientBatches:
         """Client ``cid``'s local batches, read now; see :func:`~fl_lightning.data.client_batches`."""
         samples = ClientSamples(self.train, self._check_cid(cid))
-        return client_batches(
-            samples,
-            np.arange(len(samples)),
-            batch_size=batch_size or self.batch_size,
-            generator=generator,
-            num_epochs=num_epochs,
-            num_batches=num_batches,
-            num_workers=self.num_workers,
-            shuffle=self.shuffle,
-            drop_last=self.drop_last,
-            dataloader_kwargs=self.dataloader_kwargs,
+        return self._client_batches(
+            samples, np.arange(len(samples)), generator=generator, num_epochs=num_epochs, num_batches=num_batches, batch_size=batch_size
         )
 
     def holdout_dataloader(self, cid: int) -> DataLoader[Any]:
