@@ -199,7 +199,7 @@ def compare(specs: Sequence[RealDataConfig], args: argparse.Namespace) -> list[R
             history = run_config(spec, rounds, args)
         except FileNotFoundError as error:
             hint = "rerun with --download, or point --data-dir at the folder that holds it"
-            rows.append(Row(spec.name, None, None, None, f"{' '.join(str(error).split())} ({hint})", MISSING))
+            rows.append(Row(spec.name, None, None, None, f"{error} ({hint})", MISSING))
             continue
         except Exception as error:  # one config's failure must not hide the others' results
             rows.append(Row(spec.name, None, None, None, f"{type(error).__name__}: {error}", "run failed"))
@@ -218,7 +218,8 @@ def _paper_rounds(spec: RealDataConfig) -> int:
 def table(rows: Sequence[Row]) -> list[str]:
     """The Markdown table of ``rows``."""
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    return lines + ["| " + " | ".join(row.cells()) + " |" for row in rows]
+    # A cell's own "|" (|T|) or line break (an error message) would end the cell or the row.
+    return lines + ["| " + " | ".join(" ".join(cell.replace("|", "\\|").split()) for cell in row.cells()) + " |" for row in rows]
 
 
 def exit_status(rows: Sequence[Row]) -> int:

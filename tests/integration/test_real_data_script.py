@@ -55,6 +55,12 @@ def test_rows_compare_each_number_and_the_exit_status_says_what_failed():
     assert [(r.rounds, r.ours, r.paper, r.where, r.verdict) for r in none] == [(5, 90.0, None, "figures only", "no paper number")]
 
 
+def test_the_table_keeps_one_row_per_line_and_its_columns_whatever_a_cell_holds():
+    failed = Row("flexible_mnist", None, None, None, "lost |T| = 8 cells\nsecond line", "run failed")
+    header, rule, line = real_data.table([failed])
+    assert line.count(" | ") == header.count(" | ") and "\\|T\\|" in line and "\n" not in line
+
+
 def test_every_real_data_paper_config_is_listed_exists_and_its_paper_round_is_the_configs():
     shipped = {p.stem for p in PAPERS.glob("*.yaml") if any(cls in p.read_text() for cls in REAL_DATASETS)}
     assert {spec.name for spec in CONFIGS} == shipped
