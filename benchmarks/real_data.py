@@ -198,7 +198,11 @@ def compare(specs: Sequence[RealDataConfig], args: argparse.Namespace) -> list[R
         try:
             history = run_config(spec, rounds, args)
         except FileNotFoundError as error:
-            hint = "rerun with --download, or point --data-dir at the folder that holds it"
+            hint = (
+                "copy its files under --data-dir and rerun without --download"
+                if args.download
+                else "rerun with --download, or point --data-dir at the folder that holds it"
+            )
             rows.append(Row(spec.name, None, None, None, f"{error} ({hint})", MISSING))
             continue
         except Exception as error:  # one config's failure must not hide the others' results

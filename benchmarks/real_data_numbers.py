@@ -5,7 +5,7 @@ and the line of ``/work/shared/papers/<paper>.txt`` it was copied from. Where a 
 final accuracy after its own round count: none of the five papers states an accuracy at an early round.
 
 - FedMRN (Li et al., ACM MM 2024), Table 1 (``003_...-fedmrn.txt`` lines 222-231): mean (± std over 5 runs)
-  test accuracy after 100 rounds (FMNIST, SVHN) or 200 (CIFAR-10/100, §5.1.4), Non-IID-1 column, which is the
+  test accuracy after 100 rounds (FMNIST, SVHN) or 200 (CIFAR-10/100; §5.1.4, line 249), Non-IID-1 column, which is the
   configs' partition (Dirichlet 0.3; 0.2 for CIFAR-100, §5.1.2).
 - FedSoft (Ruan & Joe-Wong, AAAI 2022), Table 8 (``002_...-fedsoft.txt`` line 554): the accuracy of the centre
   that does best on the 0° / 90° test images of CIFAR-10, 30:70 mixture, after 200 global epochs (App. C,
@@ -88,7 +88,7 @@ _FLEXIBLE = (
     "Flexible: figures only; Table 3 gives relative gains between schemes, and its non-IID |T| = 8 cells were "
     "lost in extraction (notes)"
 )
-_FEDSOFT_CIFAR = "FedSoft Table 8, 30:70, c*_{} (fedsoft.txt line 554)"
+_FEDSOFT_CIFAR = "FedSoft Table 8, 30:70, c*_{} (fedsoft.txt line 554); substitute: 2-conv CNN, no augmentation"
 
 #: Every real-data paper config, in the order the table lists them.
 CONFIGS: tuple[RealDataConfig, ...] = (
