@@ -145,8 +145,9 @@ def run_config(spec: RealDataConfig, rounds: int, args: argparse.Namespace) -> l
 
 
 def short_run(config: dict[str, Any], spec: RealDataConfig, rounds: int, args: argparse.Namespace) -> dict[str, Any]:
-    """``config`` with ``rounds`` rounds, the datasets under ``--data-dir``, a CSV log under ``--out-dir`` and,
-    where our accuracy is the module's ``test_acc``, the per-round test curve; nothing else changes."""
+    """``config`` with ``rounds`` rounds on ``--accelerator``, the datasets under ``--data-dir``, a CSV log under
+    ``--out-dir`` and no checkpoints, and, where our accuracy is the module's ``test_acc``, the per-round test
+    curve; the federation, model and algorithm stay the config's."""
     trainer = config["trainer"]
     trainer["max_epochs"] = rounds
     trainer["accelerator"] = args.accelerator
