@@ -112,6 +112,7 @@ INITS = {"default": "PyTorch default init", "paper": "Linear weights N(0, 0.01²
 MODELS = {
     "mlp": "bias-free MLP 64-200-200-10",
     "bn-cnn": "bias-free CNN4 blocks of 32, 64, 128 channels (conv-BN-ReLU-pool, 8 -> 1 pixel) + linear, N(0, 0.01²) init",
+    "cnn-no-bn": "bn-cnn with every BatchNorm replaced by the identity (the control that isolates BatchNorm)",
 }
 #: CNN4's output channels for the digits stand-in: its first three pooled blocks (8x8 -> 1x1).
 BN_CNN_CHANNELS = (32, 64, 128)
@@ -162,7 +163,7 @@ def run_one(method: str, seed: int, args: argparse.Namespace) -> RunResult:
     from fl_lightning.models.masked_networks import CNN4, MaskedMLP, ProbabilityMaskedCNN4, ProbabilityMaskedMLP
 
     factory = _methods()[method]
-    image = args.model == "bn-cnn"
+    image = args.model != "mlp"
     partitioner = LabelsPerClient(3, "balanced") if args.partition == "labels" else Dirichlet(alpha=0.3, min_samples=10)
     data = FederatedDataModule(
         Digits(split="train", as_image=image),
@@ -178,6 +179,10 @@ def run_one(method: str, seed: int, args: argparse.Namespace) -> RunResult:
     if image:  # CNN4's blocks draw their conv/linear weights from N(0, 0.01²) themselves
         cnn_class = ProbabilityMaskedCNN4 if method == "FedPM" else CNN4
         model = cnn_class(image_size=8, channels=BN_CNN_CHANNELS, **training)
+        if args.model == "cnn-no-bn":
+            for i, layer in enumerate(model.net):
+                if isinstance(layer, torch.nn.BatchNorm2d):
+                    model.net[i] = torch.nn.Identity()
     else:
         model_class = ProbabilityMaskedMLP if method == "FedPM" else MaskedMLP
         model = model_class(in_features=64, hidden=(200, 200), bias=False, **training)
@@ -357,7 +362,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--alpha", type=float, default=0.16, help="FedMRN noise magnitude (FedMRNS uses half)")
     parser.add_argument(
-        "--init", choices=list(INITS), help="weight init of the MLP (default: default); bn-cnn always has the paper's"
+        "--init", choices=list(INITS), help="weight init of the MLP (default: default); the CNNs always have the paper's"
     )
     parser.add_argument("--model", default="mlp", choices=list(MODELS), help="; ".join(f"{k}: {v}" for k, v in MODELS.items()))
     parser.add_argument("--partition", default="dirichlet", choices=list(PARTITIONS))
@@ -376,9 +381,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.lr = _method_pairs(parser, "--lr", args.lr, float)
     args.optimizer = _method_pairs(parser, "--optimizer", args.optimizer, str)
-    if args.model == "bn-cnn" and args.init == "default":
-        parser.error("--init default applies to the MLP only; --model bn-cnn has the paper's N(0, 0.01²) init")
-    args.init = args.init or ("paper" if args.model == "bn-cnn" else "default")
+    if args.model != "mlp" and args.init == "default":
+        parser.error(f"--init default applies to the MLP only; --model {args.model} has the paper's N(0, 0.01²) init")
+    args.init = args.init or ("paper" if args.model != "mlp" else "default")
     if args.quick:
         args.rounds, args.seeds = 10, [0]
     if "FedAvg" not in args.methods:
