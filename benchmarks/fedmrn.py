@@ -9,7 +9,10 @@ scales included).
 Data: scikit-learn's bundled digits (no download), Dirichlet(0.3) label skew over 20 clients,
 10 per round. Model: a bias-free MLP 64-200-200-10 (every parameter is a Linear weight, so
 FedMRN's upload is pure mask bits + seed, like the paper's bias-free CNNs; its BatchNorm tensors
-would be sent in fp32).
+would be sent in fp32). ``--model bn-cnn`` is the paper's CNN4 cut to the 8x8 digits (its first three
+conv-BN-ReLU-pool blocks, bias-free, N(0, 0.01²) init; BatchNorm tensors go up in fp32), ``--model
+cnn-no-bn`` the same without BatchNorm; ``--partition labels`` is the paper's Non-IID-2 (3 labels per
+client). ``FedMRN-noSM`` / ``-noPM`` / ``-noPSM`` and ``FedAvgSM`` are the paper's Fig. 4 ablations.
 
 Hyper-parameters (tuned on seed 0, 40 rounds; see benchmarks/RESULTS.md): local lr 0.3 for
 every method except SignSGD (0.1; it diverges at 0.3), each the best of 0.1 / 0.3 (FedAvg and
@@ -37,6 +40,12 @@ Run from the repository root::
     PYTHONPATH=. python benchmarks/fedmrn.py --lr SignSGD=0.05 --alpha 0.08 --out table.md
     PYTHONPATH=. python benchmarks/fedmrn.py --methods FedAvg FedMRN FedMRNS --init paper --alpha 0.01 \
         --lr FedAvg=0.03 FedMRN=0.1 FedMRNS=0.1     # the paper's α, init and learning rates (~5 min)
+    PYTHONPATH=. python benchmarks/fedmrn.py --model bn-cnn --methods FedAvg FedMRN FedMRNS --alpha 0.01 \
+        --lr FedAvg=0.03 FedMRN=0.1 FedMRNS=0.1 --seeds 0 1 2 3 4   # the paper's α and init with BatchNorm (~25 min)
+    PYTHONPATH=. python benchmarks/fedmrn.py --model bn-cnn --partition labels --alpha 0.01 \
+        --methods FedAvg FedMRN FedMRN-noSM FedMRN-noPM FedMRN-noPSM FedAvgSM SignSGD \
+        --lr FedAvg=0.03 SignSGD=0.03 FedMRN=0.1 FedMRN-noSM=0.1 FedMRN-noPM=0.1 FedMRN-noPSM=0.1 FedAvgSM=0.1 \
+        --contrast FedMRN-noPM:FedMRN-noSM FedMRN-noPM:FedAvgSM FedMRN-noPSM:SignSGD   # Fig. 4 (~35 min)
     PYTHONPATH=. python benchmarks/fedmrn.py --speed --accelerator gpu   # rounds/s, CNN4 on FMNIST-shaped tensors
 
 Runs are spread over ``--jobs`` worker processes (default: the CPU count), each with one torch
