@@ -288,7 +288,8 @@ def report(results: list[RunResult], args: argparse.Namespace, head: list[str]) 
     lines = [
         (
             "| method | bytes / client upload | bits / param | total upload (MB) | vs FedAvg | bytes / client download "
-            f"| final acc (%) | last-{args.tail} acc (%) | Δ final vs FedAvg (pts) | 95 % CI, significant | final per seed | s / run |"
+            f"| final acc (%) | last-{args.tail} acc (%) | Δ final vs FedAvg (pts) | 95 % CI, significant | final per seed "
+            "| s / run |"
         ),
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|",
     ]
@@ -320,11 +321,12 @@ def report(results: list[RunResult], args: argparse.Namespace, head: list[str]) 
             f"Setting: {settings}",
             "",
             *lines,
-            *(["", "| A minus B (final acc, pts) | mean ± std | 95 % CI, significant | A better / tied / worse |", "|---|---:|---|---|"]
-              if contrasts else []),
-            *contrasts,
+            *(["", CONTRAST_HEAD, "|---|---:|---|---|", *contrasts] if contrasts else []),
         ]
     )
+
+
+CONTRAST_HEAD = "| A minus B (final acc, pts) | mean ± std | 95 % CI, significant | A better / tied / worse |"
 
 
 def _contrast(by_method: dict[str, list[RunResult]], a: str, b: str) -> str:
