@@ -41,11 +41,11 @@ Run from the repository root::
     PYTHONPATH=. python benchmarks/fedmrn.py --methods FedAvg FedMRN FedMRNS --init paper --alpha 0.01 \
         --lr FedAvg=0.03 FedMRN=0.1 FedMRNS=0.1     # the paper's α, init and learning rates (~5 min)
     PYTHONPATH=. python benchmarks/fedmrn.py --model bn-cnn --methods FedAvg FedMRN FedMRNS --alpha 0.01 \
-        --lr FedAvg=0.03 FedMRN=0.1 FedMRNS=0.1 --seeds 0 1 2 3 4   # the paper's α and init with BatchNorm (~25 min)
+        --lr FedAvg=0.03 FedMRN=0.1 FedMRNS=0.1 --seeds 0 1 2 3 4   # the paper's α and init with BatchNorm (7 CPU-min)
     PYTHONPATH=. python benchmarks/fedmrn.py --model bn-cnn --partition labels --alpha 0.01 \
         --methods FedAvg FedMRN FedMRN-noSM FedMRN-noPM FedMRN-noPSM FedAvgSM SignSGD \
         --lr FedAvg=0.03 SignSGD=0.03 FedMRN=0.1 FedMRN-noSM=0.1 FedMRN-noPM=0.1 FedMRN-noPSM=0.1 FedAvgSM=0.1 \
-        --contrast FedMRN-noPM:FedMRN-noSM FedMRN-noPM:FedAvgSM FedMRN-noPSM:SignSGD   # Fig. 4 (~35 min)
+        --contrast FedMRN-noPM:FedMRN-noSM FedMRN-noPM:FedAvgSM FedMRN-noPSM:SignSGD   # Fig. 4 (17 CPU-min)
     PYTHONPATH=. python benchmarks/fedmrn.py --speed --accelerator gpu   # rounds/s, CNN4 on FMNIST-shaped tensors
 
 Runs are spread over ``--jobs`` worker processes (default: the CPU count), each with one torch
