@@ -9,6 +9,7 @@ same networks with :class:`~fl_lightning.mixins.ProbabilityMaskMixin`, for the F
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from itertools import pairwise
 from typing import Any
 
@@ -51,16 +52,27 @@ class _CNN4Layers(_PaperCNN):
 
     Args:
         in_channels: image channels.
-        image_size: height = width of the input images (>= 16).
+        image_size: height = width of the input images (>= 2 ** len(channels): 16 for CNN4).
         num_classes: number of classes.
+        channels: output channels of the pooled blocks; the paper's CNN4 by default. Fewer blocks
+            make a stand-in for small images, e.g. ``(32, 64, 128)`` for the 8x8 digits.
         **kwargs: :class:`~fl_lightning.models.ClassificationModule` arguments (lr, momentum, ...).
     """
 
-    def __init__(self, *, in_channels: int = 1, image_size: int = 28, num_classes: int = 10, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        in_channels: int = 1,
+        image_size: int = 28,
+        num_classes: int = 10,
+        channels: Sequence[int] = (32, 64, 128, 256),
+        **kwargs: Any,
+    ) -> None:
         super().__init__(num_classes=num_classes, **kwargs)
+        if not channels or any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in channels):
+            raise ValueError(f"`channels` must be a non-empty sequence of positive integers, got {channels!r}.")
         self.save_hyperparameters()
-        channels = (in_channels, 32, 64, 128, 256)
-        blocks = [m for c_in, c_out in pairwise(channels) for m in _conv_block(c_in, c_out, pool=True)]
+        blocks = [m for c_in, c_out in pairwise((in_channels, *channels)) for m in _conv_block(c_in, c_out, pool=True)]
         self._build(blocks, in_channels, image_size, num_classes)
 
 
