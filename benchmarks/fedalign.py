@@ -59,6 +59,8 @@ one torch thread.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import math
 import statistics
 import time
@@ -80,6 +82,10 @@ PAPER = {"synth": "paper", "digits": "shards", "methods": list(METHODS), "seeds"
 #: MLP, the paper's logistic regression and McMahan et al.'s 2NN.
 DIGITS_MODELS = {"mlp": (32,), "logreg": (), "2nn": (200, 200)}
 NOISE = {"low": (0.5, 0.5, 0.2), "medium": (1.5, 1.5, 0.2), "high": (5.0, 5.0, 0.4)}
+#: The settings a synth PriorityOnly run never reads: the free clients' noise (PrioritizedSynthetic draws
+#: the priority devices' and the test samples independently of it) and FedALIGN's epsilon, so
+#: ``--load-runs`` may reuse such a run across noise settings.
+FREE_CLIENT_SETTINGS = frozenset({"noise", "epsilon_synth", "label_noise", "noise_start"})
 
 
 @dataclass(frozen=True)
@@ -252,6 +258,43 @@ def run_one(spec: RunSpec) -> RunResult:
     )
 
 
+def save_runs(results: Sequence[RunResult], path: str) -> None:
+    """Writes every run (its spec and settings, metrics and per-round priority accuracy) as JSON."""
+    with open(path, "w") as f:
+        json.dump([asdict(r) for r in results], f)
+
+
+def settings_differences(run: Settings, current: Settings) -> set[str]:
+    """The names of the settings in which a saved run differs from this invocation's."""
+    return {f.name for f in dataclasses.fields(Settings) if getattr(run, f.name) != getattr(current, f.name)}
+
+
+def load_runs(paths: Sequence[str], settings: Settings, wanted: set[tuple[str, str, int]]) -> list[RunResult]:
+    """The ``wanted`` (dataset, method, seed) runs that ``--save-runs`` wrote to ``paths``, checked against this
+    invocation's ``settings``: equal, except that a synth PriorityOnly run may differ in :data:`FREE_CLIENT_SETTINGS`."""
+    results: dict[tuple[str, str, int], RunResult] = {}
+    for path in paths:
+        with open(path) as f:
+            records = json.load(f)
+        for record in records:
+            spec = RunSpec(**{**record["spec"], "settings": Settings(**record["spec"]["settings"])})
+            result = RunResult(**{**record, "spec": spec})
+            key = (spec.dataset, spec.method, spec.seed)
+            if key not in wanted:
+                continue
+            differ = settings_differences(spec.settings, settings)
+            reusable = spec.dataset == "synth" and spec.method == "PriorityOnly"
+            if differ - (FREE_CLIENT_SETTINGS if reusable else set()):
+                raise SystemExit(
+                    f"--load-runs {path}: run {key} has other settings than this invocation ({sorted(differ)}); only a synth "
+                    f"PriorityOnly run may differ, and only in {sorted(FREE_CLIENT_SETTINGS)}."
+                )
+            if key in results:
+                raise SystemExit(f"--load-runs: run {key} is in more than one file (again in {path}).")
+            results[key] = result
+    return list(results.values())
+
+
 # --------------------------------------------------------------------------------------------
 # Report
 # --------------------------------------------------------------------------------------------
@@ -307,10 +350,18 @@ def report(results: list[RunResult], settings: Settings, args: argparse.Namespac
         d: args.target * min(statistics.fmean(r.tail_acc for r in results if r.spec.dataset == d and r.spec.method == m) for m in methods if m != "LocalOnly")
         for d in datasets
     }
+    reused = sorted(
+        f"{r.spec.dataset} {r.spec.method} seed {r.spec.seed} ("
+        + ", ".join(f"{name} {getattr(r.spec.settings, name)}" for name in sorted(settings_differences(r.spec.settings, settings)))
+        + ")"
+        for r in results
+        if settings_differences(r.spec.settings, settings)
+    )
     lines = [
         *head,
         "",
         describe(settings, seeds),
+        *(["", f"Reused from another noise setting, which they never read (--load-runs): {'; '.join(reused)}."] if reused else []),
         "",
         f"Rounds to target: the first round whose priority accuracy reaches {args.target:g} x the lowest method's mean tail "
         f"accuracy on that dataset (targets: {', '.join(f'{d} {targets[d]:.3f}' for d in datasets)}); a run that never reaches "
@@ -392,6 +443,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--digits-model", default="mlp", choices=sorted(DIGITS_MODELS), help="digits: MLP 64-32-10, logistic regression or 2NN")
     parser.add_argument("--digits-clients", type=int, help="digits clients (default 20 with --digits labels, 60 with shards)")
     parser.add_argument("--target", type=float, default=0.95, help="rounds to target: TARGET x the lowest method's mean tail accuracy")
+    parser.add_argument("--save-runs", help="also write every run (settings, metrics, per-round accuracy) to this JSON file")
+    parser.add_argument(
+        "--load-runs",
+        nargs="+",
+        default=[],
+        help="report these --save-runs files' runs instead of re-running them (same settings; a synth PriorityOnly run "
+        "may come from another noise setting, which it never reads)",
+    )
     add_worker_arguments(parser)
     if parser.parse_known_args(argv)[0].paper:
         parser.set_defaults(**PAPER)
@@ -440,10 +499,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     # The slowest runs (AllClients trains every client) first, so the pool finishes together.
     specs = [RunSpec(d, m, seed, settings) for d in args.datasets for m in args.methods for seed in args.seeds]
+    wanted = {(spec.dataset, spec.method, spec.seed) for spec in specs}
+    loaded = load_runs(args.load_runs, settings, wanted)
+    done = {(r.spec.dataset, r.spec.method, r.spec.seed) for r in loaded}
+    specs = [spec for spec in specs if (spec.dataset, spec.method, spec.seed) not in done]
     specs.sort(key=lambda spec: spec.method != "AllClients")  # stable
     print(asdict(settings), flush=True)
     started, load_before = time.perf_counter(), load()
-    results = run_in_workers(run_one, specs, args, progress_line)
+    results = run_in_workers(run_one, specs, args, progress_line) if specs else []
+    if args.save_runs:
+        save_runs(results, args.save_runs)
+    args.jobs = max(args.jobs, 1)  # 0 (no run left to do) would leave the report's wall-time estimate undefined
+    results += loaded
     text = report(results, settings, args, header(started, load_before, workers=args.jobs, threads=args.threads))
     print()
     emit(text, args.out)
