@@ -274,28 +274,25 @@ def settings_differences(run: Settings, current: Settings) -> set[str]:
 
 
 def load_runs(paths: Sequence[str], settings: Settings, wanted: set[tuple[str, str, int]]) -> list[RunResult]:
-    """The ``wanted`` (dataset, method, seed) runs that ``--save-runs`` wrote to ``paths``, checked against this
-    invocation's ``settings``: equal, except that a synth PriorityOnly run may differ in :data:`FREE_CLIENT_SETTINGS`."""
+    """The ``wanted`` (dataset, method, seed) runs that ``--save-runs`` wrote to ``paths`` whose settings are this
+    invocation's, except that a synth PriorityOnly run may differ in :data:`FREE_CLIENT_SETTINGS`; the others are
+    skipped (and counted), so that one file can serve several invocations."""
     results: dict[tuple[str, str, int], RunResult] = {}
     for path in paths:
         with open(path) as f:
             records = json.load(f)
+        skipped = 0
         for record in records:
             spec = RunSpec(**{**record["spec"], "settings": Settings(**record["spec"]["settings"])})
-            result = RunResult(**{**record, "spec": spec})
             key = (spec.dataset, spec.method, spec.seed)
-            if key not in wanted:
-                continue
-            differ = settings_differences(spec.settings, settings)
             reusable = spec.dataset == "synth" and spec.method == "PriorityOnly"
-            if differ - (FREE_CLIENT_SETTINGS if reusable else set()):
-                raise SystemExit(
-                    f"--load-runs {path}: run {key} has other settings than this invocation ({sorted(differ)}); only a synth "
-                    f"PriorityOnly run may differ, and only in {sorted(FREE_CLIENT_SETTINGS)}."
-                )
+            if key not in wanted or settings_differences(spec.settings, settings) - (FREE_CLIENT_SETTINGS if reusable else set()):
+                skipped += 1
+                continue
             if key in results:
                 raise SystemExit(f"--load-runs: run {key} is in more than one file (again in {path}).")
-            results[key] = result
+            results[key] = RunResult(**{**record, "spec": spec})
+        print(f"--load-runs {path}: {len(records) - skipped} run(s) loaded, {skipped} of other seeds, methods or settings skipped")
     return list(results.values())
 
 
