@@ -42,7 +42,8 @@ Reported per (dataset, method): mean ± sample std over seeds of ``round/priorit
 and ``round/priority_test_loss`` after the last round and averaged over the last ``--tail``
 rounds, and the non-priority clients admitted per round after the warm-up, split into aligned
 (synth: the clean clients; digits: clients whose labels all belong to the priority classes) and
-the others. Then paired differences FedALIGN - AllClients and FedALIGN - PriorityOnly.
+the others, and the rounds to a target accuracy (``--target``, ``--target-acc``). Then paired differences
+FedALIGN - AllClients and FedALIGN - PriorityOnly.
 
 Run from the repository root::
 
@@ -51,6 +52,8 @@ Run from the repository root::
     PYTHONPATH=. python benchmarks/fedalign.py --rounds 200 --seeds 0 1 2 3 4 --noise high
     PYTHONPATH=. python benchmarks/fedalign.py --out table.md --jobs 1
     PYTHONPATH=. python benchmarks/fedalign.py --paper       # the paper's federations, > 15 min
+    PYTHONPATH=. python benchmarks/fedalign.py --synth paper --noise low --save-runs low.json
+    PYTHONPATH=. python benchmarks/fedalign.py --synth paper --noise high --load-runs low.json  # reuses PriorityOnly
 
 Runs are spread over ``--jobs`` worker processes (default: the number of CPU cores), each with
 one torch thread.
