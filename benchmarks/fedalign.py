@@ -450,7 +450,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--noise-start", default="one", choices=("one", "zero"), help="synth: noise levels from j = 1 or j = 0 (a clean noisy client)")
     parser.add_argument("--digits-model", default="mlp", choices=sorted(DIGITS_MODELS), help="digits: MLP 64-32-10, logistic regression or 2NN")
     parser.add_argument("--digits-clients", type=int, help="digits clients (default 20 with --digits labels, 60 with shards)")
-    parser.add_argument("--target", type=float, default=0.95, help="rounds to target: TARGET x the lower mean tail accuracy of FedALIGN and PriorityOnly")
+    parser.add_argument(
+        "--target", type=float, default=0.95, help="rounds to target: TARGET x the lower mean tail accuracy of FedALIGN and PriorityOnly"
+    )
     parser.add_argument("--target-acc", type=float, help="rounds to target: this priority accuracy instead (one threshold across invocations)")
     parser.add_argument("--save-runs", help="also write every run (settings, metrics, per-round accuracy) to this JSON file")
     parser.add_argument(
