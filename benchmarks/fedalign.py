@@ -42,7 +42,8 @@ Reported per (dataset, method): mean ± sample std over seeds of ``round/priorit
 and ``round/priority_test_loss`` after the last round and averaged over the last ``--tail``
 rounds, and the non-priority clients admitted per round after the warm-up, split into aligned
 (synth: the clean clients; digits: clients whose labels all belong to the priority classes) and
-the others. Then paired differences FedALIGN - AllClients and FedALIGN - PriorityOnly.
+the others, and the rounds to a target accuracy (``--target``, ``--target-acc``). Then paired differences
+FedALIGN - AllClients and FedALIGN - PriorityOnly.
 
 Run from the repository root::
 
@@ -51,6 +52,8 @@ Run from the repository root::
     PYTHONPATH=. python benchmarks/fedalign.py --rounds 200 --seeds 0 1 2 3 4 --noise high
     PYTHONPATH=. python benchmarks/fedalign.py --out table.md --jobs 1
     PYTHONPATH=. python benchmarks/fedalign.py --paper       # the paper's federations, > 15 min
+    PYTHONPATH=. python benchmarks/fedalign.py --synth paper --noise low --save-runs low.json
+    PYTHONPATH=. python benchmarks/fedalign.py --synth paper --noise high --load-runs low.json  # reuses PriorityOnly
 
 Runs are spread over ``--jobs`` worker processes (default: the number of CPU cores), each with
 one torch thread.
@@ -59,6 +62,8 @@ one torch thread.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import math
 import statistics
 import time
@@ -80,6 +85,14 @@ PAPER = {"synth": "paper", "digits": "shards", "methods": list(METHODS), "seeds"
 #: MLP, the paper's logistic regression and McMahan et al.'s 2NN.
 DIGITS_MODELS = {"mlp": (32,), "logreg": (), "2nn": (200, 200)}
 NOISE = {"low": (0.5, 0.5, 0.2), "medium": (1.5, 1.5, 0.2), "high": (5.0, 5.0, 0.4)}
+#: The settings a synth PriorityOnly run never reads: the free clients' noise (PrioritizedSynthetic draws
+#: the priority devices' and the test samples independently of it) and FedALIGN's epsilon, so
+#: ``--load-runs`` may reuse such a run across noise settings.
+FREE_CLIENT_SETTINGS = frozenset({"noise", "epsilon_synth", "label_noise", "noise_start"})
+#: The methods whose mean tail accuracy sets the rounds-to-target threshold: the paper's speed claim is against
+#: priority-only training, and AllClients' lower tail would set a threshold reached within the warm-up, where
+#: every method trains the same priority-only model.
+TARGET_METHODS = ("FedALIGN", "PriorityOnly")
 
 
 @dataclass(frozen=True)
@@ -252,6 +265,40 @@ def run_one(spec: RunSpec) -> RunResult:
     )
 
 
+def save_runs(results: Sequence[RunResult], path: str) -> None:
+    """Writes every run (its spec and settings, metrics and per-round priority accuracy) as JSON."""
+    with open(path, "w") as f:
+        json.dump([asdict(r) for r in results], f)
+
+
+def settings_differences(run: Settings, current: Settings) -> set[str]:
+    """The names of the settings in which a saved run differs from this invocation's."""
+    return {f.name for f in dataclasses.fields(Settings) if getattr(run, f.name) != getattr(current, f.name)}
+
+
+def load_runs(paths: Sequence[str], settings: Settings, wanted: set[tuple[str, str, int]]) -> list[RunResult]:
+    """The ``wanted`` (dataset, method, seed) runs that ``--save-runs`` wrote to ``paths`` whose settings are this
+    invocation's, except that a synth PriorityOnly run may differ in :data:`FREE_CLIENT_SETTINGS`; the others are
+    skipped (and counted), so that one file can serve several invocations."""
+    results: dict[tuple[str, str, int], RunResult] = {}
+    for path in paths:
+        with open(path) as f:
+            records = json.load(f)
+        skipped = 0
+        for record in records:
+            spec = RunSpec(**{**record["spec"], "settings": Settings(**record["spec"]["settings"])})
+            key = (spec.dataset, spec.method, spec.seed)
+            reusable = spec.dataset == "synth" and spec.method == "PriorityOnly"
+            if key not in wanted or settings_differences(spec.settings, settings) - (FREE_CLIENT_SETTINGS if reusable else set()):
+                skipped += 1
+                continue
+            if key in results:
+                raise SystemExit(f"--load-runs: run {key} is in more than one file (again in {path}).")
+            results[key] = RunResult(**{**record, "spec": spec})
+        print(f"--load-runs {path}: {len(records) - skipped} run(s) loaded, {skipped} of other seeds, methods or settings skipped")
+    return list(results.values())
+
+
 # --------------------------------------------------------------------------------------------
 # Report
 # --------------------------------------------------------------------------------------------
@@ -303,17 +350,29 @@ def report(results: list[RunResult], settings: Settings, args: argparse.Namespac
     datasets = [d for d in DATASETS if any(r.spec.dataset == d for r in results)]
     methods = [m for m in METHODS if any(r.spec.method == m for r in results)]
     seeds = sorted({r.spec.seed for r in results})
+    pool = [m for m in methods if m in TARGET_METHODS] or [m for m in methods if m != "LocalOnly"]
     targets = {
-        d: args.target * min(statistics.fmean(r.tail_acc for r in results if r.spec.dataset == d and r.spec.method == m) for m in methods if m != "LocalOnly")
+        d: args.target_acc
+        if args.target_acc is not None
+        else args.target * min(statistics.fmean(r.tail_acc for r in results if r.spec.dataset == d and r.spec.method == m) for m in pool)
         for d in datasets
     }
+    reused = sorted(
+        f"{r.spec.dataset} {r.spec.method} seed {r.spec.seed} ("
+        + ", ".join(f"{name} {getattr(r.spec.settings, name)}" for name in sorted(settings_differences(r.spec.settings, settings)))
+        + ")"
+        for r in results
+        if settings_differences(r.spec.settings, settings)
+    )
     lines = [
         *head,
         "",
         describe(settings, seeds),
+        *(["", f"Reused from another noise setting, which they never read (--load-runs): {'; '.join(reused)}."] if reused else []),
         "",
-        f"Rounds to target: the first round whose priority accuracy reaches {args.target:g} x the lowest method's mean tail "
-        f"accuracy on that dataset (targets: {', '.join(f'{d} {targets[d]:.3f}' for d in datasets)}); a run that never reaches "
+        "Rounds to target: the first round whose priority accuracy reaches "
+        + ("the given --target-acc" if args.target_acc is not None else f"{args.target:g} x the lowest mean tail accuracy of {' and '.join(pool)}")
+        + f" on that dataset (targets: {', '.join(f'{d} {targets[d]:.3f}' for d in datasets)}); a run that never reaches "
         f"it counts as rounds + 1.",
         "",
         "| dataset | method | final priority acc | tail priority acc | final priority loss | tail priority loss | rounds to target (reached) | admitted per round: aligned / other |"
@@ -391,7 +450,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--noise-start", default="one", choices=("one", "zero"), help="synth: noise levels from j = 1 or j = 0 (a clean noisy client)")
     parser.add_argument("--digits-model", default="mlp", choices=sorted(DIGITS_MODELS), help="digits: MLP 64-32-10, logistic regression or 2NN")
     parser.add_argument("--digits-clients", type=int, help="digits clients (default 20 with --digits labels, 60 with shards)")
-    parser.add_argument("--target", type=float, default=0.95, help="rounds to target: TARGET x the lowest method's mean tail accuracy")
+    parser.add_argument(
+        "--target", type=float, default=0.95, help="rounds to target: TARGET x the lower mean tail accuracy of FedALIGN and PriorityOnly"
+    )
+    parser.add_argument("--target-acc", type=float, help="rounds to target: this priority accuracy instead (one threshold across invocations)")
+    parser.add_argument("--save-runs", help="also write every run (settings, metrics, per-round accuracy) to this JSON file")
+    parser.add_argument(
+        "--load-runs",
+        nargs="+",
+        default=[],
+        help="report these --save-runs files' runs instead of re-running them (same settings; a synth PriorityOnly run "
+        "may come from another noise setting, which it never reads)",
+    )
     add_worker_arguments(parser)
     if parser.parse_known_args(argv)[0].paper:
         parser.set_defaults(**PAPER)
@@ -400,6 +470,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error(f"LocalOnly is scored on the clients' held-out samples: it needs --holdout > 0, got {args.holdout}.")
     if args.quick:
         args.rounds, args.seeds, args.tail = 20, [0, 1], 5
+    if args.target_acc is not None and not 0 < args.target_acc <= 1:
+        parser.error(f"--target-acc is a priority accuracy in (0, 1], got {args.target_acc}.")
     if not 1 <= args.tail <= args.rounds:
         parser.error(f"--tail must be in [1, --rounds={args.rounds}], got {args.tail}.")
     return args
@@ -440,10 +512,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     # The slowest runs (AllClients trains every client) first, so the pool finishes together.
     specs = [RunSpec(d, m, seed, settings) for d in args.datasets for m in args.methods for seed in args.seeds]
+    wanted = {(spec.dataset, spec.method, spec.seed) for spec in specs}
+    loaded = load_runs(args.load_runs, settings, wanted)
+    done = {(r.spec.dataset, r.spec.method, r.spec.seed) for r in loaded}
+    specs = [spec for spec in specs if (spec.dataset, spec.method, spec.seed) not in done]
     specs.sort(key=lambda spec: spec.method != "AllClients")  # stable
     print(asdict(settings), flush=True)
     started, load_before = time.perf_counter(), load()
-    results = run_in_workers(run_one, specs, args, progress_line)
+    results = run_in_workers(run_one, specs, args, progress_line) if specs else []
+    if args.save_runs:
+        save_runs(results, args.save_runs)
+    args.jobs = max(args.jobs, 1)  # 0 (no run left to do) would leave the report's wall-time estimate undefined
+    results += loaded
     text = report(results, settings, args, header(started, load_before, workers=args.jobs, threads=args.threads))
     print()
     emit(text, args.out)
