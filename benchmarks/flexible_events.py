@@ -7,7 +7,8 @@ round (``holdout_fraction``), so the test set grows with an arrival and, under `
 shrinks with a departure, as the paper's. Table 4 counts the rounds until the test accuracy is
 back to its value before the arrival (fast-reboot vs vanilla reboot; both restart the learning
 rate), Table 5 the rounds until the "exclude" test loss comes down to the "include" one
-(:mod:`fl_lightning.participation.recovery`).
+(:mod:`fl_lightning.participation.recovery`); Table 5 also lists each seed's crossing and area per
+tau0 and tests the tau0 trend as the paired difference of each later tau0 minus the first.
 """
 
 from __future__ import annotations
@@ -129,5 +130,45 @@ def departure_table(results: list[Any], horizon: int) -> list[str]:
             f"| {mean_std([r.losses[-1] for r in ex])} / {mean_std([r.losses[-1] for r in inc])} | {mean_std(area, 2)} "
             f"| {significance(area)} | {paper} |"
         )
-    return lines
+    return [*lines, "", *departure_trend(by, seeds, horizon)]
+
+
+def departure_trend(by: dict[tuple[Any, ...], Any], seeds: list[int], horizon: int) -> list[str]:
+    """Table 5's tau0 trend: each seed's crossing round and area per tau0, and the paired difference
+    (same seed: same data, traces and init) of each later tau0 minus the first, with the one rule."""
+    from fl_lightning.participation import crossing_rounds
+
+    lines = [
+        "Per seed (seeds " + ", ".join(map(str, seeds)) + "):",
+        "",
+        "| (alpha, beta) | tau0 | rounds until exclude <= include | area exclude − include |",
+        "|---|---|---|---|",
+    ]
+    diffs = [
+        "Paired differences over seeds, each tau0 minus the first (crossing: the seeds that cross at both):",
+        "",
+        "| (alpha, beta) | tau0 pair | crossing difference (rounds) | 95 % CI, significant | seeds "
+        "| area difference (loss x rounds) | 95 % CI, significant |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for alpha, beta in sorted({k[:2] for k in by}):
+        cross: dict[int, list[int | None]] = {}
+        area: dict[int, list[float]] = {}
+        for tau0 in sorted({k[2] for k in by if k[:2] == (alpha, beta)}):
+            pairs = [(by[(alpha, beta, tau0, "exclude", s)], by[(alpha, beta, tau0, "include", s)]) for s in seeds]
+            cross[tau0] = [crossing_rounds(e.losses, i.losses, 1) for e, i in pairs]
+            area[tau0] = [area_between(e.losses, i.losses) for e, i in pairs]
+            lines.append(
+                f"| ({alpha:g}, {beta:g}) | {tau0} | {_cells(cross[tau0], horizon)[1]} | {', '.join(f'{a:.2f}' for a in area[tau0])} |"
+            )
+        first, *later = sorted(cross)
+        for tau0 in later:
+            both = [b - a for a, b in zip(cross[first], cross[tau0]) if a is not None and b is not None]
+            darea = [b - a for a, b in zip(area[first], area[tau0])]
+            crossing = f"{mean_std(both, 1)} | {significance(both)}" if both else "- | -"
+            diffs.append(
+                f"| ({alpha:g}, {beta:g}) | {tau0} − {first} | {crossing} | {len(both)}/{len(seeds)} "
+                f"| {mean_std(darea, 2)} | {significance(darea)} |"
+            )
+    return [*lines, "", *diffs]
 
