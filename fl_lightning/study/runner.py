@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -44,6 +44,8 @@ from fl_lightning.study.lock import RunLock, RunLocked
 from fl_lightning.study.spec import Arm, StudySpec, dump_yaml, expand_dotted, load_yaml, merge
 
 PENDING, RUNNING, DONE, FAILED, INTERRUPTED = "pending", "running", "done", "failed", "interrupted"
+#: How often the study's main thread wakes while its runs train, to run a pending signal's handler.
+SIGNAL_POLL_SECONDS = 0.5
 
 
 @dataclass(frozen=True)
@@ -299,8 +301,13 @@ class Launcher:
         with ThreadPoolExecutor(max_workers=self.workers) as pool:
             try:
                 futures = {pool.submit(self.execute, run): run for run in runs}
-                for future in as_completed(futures):
-                    on_done(futures[future], future.result())
+                pending = set(futures)
+                while pending:
+                    # Timed: a Ctrl-C or SIGTERM the kernel hands to another thread (a run's waiter, W&B's) runs its
+                    # handler only once the main thread wakes; an untimed wait would sleep until a run ends.
+                    done, pending = wait(pending, timeout=SIGNAL_POLL_SECONDS, return_when=FIRST_COMPLETED)
+                    for future in sorted(done, key=list(futures).index):
+                        on_done(futures[future], future.result())
             except KeyboardInterrupt:
                 self.stop()
                 pool.shutdown(wait=True, cancel_futures=True)

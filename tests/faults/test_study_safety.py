@@ -208,14 +208,25 @@ def test_a_runs_process_keeps_its_run_locked_after_the_study_lets_go(fake_runs, 
     lock.release()
 
 
+def to_the_process(signum: int) -> None:
+    os.kill(os.getpid(), signum)
+
+
+def to_another_thread(signum: int) -> None:
+    # The kernel may hand a process's signal to any of its threads; CPython then runs the handler only when the
+    # main thread wakes. This makes that case certain (it had hung the study until its run ended).
+    signal.pthread_kill(threading.get_ident(), signum)
+
+
+@pytest.mark.parametrize("deliver", [to_the_process, to_another_thread], ids=["to the process", "to another thread"])
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_a_study_stopped_by_a_signal_stops_its_run_and_exits_130(fake_runs, tmp_path, signum):
+def test_a_study_stopped_by_a_signal_stops_its_run_and_exits_130(fake_runs, tmp_path, signum, deliver):
     pid_file = tmp_path / "run.pid"
     study = fake_runs({"a": SLEEP.format(pid=pid_file)})
 
     def signal_the_study() -> None:
         wait_for(lambda: pid_file.exists() and pid_file.read_text().isdigit(), "the run to start")
-        os.kill(os.getpid(), signum)  # to this process only: the run must be stopped by the study
+        deliver(signum)  # to this process only: the run must be stopped by the study
 
     thread = threading.Thread(target=signal_the_study)
     thread.start()
