@@ -3,7 +3,6 @@ sample for sample, the three splits, per-client held-out data, and clear errors.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 
 import numpy as np
 import pytest
@@ -12,7 +11,7 @@ from torch.utils.data import TensorDataset
 
 from fl_lightning import FederatedEvaluation, FederatedTrainer, LocalOnly
 from fl_lightning.data import FederatedDataModule, Natural
-from fl_lightning.data.client_reader import ClientReader
+from fl_lightning.data.client_reader import IndexedReader
 from fl_lightning.data.natural import NaturalDataModule
 from fl_lightning.models import MLP
 
@@ -21,7 +20,7 @@ from ..integration.conftest import QUIET
 SIZES = {"u03": 5, "u00": 7, "u01": 1, "u04": 12, "u02": 9, "u05": 4}
 
 
-class CountingReader(ClientReader):
+class CountingReader(IndexedReader):
     """Clients ``SIZES`` (sorted by id) of 4-feature samples; counts every client read."""
 
     def __init__(self, sizes: dict[str, int], offset: float = 0.0) -> None:
@@ -29,14 +28,6 @@ class CountingReader(ClientReader):
         self._counts = np.array([sizes[c] for c in self._ids], dtype=np.int64)
         self.offset = offset
         self.reads: list[str] = []
-
-    @property
-    def client_ids(self) -> Sequence[str]:
-        return self._ids
-
-    @property
-    def num_samples(self) -> np.ndarray:
-        return self._counts
 
     def samples(self, position: int) -> tuple[torch.Tensor, torch.Tensor]:
         n = int(self._counts[position])
