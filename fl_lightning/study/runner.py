@@ -301,12 +301,13 @@ class Launcher:
         with ThreadPoolExecutor(max_workers=self.workers) as pool:
             try:
                 futures = {pool.submit(self.execute, run): run for run in runs}
+                order = {future: i for i, future in enumerate(futures)}  # report in submission order
                 pending = set(futures)
                 while pending:
                     # Timed: a Ctrl-C or SIGTERM the kernel hands to another thread (a run's waiter, W&B's) runs its
                     # handler only once the main thread wakes; an untimed wait would sleep until a run ends.
                     done, pending = wait(pending, timeout=SIGNAL_POLL_SECONDS, return_when=FIRST_COMPLETED)
-                    for future in sorted(done, key=list(futures).index):
+                    for future in sorted(done, key=order.__getitem__):
                         on_done(futures[future], future.result())
             except KeyboardInterrupt:
                 self.stop()
