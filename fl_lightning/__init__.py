@@ -15,6 +15,8 @@ from fl_lightning.algorithms import (
     FedAvg,
     FedAvgSM,
     FedBN,
+    FedPer,
+    LGFedAvg,
     FedEM,
     FedBuff,
     FedMRN,
@@ -37,6 +39,7 @@ from fl_lightning.algorithms import (
     ServerYogi,
 )
 from fl_lightning.callbacks import FederatedCallback, FederatedEvaluation, FederatedProgressBar, TestCurve
+from fl_lightning.server.federated_parameters import FederatedParameters, ParameterKinds
 from fl_lightning.server.federation import FederatedDataSource, Federation
 from fl_lightning.privacy import AdaptiveClipping, DPFedAvg
 from fl_lightning.mixins import LinearTermMixin
@@ -71,6 +74,8 @@ __all__ = [
     "FedAvg",
     "FedAvgSM",
     "FedBN",
+    "FedPer",
+    "LGFedAvg",
     "FedEM",
     "FedBuff",
     "FedMRN",
@@ -89,7 +94,9 @@ __all__ = [
     "FederatedProgressBar",
     "FederatedTrainer",
     "FlexibleParticipation",
+    "FederatedParameters",
     "Federation",
+    "ParameterKinds",
     "IFCA",
     "Krum",
     "LocalOnly",

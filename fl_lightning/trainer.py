@@ -29,6 +29,7 @@ from fl_lightning.loops.batched_executor import check_compile_backend
 from fl_lightning.loops.federated_fit_loop import FederatedFitLoop
 from fl_lightning.trainer_arguments import check_trainer_arguments
 from fl_lightning.robust.update_bounds import UpdateBound
+from fl_lightning.server.federated_parameters import FederatedParameters
 
 
 class FederatedTrainer(pl.Trainer):
@@ -98,6 +99,10 @@ class FederatedTrainer(pl.Trainer):
             (``True``: the ``"inductor"`` backend; a string names another backend, e.g. ``"aot_eager"``).
             A group's steps then all take one shape (every client, the largest batch, padded), so it
             compiles once per group size; worth it for long runs (compiling takes seconds to minutes).
+        federated_parameters: which tensors are shared (sent, aggregated), frozen (never sent) or local (kept by
+            each client): :class:`~fl_lightning.FederatedParameters`, by name pattern or module class. Default:
+            trainable parameters are shared, frozen ones frozen, buffers follow their module; an algorithm may add
+            its own (FedBN's local BatchNorm, FedPer's head). The fit summary lists the counts.
         update_bound: a bound on the clients' update norms applied before every aggregation (synchronous
             rounds, asynchronous buffers, sharded rounds): :class:`~fl_lightning.NormClip` or
             :class:`~fl_lightning.MedianNormFilter` (:mod:`fl_lightning.robust.update_bounds`); default none.
@@ -146,6 +151,7 @@ class FederatedTrainer(pl.Trainer):
         max_batched_clients: int | None = None,
         compile_batched_steps: bool | str = False,
         update_bound: UpdateBound | None = None,
+        federated_parameters: FederatedParameters | None = None,
         allow_resume_changes: bool = False,
         client_state_memory: int | str | None = AUTO,
         use_distributed_sampler: bool = False,
@@ -196,6 +202,11 @@ class FederatedTrainer(pl.Trainer):
                 f"`update_bound` must be an fl_lightning.robust.update_bounds.UpdateBound (NormClip, MedianNormFilter) "
                 f"or None, got {type(update_bound).__name__}."
             )
+        if federated_parameters is not None and not isinstance(federated_parameters, FederatedParameters):
+            raise TypeError(
+                f"`federated_parameters` must be an fl_lightning.FederatedParameters or None, got "
+                f"{type(federated_parameters).__name__}."
+            )
         if not isinstance(allow_resume_changes, bool):
             raise TypeError(f"`allow_resume_changes` must be a bool, got {allow_resume_changes!r}.")
         # A parameter rather than part of **kwargs, so that LightningCLI's default is False as well.
@@ -208,10 +219,14 @@ class FederatedTrainer(pl.Trainer):
         check_trainer_arguments(kwargs)
         state_memory = parse_memory(client_state_memory)
         algorithm = algorithm if algorithm is not None else FedAvg()
-        if client_state_memory != AUTO and not algorithm.client_stores():
+        keeps_local = any(
+            selection is not None and selection.patterns["local"]
+            for selection in (federated_parameters, algorithm.federated_parameters())
+        )
+        if client_state_memory != AUTO and not algorithm.client_stores() and not keeps_local:
             rank_zero_warn(
                 f"`client_state_memory={client_state_memory!r}` has no effect: {type(algorithm).__name__} keeps no "
-                "per-client state in a ClientStore."
+                "per-client state in a ClientStore, and no tensor is selected as local."
             )
 
         kwargs["strategy"] = _federated_strategy(kwargs.get("strategy", "auto"))
@@ -250,6 +265,7 @@ class FederatedTrainer(pl.Trainer):
             max_batched_clients=max_batched_clients,
             compile_backend="inductor" if compile_batched_steps is True else compile_batched_steps or None,
             update_bound=update_bound,
+            federated_parameters=federated_parameters,
             allow_resume_changes=allow_resume_changes,
             client_state_memory=state_memory,
             min_steps=previous.epoch_loop.min_steps,

@@ -11,6 +11,7 @@ from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.algorithms.fedavg_sm import FedAvgSM
 from fl_lightning.algorithms.ditto import Ditto
 from fl_lightning.algorithms.fedbn import FedBN
+from fl_lightning.algorithms.fedper import FedPer, LGFedAvg
 from fl_lightning.algorithms.fedmrn import FedMRN, FedMRNS
 from fl_lightning.algorithms.fedpm import FedPM
 from fl_lightning.algorithms.fedbuff import FedBuff
@@ -50,6 +51,8 @@ __all__ = [
     "FedAvg",
     "FedAvgSM",
     "FedBN",
+    "FedPer",
+    "LGFedAvg",
     "FedBuff",
     "FedMRN",
     "FedMRNS",

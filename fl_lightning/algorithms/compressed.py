@@ -16,7 +16,7 @@ from fl_lightning.compression.codec import Codec, UpdateCodec
 from fl_lightning.compression.wire import Layout, as_wire, device_generator, from_wire
 from fl_lightning.server.federation import Federation
 from fl_lightning.mixins.masked_noise import default_maskable_names
-from fl_lightning.server.model_state import State, live_tensors
+from fl_lightning.server.model_state import State
 from fl_lightning.utils.seeding import derive_seed
 
 
@@ -56,11 +56,19 @@ class CompressedFedAvg(FedAvg):
     def setup(self, federation: Federation) -> None:
         super().setup(federation)
         module = federation.module
-        self.layout = Layout.from_state(self.uploaded_tensors(module), self.compressible_names(module))
+        uploaded, compressible = self.uploaded_tensors(module), self.compressible_names(module)
+        unsent = [name for name in compressible if name not in uploaded]
+        if unsent and federation.kinds is not None:
+            raise ValueError(
+                f"{type(self).__name__} would compress {unsent}, but only the shared tensors are sent and `{unsent[0]}` "
+                f"is {federation.kinds.describe(unsent[0])} (federated_parameters): name shared tensors only (the "
+                "module's maskable_parameter_names() picks trainable weights by default)."
+            )
+        self.layout = Layout.from_state(uploaded, compressible)
 
     def uploaded_tensors(self, module: pl.LightningModule) -> State:
-        """The state tensors a client's upload covers (default: all of ``state_dict``)."""
-        return live_tensors(module)
+        """The state tensors a client's upload covers (default: the shared ones, ``Federation.local_weights``)."""
+        return self.federation.local_weights()
 
     def compressible_names(self, module: pl.LightningModule) -> list[str]:
         """Tensors to compress: the module's ``maskable_parameter_names()`` if it has one, else Conv/Linear weights."""

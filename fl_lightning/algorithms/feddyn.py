@@ -38,7 +38,7 @@ class FedDyn(Algorithm):
     - :math:`h^t = h^{t-1} - \alpha \frac{1}{m} \sum_{k \in P_t} (\theta_k^t - \theta^{t-1})`;
     - :math:`\theta^t = \frac{1}{|P_t|} \sum_{k \in P_t} \theta_k^t - \frac{1}{\alpha} h^t`.
 
-    The linear term and :math:`h` cover the trainable parameters; buffers (BatchNorm statistics)
+    The linear term and :math:`h` cover the shared parameters (``federated_parameters``: the trainable ones by default); buffers (BatchNorm statistics)
     take the plain mean of the active clients'. A client's new gradient term is stored when its
     update is aggregated: a dropped (non-finite) or rejected update leaves it unchanged, so
     :math:`h = \frac{1}{m} \sum_k \nabla L_k` stays true. The paper states the local problem as

@@ -32,7 +32,7 @@ def final_mask_seed(client: ClientContext) -> int:
     return derive_seed(client.seed, "masked_noise", "mask")
 
 
-#: Below this fraction of the model's values masked, FedMRN warns: most of an upload is full precision.
+#: Below this fraction of the shared values masked, FedMRN warns: most of an upload is full precision.
 MOST_OF_THE_MODEL = 0.5
 #: Names listed in the set-up report, per group; the rest are counted.
 _LISTED = 8
@@ -40,21 +40,21 @@ _LISTED = 8
 
 def report_masking(algorithm: str, layout: Layout) -> None:
     """Says at set-up which tensors go up as 1-bit masks and which in full precision, and warns when
-    less than most of the model's values (:data:`MOST_OF_THE_MODEL`) are masked."""
+    less than most of the shared values (:data:`MOST_OF_THE_MODEL`) are masked."""
     dense = [spec for spec in layout.dense if spec.dtype.is_floating_point]  # integer counters are not "the model"
     masked_values, dense_values = sum(s.numel for s in layout.compressed), sum(s.numel for s in dense)
     fraction = masked_values / max(masked_values + dense_values, 1)
     rank_zero_info(
-        f"{algorithm} masks {len(layout.compressed)} tensors ({masked_values:,} values, {fraction:.1%} of the model): "
+        f"{algorithm} masks {len(layout.compressed)} tensors ({masked_values:,} values, {fraction:.1%} of the shared ones): "
         f"{_listed(layout.compressed)}; in full precision: {_listed(dense) or 'nothing'} ({dense_values:,} values)."
     )
     if fraction < MOST_OF_THE_MODEL:
         # 1 bit per masked value against 32 per value under FedAvg (headers and seeds aside).
         ratio = 32 * (masked_values + dense_values) / (masked_values + 32 * dense_values)
         rank_zero_warn(
-            f"{algorithm} masks only {fraction:.1%} of the model's values ({_listed(layout.compressed)}); the rest go up "
-            f"in full precision, so an upload is about {ratio:.1f}x smaller than FedAvg's, not ~32x. Override the "
-            "module's maskable_parameter_names() to mask more."
+            f"{algorithm} masks only {fraction:.1%} of the shared (sent) values ({_listed(layout.compressed)}); the rest "
+            f"go up in full precision, so an upload is about {ratio:.1f}x smaller than FedAvg's, not ~32x. Override the "
+            "module's maskable_parameter_names() to mask more of the shared tensors (frozen ones are never sent)."
         )
 
 
@@ -77,9 +77,10 @@ class FedMRN(CompressedFedAvg):
     with :math:`p_k` the client's sample count (:class:`~fl_lightning.algorithms.fedavg_sm.FedAvgSM` is the
     paper's post-training-masking ablation "FedAvg w. SM"); tensors that are not masked (BatchNorm affine
     and statistics, biases) are sent in full precision and FedAvg-averaged. The masked tensors are the
-    module's ``maskable_parameter_names()`` (by default every Linear, convolution, Embedding and recurrent
-    weight); the set-up says which go up masked and which in full precision, and warns when less than half
-    of the model's values are masked.
+    module's ``maskable_parameter_names()`` (by default every trainable Linear, convolution, Embedding and
+    recurrent weight, a tied one once); only shared tensors are sent, so a frozen base is never masked
+    (``federated_parameters``). The set-up says which go up masked and which in full precision, and warns when
+    less than half of the shared values are masked.
 
     Choices where the paper is silent: the seed is derived from ``(run seed, round, client)`` but
     still uploaded (8 bytes) and read back by the server; the mask draws during training and

@@ -26,7 +26,7 @@ from fl_lightning.mixins.probability_mask import (
     ProbabilityMaskMixin,
     WeightInit,
 )
-from fl_lightning.server.model_state import State, live_tensors
+from fl_lightning.server.model_state import State
 from fl_lightning.utils.seeding import derive_seed
 
 
@@ -105,7 +105,7 @@ class FedPM(CompressedFedAvg):
     def uploaded_tensors(self, module: pl.LightningModule) -> State:
         """Every state tensor but the frozen weights: :math:`\\theta` (as masks) and the unmasked tensors."""
         frozen = set(module.masked_parameter_names)  # type: ignore[attr-defined]
-        return {name: t for name, t in live_tensors(module).items() if name not in frozen}
+        return {name: t for name, t in self.federation.local_weights().items() if name not in frozen}
 
     def compressible_names(self, module: pl.LightningModule) -> list[str]:
         """The ``state_dict`` names of the mask probabilities :math:`\\theta`."""

@@ -49,7 +49,7 @@ def holdout_metrics(module: pl.LightningModule, data: Any, models: dict[int, Sta
     try:
         for cid, model in models.items():
             if model is not None:
-                load_into(live, model)
+                load_into({name: live[name] for name in model}, model)
             for key, value in sample_metrics(module, data.holdout_dataloader(cid)).items():
                 parts.setdefault(key, []).append(value)
     finally:

@@ -47,7 +47,7 @@ class SCAFFOLD(Algorithm):
     :math:`K` is the client's number of optimizer steps (it may differ between clients) and
     :math:`\eta_l` the learning rate of the module's optimizer at aggregation (the round's): option II
     reads :math:`(x - y_i)/(K \eta_l)` as the mean corrected gradient, which holds for plain SGD
-    (other optimizers warn). Control variates cover the trainable parameters; buffers (BatchNorm
+    (other optimizers warn). Control variates cover the shared parameters (``federated_parameters``: the trainable ones by default, a frozen base never); buffers (BatchNorm
     statistics) take the plain mean :math:`\frac{1}{|S|}\sum \Delta y_i`, without :math:`\eta_g`.
     A client's :math:`c_i^+` is stored when its update is aggregated: a dropped (non-finite) or
     rejected update leaves :math:`c_i` unchanged, so :math:`c = \frac{1}{N}\sum_i c_i` stays true.

@@ -35,7 +35,8 @@ class FederatedEvaluation(FederatedCallback):
     ``clients/{acc_weighted_mean, acc_mean, acc_std, acc_min, acc_p10, acc_p50, acc_p90,
     acc_worst10, loss_weighted_mean, loss_mean, loss_max, loss_worst10, count}``; the same under
     ``clients/personal/`` for the clients' own models (algorithms with ``personalized_state``:
-    FedSoft, IFCA); and both per group under ``clients/<group>/``. Groups are ``groups``, or those
+    FedSoft, IFCA, Ditto; or the global model with each client's local tensors, ``federated_parameters``:
+    FedBN, FedPer); and both per group under ``clients/<group>/``. Groups are ``groups``, or those
     the algorithm and the data module offer through ``client_groups()`` (FedALIGN:
     ``priority``/``nonpriority``; FedBuff/FedStaleWeight with named ``DelayGroups``). A per-client
     table goes to loggers that take tables (W&B), else to a CSV file (:class:`ClientTable`).
@@ -90,6 +91,7 @@ class FederatedEvaluation(FederatedCallback):
         self.last_results: list[ClientEvaluation] = []
         self._data: SupportsHoldout | None = None
         self._algorithm: Algorithm | None = None
+        self._trainer_loop: object = None
         self._resolved_groups: dict[str, list[int]] = {}
         self._root_seed = 0
 
@@ -112,7 +114,7 @@ class FederatedEvaluation(FederatedCallback):
         num_clients = algorithm.federation.num_clients
         if self.sample_size is not None and self.sample_size > num_clients:
             raise ValueError(f"`sample_size={self.sample_size}` is outside 1..{num_clients}, the number of clients.")
-        self._data, self._algorithm = data, algorithm
+        self._data, self._algorithm, self._trainer_loop = data, algorithm, trainer.fit_loop
         self._root_seed = algorithm.federation.seed if self.seed is None else self.seed
         self._resolved_groups = self._collect_groups(algorithm, data, num_clients)
         self.table.reset()
@@ -159,9 +161,13 @@ class FederatedEvaluation(FederatedCallback):
             self.table.send(trainer, columns, rows, step=compat.epoch_end_log_step(trainer))
 
     def _personal_source(self) -> SupportsPersonalizedState | None:
-        if self.personalized and isinstance(self._algorithm, SupportsPersonalizedState):
+        """The algorithm's clients' own models, else each client's local tensors (``federated_parameters``)."""
+        if not self.personalized:
+            return None
+        if isinstance(self._algorithm, SupportsPersonalizedState):
             return self._algorithm
-        return None
+        client_tensors = getattr(self._trainer_loop, "client_tensors", None)
+        return client_tensors if client_tensors is not None and client_tensors.local else None
 
     def _collect_groups(self, algorithm: Algorithm, data: object, num_clients: int) -> dict[str, list[int]]:
         """The explicit groups, else the union of those the algorithm and the data offer."""

@@ -15,7 +15,7 @@ from fl_lightning.algorithms.shared.asynchronous import AsyncAlgorithm
 from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientUpdate
 from fl_lightning.algorithms.shared.wrapper import AlgorithmWrapper
 from fl_lightning.loops.federated_fit_loop import FederatedFitLoop
-from fl_lightning.server.model_state import load_into, moved
+from fl_lightning.server.model_state import moved
 from fl_lightning.utils.seeding import derive_seed
 
 
@@ -130,7 +130,7 @@ class AsyncFitLoop(FederatedFitLoop):
             dispatches += self._pull(self._next_client(cid), version + full)
             if full:
                 break
-        load_into(self._live, self.global_state)
+        self._load_global_model()
         download_bytes = dispatches * self.algorithm.download_bytes(self.global_state)
         metrics.update({"virtual_time": self.clock, "version": float(version + 1)})
         self.end_round(version, started, received, download_bytes, metrics)

@@ -96,6 +96,9 @@ def check_batched_support(runtime: ClientRuntime) -> torch.optim.SGD:
         "gradient scaling": getattr(trainer.precision_plugin, "scaler", None),
         # Batches are moved to the device stacked (leading client dimension); a user's hook would see that.
         "overridden batch-transfer hooks": compat.overridden_batch_hooks(trainer) or None,
+        # Each client would need its own stacked copy, loaded from and kept in the client store.
+        "local tensors (federated_parameters)": sorted(runtime.client_tensors.local)[:3] if runtime.client_tensors
+        and runtime.client_tensors.local else None,
     }
     for what, value in unsupported.items():
         if value is not None:
@@ -287,7 +290,8 @@ class BatchedExecutor(ClientExecutor):
         """Trains one group of clients, sorted by their number of steps (most first), from the module's
         weights. Returns their stacked local state and each one's summed step loss."""
         trainer = self.runtime.trainer
-        state = StackedState(self.runtime.live, optimizer, len(streams))
+        kinds = self.runtime.algorithm.federation.kinds
+        state = StackedState(self.runtime.live, optimizer, len(streams), kinds.aliases if kinds is not None else {})
         momenta: dict[str, Tensor] = {}
         precision = trainer.precision_plugin
         loss_sums = torch.zeros(len(streams), device=trainer.strategy.root_device)

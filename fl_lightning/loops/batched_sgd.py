@@ -151,15 +151,18 @@ class StackedState:
     """``k`` copies of the module's tensors along a new leading dimension, split into the tensors the
     optimizer trains (by parameter group) and the rest (buffers, frozen parameters); tied tensors once."""
 
-    def __init__(self, live: Mapping[str, Tensor], optimizer: torch.optim.SGD, k: int) -> None:
+    def __init__(self, live: Mapping[str, Tensor], optimizer: torch.optim.SGD, k: int, aliases: Mapping[str, str]) -> None:
         first_name = {id(t): name for name, t in reversed(live.items())}
-        #: Each ``state_dict`` name's stacked tensor (tied names share one).
+        #: Each ``state_dict`` name's stacked tensor (tied names, ``aliases`` of a name of ``live``, share one).
         self.by_name: dict[str, Tensor] = {}
         for name, t in live.items():
             first = first_name[id(t)]
             if first not in self.by_name:
                 self.by_name[first] = t.detach().unsqueeze(0).repeat(k, *(1,) * t.dim())
             self.by_name[name] = self.by_name[first]
+        for alias, name in aliases.items():
+            if name in self.by_name:
+                self.by_name[alias] = self.by_name[name]
         #: ``(param_group, {name: stacked parameter})`` per parameter group of the optimizer.
         self.groups = [
             (group, {first_name[id(p)]: self.by_name[first_name[id(p)]] for p in group["params"] if p.requires_grad})

@@ -19,6 +19,7 @@ from fl_lightning.callbacks.client_loss import ClientLossRecorder
 from fl_lightning.callbacks.federated_callback import call_federated_hook
 from fl_lightning.data._data_checks import ClientDataError
 from fl_lightning.mixins.applied_term import check_terms_applied
+from fl_lightning.server.client_tensors import ClientTensors
 from fl_lightning.server.model_state import State, compute_delta, load_into
 from fl_lightning.models.schedulers import RoundStepSchedules
 
@@ -38,6 +39,7 @@ class ClientRuntime:
         recorder: the loss recorder whose means become ``client.metrics``.
         reset_optimizer: clear the optimizer state before each client.
         schedules: puts ``interval="step"`` LR schedulers back at the round's start before each client.
+        client_tensors: each client's local tensors and the frozen buffers (``None``: the module has neither).
     """
 
     trainer: pl.Trainer
@@ -47,6 +49,7 @@ class ClientRuntime:
     recorder: ClientLossRecorder
     reset_optimizer: bool
     schedules: RoundStepSchedules
+    client_tensors: ClientTensors | None = None
 
     @property
     def module(self) -> pl.LightningModule:
@@ -77,6 +80,8 @@ class ClientExecutor(ABC):
         round's start, the algorithm has configured the client and the callbacks know it started."""
         runtime = self.runtime
         load_into(runtime.live, global_state)
+        if runtime.client_tensors:
+            runtime.client_tensors.start(client.client_id)
         # Reset before configure_client, so that an algorithm may install per-client optimizer state.
         if runtime.reset_optimizer:
             for optimizer in runtime.trainer.optimizers:
@@ -90,6 +95,8 @@ class ClientExecutor(ABC):
         term a mixin set was applied (before the algorithm's ``client_update``, which may unset it)."""
         runtime = self.runtime
         check_terms_applied(runtime.module, client.completed_steps, runtime.algorithm)
+        if runtime.client_tensors:
+            runtime.client_tensors.finish(client.client_id)
         update = runtime.algorithm.client_update(client, runtime.module, compute_delta(runtime.live, global_state))
         call_federated_hook(runtime.trainer, "on_client_end", client, update)
         return update

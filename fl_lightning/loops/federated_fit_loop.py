@@ -31,6 +31,8 @@ from fl_lightning.loops.guards import aggregate_or_roll_back, apply_bound, bound
 from fl_lightning.loops.round_log import log_round
 from fl_lightning.loops.loop_services import LoopServices
 from fl_lightning.loops.stop_reason import failure_reason, stop_reason
+from fl_lightning.server.client_tensors import ClientTensors
+from fl_lightning.server.federated_parameters import FederatedParameters, ParameterKinds, shared_tensors
 from fl_lightning.server.model_state import State, live_tensors, load_into, snapshot
 from fl_lightning.models.schedulers import RoundStepSchedules
 from fl_lightning.secure.secure_aggregation import SecureAggregation
@@ -119,6 +121,8 @@ class FederatedFitLoop(compat.FitLoopBase):
         max_batched_clients: the batched executor's cap on clients trained at once (``None``: no cap).
         compile_backend: the ``torch.compile`` backend of the batched executor's steps (``None``: eager).
         update_bound: clips or filters the clients' update norms before aggregation (``None``: no bound).
+        federated_parameters: which tensors are shared, frozen or local (with the algorithm's own selection merged in;
+            :mod:`~fl_lightning.server.federated_parameters`).
         allow_resume_changes: resume from a checkpoint whose federation fingerprint differs (with a warning).
         client_state_memory: bytes of per-client state the algorithm's stores keep in memory together, each an
             equal share, beyond which they spill to the run folder (``None``: no limit).
@@ -144,6 +148,7 @@ class FederatedFitLoop(compat.FitLoopBase):
         max_batched_clients: int | None = None,
         compile_backend: str | None = None,
         update_bound: UpdateBound | None = None,
+        federated_parameters: FederatedParameters | None = None,
         allow_resume_changes: bool = False,
         client_state_memory: int | None = None,
         min_steps: int | None = None,
@@ -165,6 +170,11 @@ class FederatedFitLoop(compat.FitLoopBase):
         self.max_batched_clients = max_batched_clients
         self.compile_backend = compile_backend
         self.update_bound = update_bound
+        self.federated_parameters = federated_parameters or FederatedParameters()
+        #: The module's tensors by kind, resolved at set-up (``None`` before).
+        self.kinds: ParameterKinds | None = None
+        #: Each client's local tensors and the frozen buffers (set up with the federation).
+        self.client_tensors: ClientTensors | None = None
         self.allow_resume_changes = allow_resume_changes
         self.client_state_memory = client_state_memory
         self.global_state: State = {}
@@ -204,8 +214,15 @@ class FederatedFitLoop(compat.FitLoopBase):
         return self._in_round
 
     def global_module_state(self) -> State:
-        """The global model as the module's ``state_dict``: its keys and dtypes, detached copies."""
-        return {name: self.global_state[name].to(t.dtype, copy=True) for name, t in self._live.items()}
+        """The global model as the module's ``state_dict``: its keys and dtypes, detached copies (the shared tensors
+        from the master copy, under each of their names; the initial local tensors and frozen buffers; the frozen
+        parameters as the module holds them)."""
+        assert self.kinds is not None and self.client_tensors is not None, "the federation is set up"
+        values = {**self.client_tensors.initial, **self.global_state}
+        return {
+            name: values.get(self.kinds.canonical(name), t).to(t.dtype, copy=True)
+            for name, t in self.trainer.lightning_module.state_dict(keep_vars=True).items()
+        }
 
     @override
     def run(self) -> None:
@@ -225,7 +242,7 @@ class FederatedFitLoop(compat.FitLoopBase):
         finally:
             trained = self._in_round or self._rounds_done > rounds_before  # else a set-up error: its own message only
             if self._in_round:
-                load_into(self._live, self.global_state)
+                self._load_global_model()
                 self._in_round = False
             if trained:
                 rank_zero_info(f"Federated fit ended: {self.stop_reason}.")
@@ -250,11 +267,31 @@ class FederatedFitLoop(compat.FitLoopBase):
         self._sharding = self._client_sharding() if trainer.world_size > 1 else None
         data = require_federated_data(trainer.datamodule)
         self._check_update_bound()
-        self._live = live_tensors(module)
+        selection = self.federated_parameters
+        algorithm_selection = self.algorithm.federated_parameters()
+        if algorithm_selection is not None:
+            selection = selection.merged(algorithm_selection, origin=type(self.algorithm).__name__)
+        self.kinds = selection.resolve(module)
+        every_tensor = live_tensors(module)
+        self._live = shared_tensors(self.kinds, every_tensor)
+        self.client_tensors = ClientTensors(self.kinds, every_tensor)
+        if self._sharding is not None and self.client_tensors.local:
+            raise ValueError(
+                f"Local tensors ({', '.join(self.kinds.local[:3])}, ...) are kept per client, and the personalised "
+                f"evaluation reads every client's on each process, but under client sharding over {trainer.world_size} "
+                "processes each keeps only the clients it trains: run with devices=1."
+            )
         # Built after Lightning restored a checkpoint's schedulers: their state is the next round's start.
         self._schedules = RoundStepSchedules(trainer, self.steps_per_round, first_round=self._rounds_done)
         runtime = ClientRuntime(
-            trainer, self.algorithm, self._live, self.client_batches, self.loss_recorder, self.reset_optimizer, self._schedules
+            trainer,
+            self.algorithm,
+            self._live,
+            self.client_batches,
+            self.loss_recorder,
+            self.reset_optimizer,
+            self._schedules,
+            self.client_tensors,
         )
         self._executor = make_executor(
             self.client_executor, runtime, max_batched_clients=self.max_batched_clients, compile_backend=self.compile_backend
@@ -264,11 +301,13 @@ class FederatedFitLoop(compat.FitLoopBase):
             module=module,
             clients_per_round=resolve_clients_per_round(self.clients_per_round, data.num_clients),
             seed=self.seed,
-            param_names=frozenset(name for name, _ in module.named_parameters()),
+            param_names=self.kinds.shared_parameters,
             local_epochs=self.local_epochs,
             local_steps=self.local_steps,
             num_rounds=self.max_epochs if self.max_epochs is not None and self.max_epochs >= 0 else None,
             services=LoopServices(self),
+            kinds=self.kinds,
+            client_tensors=self.client_tensors,
         )
         # Checked before the algorithm's set-up, whose own errors a changed federation could trigger.
         self._fingerprint = {
@@ -292,10 +331,19 @@ class FederatedFitLoop(compat.FitLoopBase):
             self._restore(self._loaded)
             self._loaded = None
 
+    def _load_global_model(self) -> None:
+        """The module holds the global model: the shared tensors' master copy, the initial local tensors and frozen buffers."""
+        load_into(self._live, self.global_state)
+        assert self.client_tensors is not None
+        self.client_tensors.reset()
+
     def _bind_client_stores(self) -> None:
         """Gives each of the algorithm's client stores its share of ``client_state_memory``, a spill folder in
         the run folder and, under client sharding, the clients this rank owns."""
         stores = self.algorithm.client_stores()
+        assert self.client_tensors is not None
+        if self.client_tensors.local:
+            stores = {**stores, "local tensors": self.client_tensors.store}
         budget = self.client_state_memory
         sharding = self._sharding
         for store in stores.values():
@@ -353,7 +401,12 @@ class FederatedFitLoop(compat.FitLoopBase):
             "fl/client_executor": self.client_executor,
             "fl/max_batched_clients": self.max_batched_clients,
             "fl/compile_backend": self.compile_backend,
+            **flat_hparams("fl/federated_parameters", self.federated_parameters),
+            **{f"fl/parameters.{key}": value for key, value in self.kinds.summary(self._every_tensor()).items()},
         }
+
+    def _every_tensor(self) -> State:
+        return dict(self.trainer.lightning_module.state_dict(keep_vars=True))
 
     @override
     def on_advance_start(self) -> None:
@@ -475,7 +528,7 @@ class FederatedFitLoop(compat.FitLoopBase):
             empty = self.algorithm.aggregates_empty_rounds  # e.g. DP releases its noise all the same
             outcome = f"{type(self.algorithm).__name__} aggregates the empty round" if empty else "the global model is unchanged"
             rank_zero_warn(f"Round {round_idx}: no client update to aggregate; {outcome}.")
-        load_into(self._live, self.global_state)
+        self._load_global_model()
         self._rounds_done = round_idx + 1
         return {
             "aggregated_clients": float(aggregated),
@@ -603,6 +656,8 @@ class FederatedFitLoop(compat.FitLoopBase):
             federated["global_state"] = {k: v.clone() for k, v in self.global_state.items()}
         if self._in_round:
             federated["round_start_steps"] = list(self._round_start_steps)
+        if self.client_tensors:
+            federated["local_tensors"] = self.client_tensors.store.state_dict()
         state["federated"] = federated
         return state
 
@@ -619,7 +674,10 @@ class FederatedFitLoop(compat.FitLoopBase):
     def _restore(self, federated: dict[str, Any]) -> None:
         if "global_state" in federated:
             self.global_state = {k: v.to(self.global_state[k].device) for k, v in federated["global_state"].items()}
-            load_into(self._live, self.global_state)
+            self._load_global_model()
+        if "local_tensors" in federated:
+            assert self.client_tensors is not None
+            self.algorithm.load_client_store(self.client_tensors.store, federated["local_tensors"], "local_tensors")
         path = self.trainer.ckpt_path
         validate_restored_state(federated, self.global_state, num_clients=self.federation.num_clients, path=path)
         try:

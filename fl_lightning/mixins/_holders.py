@@ -25,14 +25,15 @@ Holder = TypeVar("Holder", bound="WeightSwap")
 
 
 def default_maskable_names(module: nn.Module) -> list[str]:
-    """The weight matrices: ``weight`` of every ``nn.Linear``, convolution (1-3d, transposed) and
+    """The trainable weight matrices: ``weight`` of every ``nn.Linear``, convolution (1-3d, transposed) and
     ``nn.Embedding``, and every ``weight_*`` of a recurrent layer (``nn.RNN``, ``nn.GRU``, ``nn.LSTM``),
-    in ``state_dict`` order.
+    in ``state_dict`` order. A weight that does not require grad (a frozen base: never sent) is left out, and a
+    tied weight is named once, under its first name (its other owners see the same effective weight).
 
     A recurrent layer reads its weights from ``_parameters`` on every forward (torch >= 2.15, as pinned), so
     the holders' swap reaches them; ``tests/mixins/test_recurrent_masking.py`` guards that.
     """
-    names = []
+    names, seen = [], set()
     for prefix, m in module.named_modules():
         if isinstance(m, _MASKABLE_MODULES):
             local = ["weight"] if isinstance(m.weight, nn.Parameter) else []
@@ -40,7 +41,11 @@ def default_maskable_names(module: nn.Module) -> list[str]:
             local = [name for name in m._flat_weights_names if name.startswith("weight_")]
         else:
             continue
-        names += [f"{prefix}.{name}" if prefix else name for name in local]
+        for name in local:
+            weight = m.get_parameter(name)
+            if weight.requires_grad and id(weight) not in seen:
+                seen.add(id(weight))
+                names.append(f"{prefix}.{name}" if prefix else name)
     return names
 
 
@@ -114,6 +119,43 @@ def install_holders(
         for local in locals_:
             owners[f"{prefix}.{local}" if prefix else local] = (owner, local, holder)
     return {n: owners[n] for n in names}
+
+
+class AliasSwap(WeightSwap, Unsaved):
+    """Swaps a tied weight's effective tensor into another module that holds the same parameter (GPT-2's
+    ``lm_head.weight`` is ``transformer.wte.weight``), so every owner computes with one effective weight."""
+
+    def __init__(self, sources: dict[str, tuple[nn.Module, str, WeightSwap]]) -> None:
+        super().__init__()
+        # A plain dict: the source holders are children of their own owners, not of this module.
+        self.sources = sources
+
+    def effective_weights(self, owner: nn.Module) -> dict[str, Tensor]:
+        out = {}
+        for alias, (source_owner, local, holder) in self.sources.items():
+            effective = holder.effective_weights(source_owner).get(local)
+            if effective is not None:
+                out[alias] = effective
+        return out
+
+
+def install_alias_swaps(module: nn.Module, owners: Mapping[str, tuple[nn.Module, str, WeightSwap]], attribute: str) -> None:
+    """Adds an :class:`AliasSwap` as child ``attribute`` of every module that holds one of the parameters of
+    ``owners`` (from :func:`install_holders`) under another name. For holders whose effective weights are drawn
+    once per step (``effective_weights`` returns the same tensors on every call of the step)."""
+    by_id = {id(owner.get_parameter(local)): entry for entry in owners.values() for owner, local, _ in [entry]}
+    aliases: dict[str, dict[str, tuple[nn.Module, str, WeightSwap]]] = {}
+    for full, parameter in module.named_parameters(remove_duplicate=False):
+        entry = by_id.get(id(parameter))
+        prefix, _, local = full.rpartition(".")
+        if entry is not None and (module.get_submodule(prefix), local) != entry[:2]:
+            aliases.setdefault(prefix, {})[local] = entry
+    for prefix, sources in aliases.items():
+        owner = module.get_submodule(prefix)
+        holder = AliasSwap(sources)
+        owner.add_module(attribute, holder)
+        owner.register_forward_pre_hook(holder.swap_in)
+        owner.register_forward_hook(holder.swap_out, always_call=True)
 
 
 def check_optimized(module: pl.LightningModule, tensors: Mapping[str, Tensor], what: str) -> None:

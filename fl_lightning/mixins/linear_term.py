@@ -33,20 +33,22 @@ class LinearTermMixin(AppliedTermMixin):
     _linear_pairs: list[tuple[Tensor, Tensor]] = []
 
     def set_linear_term(self, direction: Mapping[str, Tensor] | None) -> None:
-        """Sets :math:`v` for the coming local training (one tensor per trainable parameter), or removes the term (``None``)."""
+        """Sets :math:`v` for the coming local training (one tensor per shared trainable parameter), or removes the term
+        (``None``)."""
         if direction is None:
             self._linear_pairs = []
             self._set_term(LinearTermMixin, False)
             return
-        params = [(name, p) for name, p in self.named_parameters() if p.requires_grad]  # type: ignore[attr-defined]
-        missing = [name for name, _ in params if name not in direction]
-        if missing:
-            raise ValueError(f"The linear term's direction has no tensor for the trainable parameter(s) {missing}.")
+        # The shared parameters: a client's local ones (federated_parameters) have no server direction.
+        params = [(name, p) for name, p in self.named_parameters() if p.requires_grad and name in direction]  # type: ignore[attr-defined]
+        unknown = sorted(set(direction) - {name for name, _ in params})
+        if unknown:
+            raise ValueError(f"The linear term's direction names {unknown}, which are not trainable parameters of the module.")
         self._linear_pairs = [(p, direction[name].detach().to(device=p.device, dtype=p.dtype)) for name, p in params]
         self._set_term(LinearTermMixin, bool(self._linear_pairs))  # training_step adds nothing without pairs
 
     def linear_term(self) -> Tensor:
-        r""":math:`\sum_i \langle w_i, v_i \rangle` over the trainable parameters."""
+        r""":math:`\sum_i \langle w_i, v_i \rangle` over the shared trainable parameters."""
         return torch.as_tensor(sum((p * v).sum() for p, v in self._linear_pairs))
 
     def training_step(self, *args: Any, **kwargs: Any) -> Any:

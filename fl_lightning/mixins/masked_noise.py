@@ -41,6 +41,7 @@ from fl_lightning.mixins._holders import (
     WeightSwap,
     check_optimized,
     default_maskable_names,
+    install_alias_swaps,
     install_holders,
 )
 from fl_lightning.mixins.applied_term import AppliedTermMixin
@@ -117,6 +118,7 @@ class MaskedNoiseMixin(AppliedTermMixin):
             return
         names = self.maskable_parameter_names()
         self._masked_owners = install_holders(self, names, "latent_update", LatentUpdate)  # type: ignore[arg-type]
+        install_alias_swaps(self, self._masked_owners, "latent_update_alias")  # type: ignore[arg-type]
 
     @property
     def masked_parameter_names(self) -> list[str]:

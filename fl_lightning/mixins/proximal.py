@@ -40,10 +40,11 @@ class ProximalMixin(AppliedTermMixin):
             raise ValueError(f"Proximal coefficient `mu` must be >= 0, got {mu}.")
         self._proximal_mu = float(mu)
         self._proximal_offset = None
+        # The centre holds the shared tensors: a client's local parameters (federated_parameters) have none.
         self._proximal_pairs = [
             (param, center[name].detach())
             for name, param in self.named_parameters()  # type: ignore[attr-defined]
-            if param.requires_grad
+            if param.requires_grad and name in center
         ]
         self._set_term(ProximalMixin, self._proximal_mu != 0.0)
 
@@ -75,7 +76,7 @@ class ProximalMixin(AppliedTermMixin):
         mixed: dict[str, Tensor] = {}
         offset = None
         for name, param in self.named_parameters():  # type: ignore[attr-defined]
-            if not param.requires_grad:
+            if not param.requires_grad or name not in centers[0]:
                 continue
             stack = [c[name].detach().to(device=param.device, dtype=torch.promote_types(param.dtype, torch.float32)) for c in centers]
             mean = sum(u * c for u, c in zip(weights, stack)) / total
@@ -86,7 +87,7 @@ class ProximalMixin(AppliedTermMixin):
         self._proximal_offset = None if offset is None else 0.5 * lam * offset
 
     def proximal_term(self) -> Tensor:
-        r""":math:`\frac{\mu}{2}\sum_i \lVert w_i - w_i^t \rVert^2` over trainable parameters
+        r""":math:`\frac{\mu}{2}\sum_i \lVert w_i - w_i^t \rVert^2` over the shared trainable parameters
         (plus the constant of a multi-centre term)."""
         sq = sum(((p - c.to(p.dtype)) ** 2).sum() for p, c in self._proximal_pairs)
         term = 0.5 * self._proximal_mu * torch.as_tensor(sq)

@@ -40,6 +40,11 @@ class DPFedAvg(AlgorithmWrapper):
     FedProx's client term). Its client weighting is replaced by
     these uniform weights; integer buffers (BatchNorm's ``num_batches_tracked``) are not released.
 
+    What is released: the shared tensors only (``federated_parameters``): a frozen base (LoRA, a frozen
+    backbone) is never clipped, noised or moved, and a client's local tensors (FedBN's BatchNorm, FedPer's head)
+    never leave it. The clip norm :math:`C` bounds the shared delta's norm, so the noise scales with the
+    adapter, not the base.
+
     Clients are sampled uniformly (``sampling="fixed"``: ``clients_per_round`` without replacement)
     or independently with probability :math:`q = m / N` (``"poisson"``), as the accountant
     (:class:`~fl_lightning.privacy.RoundAccountant`, Google's ``dp-accounting``) assumes; ε at

@@ -27,7 +27,7 @@ def test_setup_reports_masked_and_full_precision_tensors(
         one_client_step().fit(SequenceMasked(nn.GRU), datamodule=sequence_data())
     # Embedding 12x8 + GRU 3*16x8 and 3*16x16 + head 3x16 masked; GRU biases 2*48 and the head's 3 not.
     expected = (
-        "FedMRN masks 4 tensors (1,296 values, 92.9% of the model): embedding.weight, rnn.weight_ih_l0, "
+        "FedMRN masks 4 tensors (1,296 values, 92.9% of the shared ones): embedding.weight, rnn.weight_ih_l0, "
         "rnn.weight_hh_l0, head.weight; in full precision: rnn.bias_ih_l0, rnn.bias_hh_l0, head.bias (99 values)."
     )
     assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("FedMRN masks")] == [expected]
@@ -38,7 +38,7 @@ def test_a_mostly_unmasked_model_warns_with_its_compression() -> None:
     model = SequenceMasked(nn.GRU)
     model.maskable_parameter_names = lambda: ["head.weight"]  # type: ignore[method-assign]
     # 48 of 1,395 values masked: (32 * 1,395) / (48 + 32 * 1,347) = 1.03x.
-    with pytest.warns(UserWarning, match=r"FedMRN masks only 3\.4% of the model's values \(head\.weight\).* about 1\.0x smaller"):
+    with pytest.warns(UserWarning, match=r"FedMRN masks only 3\.4% of the shared \(sent\) values \(head\.weight\).* about 1\.0x smaller"):
         one_client_step().fit(model, datamodule=sequence_data())
 
 

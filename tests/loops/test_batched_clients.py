@@ -265,7 +265,7 @@ def test_a_stacked_weight_takes_its_gradients_memory_layout() -> None:
     """A vmapped linear layer's gradient comes out transposed in memory; the stacked weight follows it
     (so the SGD update reads both in order), keeping its values, and tied names still share it."""
     model = TiedMLP()
-    state = StackedState(dict(model.state_dict(keep_vars=True)), torch.optim.SGD(model.parameters(), lr=0.1), 3)
+    state = StackedState(dict(model.state_dict(keep_vars=True)), torch.optim.SGD(model.parameters(), lr=0.1), 3, {})
     step = batched_step(model, state.tied, tuple, padded=False)
     grads, _ = step(state.trained, state.others, [torch.randn(3, 5, 12), torch.randint(0, 4, (3, 5))], 0)
     transposed = [name for name, g in grads.items() if not g.is_contiguous()]

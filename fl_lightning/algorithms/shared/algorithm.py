@@ -12,6 +12,7 @@ import torch
 # Re-exported: the contract names all three.
 from fl_lightning.algorithms.shared.client_update import TRAINING_METRICS, ClientContext, ClientUpdate  # noqa: F401
 from fl_lightning.server.client_store import ClientStore
+from fl_lightning.server.federated_parameters import FederatedParameters
 from fl_lightning.server.federation import Federation
 from fl_lightning.server.model_state import State, tensor_bytes
 from fl_lightning.utils.init_args import RecordsInitArgs
@@ -70,6 +71,11 @@ class Algorithm(RecordsInitArgs, ABC):
         algorithm's state), after :meth:`check_client_ids` on every saved entry."""
         self.check_client_ids(saved["entries"], entry)
         store.load_state_dict(saved)
+
+    def federated_parameters(self) -> FederatedParameters | None:
+        """This algorithm's own selection of local, frozen or shared tensors (FedBN: every BatchNorm layer is
+        local; FedPer: the personal head), merged with the trainer's ``federated_parameters``. None by default."""
+        return None
 
     def overridden_settings(self) -> dict[str, str]:
         """Trainer settings the user gave (after :meth:`setup`) that this algorithm replaces, each with what

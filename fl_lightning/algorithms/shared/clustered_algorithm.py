@@ -3,7 +3,7 @@ client's data in one batched pass, and evaluated per source distribution and per
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, ClassVar
 
 import lightning.pytorch as pl
@@ -22,9 +22,10 @@ from fl_lightning.evaluation.probe import SupportsSampleMetrics, WeightSets, sam
 from fl_lightning.utils.seeding import derive_seed
 
 
-def init_centres(module: torch.nn.Module, num_clusters: int, seed: int) -> list[State]:
-    """``S`` independent initialisations of ``module``: every submodule's ``reset_parameters()``
-    run under the seed ``(seed, "centre", s)``; the module's own weights are left unchanged.
+def init_centres(module: torch.nn.Module, num_clusters: int, seed: int, names: Collection[str]) -> list[State]:
+    """``S`` independent initialisations of ``module``'s tensors ``names`` (the shared ones): every submodule's
+    ``reset_parameters()`` run under the seed ``(seed, "centre", s)``; the module's own weights (frozen ones
+    included) are left unchanged.
 
     Identical centres would send every sample to centre 0 (ties go to the lowest index), which is
     why FedSoft's authors initialise each centre independently.
@@ -45,7 +46,7 @@ def init_centres(module: torch.nn.Module, num_clusters: int, seed: int) -> list[
                 torch.manual_seed(derive_seed(seed, "centre", s))
                 for m in resettable:
                     m.reset_parameters()  # type: ignore[operator]
-            centres.append(cpu_copy(live))
+            centres.append(cpu_copy({name: live[name] for name in names}))
     finally:
         load_into(live, saved)
     return centres
@@ -177,7 +178,7 @@ class ClusteredAlgorithm(Algorithm):
                 "`sample_metrics(batch) -> {'loss': Tensor[B], ...}` (ClassificationModule and LinearRegression do)."
             )
         if not self.centres:
-            self.centres = init_centres(module, self.num_clusters, federation.seed)
+            self.centres = init_centres(module, self.num_clusters, federation.seed, federation.local_weights())
         missing = set(self.federation.local_weights()) - set(self.centres[0])
         if missing:
             raise ValueError(f"The initial centres lack the module's tensors {sorted(missing)}.")

@@ -10,10 +10,21 @@ from torch import Tensor
 from typing_extensions import override
 
 from fl_lightning.algorithms.fedavg import FedAvg
-from fl_lightning.algorithms.shared.algorithm import ClientUpdate
+from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientUpdate
 from fl_lightning.algorithms.shared.server_optimizers import ServerOptimizer
 from fl_lightning.server.client_store import ClientStore
 from fl_lightning.server.federation import Federation
+
+
+def refuse_client_sharding(algorithm: Algorithm) -> None:
+    """Raises ``ValueError`` under client sharding: ``algorithm``'s personalised evaluation reads every client's
+    own state on each process, but each process keeps only the clients it trains."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        raise ValueError(
+            f"{type(algorithm).__name__}'s personalised evaluation reads every client's own state on each process, "
+            f"but under client sharding over {dist.get_world_size()} processes each keeps only the clients it "
+            "trains: run it with devices=1."
+        )
 
 
 class PersonalizedFedAvg(FedAvg):
@@ -40,12 +51,7 @@ class PersonalizedFedAvg(FedAvg):
 
     @override
     def setup(self, federation: Federation) -> None:
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            raise ValueError(
-                f"{type(self).__name__}'s personalised evaluation reads every client's own state on each process, "
-                f"but under client sharding over {dist.get_world_size()} processes each keeps only the clients it "
-                "trains: run it with devices=1."
-            )
+        refuse_client_sharding(self)
         super().setup(federation)
 
     def personalized_state(self, client_id: int) -> Mapping[str, Tensor] | None:

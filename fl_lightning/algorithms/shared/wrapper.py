@@ -10,6 +10,7 @@ from typing_extensions import override
 from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientContext, ClientUpdate
 from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.algorithms.shared.summable import SupportsWeightedSum
+from fl_lightning.server.federated_parameters import FederatedParameters
 from fl_lightning.server.federation import Federation
 from fl_lightning.server.model_state import State
 
@@ -39,6 +40,10 @@ class AlgorithmWrapper(Algorithm):
     @override
     def overridden_settings(self) -> dict[str, str]:
         return self.inner.overridden_settings()
+
+    @override
+    def federated_parameters(self) -> FederatedParameters | None:
+        return self.inner.federated_parameters()
 
     @override
     def configure_client(self, client: ClientContext, module: pl.LightningModule, global_state: State) -> None:
