@@ -21,6 +21,8 @@ from lightning.fabric.plugins import CheckpointIO, TorchCheckpointIO
 from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from typing_extensions import override
 
+from fl_lightning.checkpointing.frozen_base import base_path, frozen_digest, reference_of, split_frozen
+
 #: Entries of the federated loop state that every checkpoint has, and their types.
 _REQUIRED: dict[str, type] = {
     "rounds_done": int,
@@ -100,6 +102,12 @@ class CheckedCheckpointIO(CheckpointIO):
 
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+        reference = reference_of(checkpoint)
+        if reference is not None and _is_local_file_protocol(path):
+            checkpoint, frozen = split_frozen(checkpoint, reference)
+            base = base_path(path, reference["digest"])
+            if not os.path.exists(base):
+                atomic_save(frozen, base)
         # Another IO (a cloud store, a user's own) keeps its own guarantees.
         if type(self.inner) is TorchCheckpointIO and storage_options is None and _is_local_file_protocol(path):
             atomic_save(checkpoint, path)
@@ -123,7 +131,7 @@ class CheckedCheckpointIO(CheckpointIO):
         if not isinstance(checkpoint, Mapping) or "state_dict" not in checkpoint or "pytorch-lightning_version" not in checkpoint:
             found = sorted(map(str, checkpoint))[:8] if isinstance(checkpoint, Mapping) else type(checkpoint).__name__
             raise CheckpointError(f"{path} is not a Lightning checkpoint (found {found}).")
-        return dict(checkpoint)
+        return with_frozen_base(dict(checkpoint), path, map_location)
 
     @override
     def remove_checkpoint(self, path: Any) -> None:
@@ -132,6 +140,30 @@ class CheckedCheckpointIO(CheckpointIO):
     @override
     def teardown(self) -> None:
         self.inner.teardown()
+
+
+def with_frozen_base(checkpoint: dict[str, Any], path: Any, map_location: Any | None = None) -> dict[str, Any]:
+    """``checkpoint`` with the frozen tensors it leaves to its base file (:mod:`~fl_lightning.checkpointing.frozen_base`)
+    put back in its ``state_dict``, after checking their digest; unchanged when it leaves none out."""
+    reference = reference_of(checkpoint)
+    if reference is None or set(reference["names"]) <= set(checkpoint["state_dict"]):
+        return checkpoint
+    base = base_path(path, reference["digest"])
+    try:
+        frozen = torch.load(base, map_location=map_location, weights_only=True)
+    except FileNotFoundError:
+        raise CheckpointError(
+            f"Checkpoint {path} keeps its {len(reference['names'])} frozen tensors (e.g. {reference['names'][0]}) in "
+            f"{base}, which is missing: copy that file beside the checkpoint."
+        ) from None
+    except Exception as err:
+        raise CheckpointError(f"Cannot read the frozen tensors of checkpoint {path} from {base} ({type(err).__name__}: {err}).") from err
+    if not isinstance(frozen, Mapping) or set(frozen) != set(reference["names"]) or frozen_digest(frozen) != reference["digest"]:
+        raise CheckpointError(
+            f"{base} does not hold the frozen tensors checkpoint {path} was written with (digest {reference['digest']}): "
+            "it was altered or replaced."
+        )
+    return {**checkpoint, "state_dict": {**checkpoint["state_dict"], **frozen}}
 
 
 def read_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from fl_lightning.algorithms.shared.algorithm import TRAINING_METRICS, Algorithm
 from fl_lightning.algorithms.shared.summable import SupportsWeightedSum, apply_sum, can_shard
 from fl_lightning.callbacks.client_loss import ClientLossRecorder
 from fl_lightning.callbacks.federated_callback import call_federated_hook
-from fl_lightning.checkpointing import run_directory
+from fl_lightning.checkpointing import frozen_base, run_directory
 from fl_lightning.checkpointing.checkpoint_io import CheckpointError, validate_federated_state, validate_restored_state
 from fl_lightning.distributed.sharding import ClientSharding
 from fl_lightning.distributed.strategy import FederatedDDPStrategy
@@ -175,6 +175,8 @@ class FederatedFitLoop(compat.FitLoopBase):
         self.kinds: ParameterKinds | None = None
         #: Each client's local tensors and the frozen buffers (set up with the federation).
         self.client_tensors: ClientTensors | None = None
+        #: The frozen parameters' version counters when the frozen tensors were last hashed, and the reference.
+        self._frozen: tuple[list[int], frozen_base.FrozenReference] | None = None
         self.allow_resume_changes = allow_resume_changes
         self.client_state_memory = client_state_memory
         self.global_state: State = {}
@@ -267,6 +269,7 @@ class FederatedFitLoop(compat.FitLoopBase):
         self._sharding = self._client_sharding() if trainer.world_size > 1 else None
         data = require_federated_data(trainer.datamodule)
         self._check_update_bound()
+        self._frozen = None
         selection = self.federated_parameters
         algorithm_selection = self.algorithm.federated_parameters()
         if algorithm_selection is not None:
@@ -656,10 +659,26 @@ class FederatedFitLoop(compat.FitLoopBase):
             federated["global_state"] = {k: v.clone() for k, v in self.global_state.items()}
         if self._in_round:
             federated["round_start_steps"] = list(self._round_start_steps)
-        if self.client_tensors:
+        if self.client_tensors and self.client_tensors.local:
             federated["local_tensors"] = self.client_tensors.store.state_dict()
+        if self.kinds is not None and self.kinds.frozen:
+            federated[frozen_base.ENTRY] = self._frozen_reference()
         state["federated"] = federated
         return state
+
+    def _frozen_reference(self) -> frozen_base.FrozenReference:
+        """The frozen tensors' names (aliases included) and digest, hashed again only when a frozen parameter was
+        written to (its version counter moved): the base is hashed once per fit, not per checkpoint."""
+        assert self.kinds is not None and self.client_tensors is not None
+        kinds, every = self.kinds, self._every_tensor()
+        parameters = {name: every[name] for name in kinds.frozen if name in kinds.parameters}
+        versions = [t._version for t in parameters.values()]
+        if self._frozen is None or self._frozen[0] != versions:
+            # Frozen buffers are reloaded before every client: their master values are the initial ones.
+            values = {**parameters, **{n: self.client_tensors.initial[n] for n in kinds.frozen if n not in parameters}}
+            names = [name for name in every if kinds.canonical(name) in set(kinds.frozen)]
+            self._frozen = (versions, {"names": names, "digest": frozen_base.frozen_digest(values)})
+        return self._frozen[1]
 
     @override
     def on_load_checkpoint(self, state_dict: dict) -> None:
