@@ -10,8 +10,9 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import nn
 
-from fl_lightning import FederatedTrainer, SCAFFOLD, FedAvg, ServerAdam
+from fl_lightning import SCAFFOLD, FedAvg, FederatedParameters, FederatedTrainer, ServerAdam
 from fl_lightning.checkpointing.checkpoint_io import CheckpointError, read_checkpoint
+from fl_lightning.checkpointing.fingerprint import ResumeMismatchError
 from fl_lightning.models import LogisticRegression
 
 from .faults.aggregate_helpers import tiny_data
@@ -76,3 +77,13 @@ def test_a_missing_or_altered_base_file_is_one_error_naming_it(tmp_path) -> None
     base.unlink()
     with pytest.raises(CheckpointError, match=rf"keeps its 2 frozen tensors \(e.g. base.0.weight\) in .*{base.name}, which is missing"):
         read_checkpoint(tmp_path / "epoch=0.ckpt")
+
+
+def test_resuming_with_another_selection_is_refused(tmp_path) -> None:
+    fit(tmp_path / "a", FedAvg(), max_epochs=1)
+    trainer = FederatedTrainer(
+        **{**QUIET, "limit_val_batches": 0, "local_steps": 2}, max_epochs=2, clients_per_round=2,
+        federated_parameters=FederatedParameters(local=["net"]),
+    )
+    with pytest.raises(ResumeMismatchError, match=r"parameters.local: '<absent>' → '2:"):
+        trainer.fit(model(), datamodule=tiny_data(), ckpt_path=tmp_path / "a" / "epoch=0.ckpt")

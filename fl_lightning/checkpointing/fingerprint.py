@@ -41,7 +41,7 @@ def federation_fingerprint(
 ) -> dict[str, Any]:
     """What must match for a resume to continue the same run: the clients and their data, the
     algorithm's class and constructor arguments (nested, :func:`~fl_lightning.utils.init_args.flat_hparams`),
-    the update bound, clients per round, seed and local work."""
+    the update bound, clients per round, seed, local work, and which tensors are frozen or local."""
     return {
         "num_clients": federation.num_clients,
         "partition": partition_hash(federation),
@@ -52,7 +52,22 @@ def federation_fingerprint(
         "reset_optimizer": reset_optimizer,
         **flat_hparams("algorithm", algorithm),
         **flat_hparams("update_bound", update_bound),
+        **kinds_fingerprint(federation),
     }
+
+
+def kinds_fingerprint(federation: Federation) -> dict[str, str]:
+    """``parameters.frozen`` / ``parameters.local``: the count and a hash of the names of each kind that is not
+    empty (a run whose tensors are all shared, every run before the kinds existed, adds nothing)."""
+    kinds = federation.kinds
+    if kinds is None:
+        return {}
+    entries = {}
+    for kind in ("frozen", "local"):
+        names = kinds.of(kind)
+        if names:
+            entries[f"parameters.{kind}"] = f"{len(names)}:{hashlib.sha256(chr(0).join(names).encode()).hexdigest()[:12]}"
+    return entries
 
 
 def training_fingerprint(trainer: pl.Trainer) -> dict[str, Any]:
