@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fl_lightning.data import FederatedDataModule, InMemoryDataset
-from fl_lightning.mixins import MaskedNoiseMixin, MixtureWeightedMixin, ProbabilityMaskMixin
+from fl_lightning.mixins import LinearTermMixin, MaskedNoiseMixin, MixtureWeightedMixin, ProbabilityMaskMixin, ProximalMixin
 from fl_lightning.models import ClassificationModule, LogisticRegression
 
 #: The frozen base (a Linear and a BatchNorm whose parameters do not require grad), its buffers included.
@@ -45,11 +45,15 @@ class AdapterNet(nn.Module):
 
 class Adapter(LogisticRegression):
     """:class:`AdapterNet` as a classifier (with FedProx's and FedDyn's mixins); the submodules ``frozen`` names
-    do not require grad."""
+    do not require grad. ``without_base``: the base and BatchNorm are identities, so that the module holds the
+    shared tensors alone (under the same names)."""
 
-    def __init__(self, *, frozen: Sequence[str] = ("base", "norm"), lr: float = 0.1) -> None:
+    def __init__(self, *, frozen: Sequence[str] = ("base", "norm"), lr: float = 0.1, without_base: bool = False) -> None:
         super().__init__(in_features=3, num_classes=2, lr=lr)
         self.net = AdapterNet()
+        if without_base:
+            self.net.base, self.net.norm = nn.Identity(), nn.Identity()
+            frozen = ()
         for name in frozen:
             self.net.get_submodule(name).requires_grad_(False)
 
@@ -74,7 +78,7 @@ def adapter(cls: type[Adapter] = Adapter, **kwargs: Any) -> Adapter:
 VOCAB, WIDTH = 5, 3
 
 
-class Tied(ClassificationModule):
+class Tied(LinearTermMixin, ProximalMixin, ClassificationModule):
     """One token -> embedding -> tanh layer -> output layer whose weight *is* the embedding's (tied, as GPT-2's
     ``lm_head``); ``head`` has a bias of its own."""
 
@@ -109,7 +113,8 @@ class MaskedTied(MaskedNoiseMixin, Tied):
         out = self.head(h)
         effective = self.embed.latent_update.effective.get("weight")
         if effective is not None:
-            self.checked.append(torch.equal(out, F.linear(h, effective, self.head.bias)))
+            alias = self.head.latent_update_alias.effective_weights(self.head)["weight"]
+            self.checked.append(alias is effective and torch.equal(out, F.linear(h, effective, self.head.bias)))
         return out
 
 
