@@ -201,6 +201,20 @@ def test_server_optimizer_moments_cover_the_shared_parameters_only():
     assert set(moments) == {"m", "v"} and all(set(m) == set(SHARED) for m in moments.values())
 
 
+def test_every_client_executor_keeps_a_frozen_batch_norm_per_client():
+    """A frozen BatchNorm in training mode updates its statistics on every client (from the initial ones) and
+    passes none of it on: under the batched executor too, whose vmap needs each client's own copy."""
+    states = {}
+    for executor in ("lightning", "lean", "batched"):
+        model = adapter()
+        initial, trainer, _ = fit(FedAvg, model, client_executor=executor)
+        assert_frozen_untouched(trainer, model, initial)
+        states[executor] = model.state_dict()
+    for executor in ("lightning", "batched"):
+        for name, t in states["lean"].items():
+            torch.testing.assert_close(states[executor][name], t, rtol=0, atol=1e-6)
+
+
 def tied_fit(make_algorithm: Callable[[], Algorithm], model: Any = None, **kwargs: Any):
     """One float64 round on the tied model; its global delta by ``state_dict`` name (both tied names)."""
     model = tied() if model is None else model
