@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from functools import partial
 from typing import Any
 
 import pytest
@@ -43,7 +42,7 @@ from fl_lightning.secure import SecureAggregation
 
 from ..faults.aggregate_helpers import RoundRecorder, tiny_data, tiny_trainer
 from ..faults.algorithm_cases import CASES, compressed
-from ..federated_models import FROZEN, SHARED, TIED_SHARED, Adapter, MaskedTied, adapter, tied, token_data
+from ..federated_models import FROZEN, SHARED, TIED_SHARED, MaskedTied, adapter, tied, token_data
 
 FLOAT32 = 4
 
