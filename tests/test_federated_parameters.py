@@ -101,47 +101,63 @@ def test_a_tied_tensor_is_one_tensor_under_its_first_name():
         assert "embed.weight" in kinds.local and kinds.describe("head.weight") == "an alias of `embed.weight` (local)"
 
 
-def test_a_tied_alias_selected_differently_from_its_first_name_is_refused():
-    refusal = (
-        r"`head.weight` is the same tensor as `embed.weight` \(tied weights\), which is shared: it cannot be local; "
-        r"select both names as one kind."
-    )
-    with pytest.raises(ValueError, match=refusal):
-        FederatedParameters(local=["head"]).resolve(tied())
-    with pytest.raises(ValueError, match=r"`head.weight` is the same tensor as `embed.weight` .*which is local: it cannot be shared"):
-        FederatedParameters(local=["embed"], shared=["head.weight"]).resolve(tied())
+def fedbn_merged() -> FederatedParameters:
+    """The user's selection with an algorithm's (as the loop merges FedBN's) whose pattern selects nothing."""
+    return FederatedParameters(frozen=["base"]).merged(FederatedParameters(local=["Conv2d"]), origin="FedBN")
 
 
-def test_a_pattern_that_selects_nothing_is_refused_naming_it():
-    refusal = (
-        r"FederatedParameters selects frozen tensors by 'backbone\.\*', which matches no tensor of Net: a pattern "
-        r"matches a state_dict name, a module name or a module class; the names start \['stem.weight', 'stem.bias', "
-    )
-    with pytest.raises(ValueError, match=refusal):
-        FederatedParameters(frozen=["backbone.*"]).resolve(Net())
-    with pytest.raises(ValueError, match=r"selects local tensors by 'Conv2d', which matches no tensor of Net"):
-        FederatedParameters(local=["Conv2d"]).resolve(Net())
+#: Per refusal: the selection, the module it resolves and the whole message (literal; ``...`` is left out).
+REFUSALS = {
+    "a tied alias selected local, its first name shared": (
+        lambda: FederatedParameters(local=["head"]),
+        tied,
+        "`head.weight` is the same tensor as `embed.weight` (tied weights), which is shared: it cannot be local; select "
+        "both names as one kind.",
+    ),
+    "a tied alias selected shared, its first name local": (
+        lambda: FederatedParameters(local=["embed"], shared=["head.weight"]),
+        tied,
+        "`head.weight` is the same tensor as `embed.weight` (tied weights), which is local: it cannot be shared; select "
+        "both names as one kind.",
+    ),
+    "a pattern that selects nothing": (
+        lambda: FederatedParameters(frozen=["backbone.*"]),
+        Net,
+        "FederatedParameters selects frozen tensors by 'backbone.*', which matches no tensor of Net: a pattern matches a "
+        "state_dict name, a module name or a module class; the names start ['stem.weight', 'stem.bias', "
+        "'frozen_norm.weight', 'frozen_norm.bias'].",
+    ),
+    "an algorithm's pattern that selects nothing, named as its": (
+        fedbn_merged,
+        Net,
+        "FedBN keeps local tensors by 'Conv2d', which matches no tensor of Net: a pattern matches a state_dict name, a "
+        "module name or a module class; the names start ['stem.weight', 'stem.bias', 'frozen_norm.weight', "
+        "'frozen_norm.bias'].",
+    ),
+    "a tensor selected as two kinds": (
+        lambda: FederatedParameters(local=["head"], shared=["*.weight"]),
+        Net,
+        "`head.0.weight` is selected as both shared and local (pattern 'head').",
+    ),
+    "a frozen tensor that requires grad": (
+        lambda: FederatedParameters(frozen=["stem"]),
+        Net,
+        "`stem.weight` is selected as frozen but requires grad: each client would train it and pass its training on to "
+        "the next client. Set `requires_grad_(False)` on it, or select it as local or shared.",
+    ),
+}
 
 
-def test_an_algorithms_pattern_is_named_as_its():
-    selection = FederatedParameters(frozen=["base"]).merged(FederatedParameters(local=["Conv2d"]), origin="FedBN")
-    assert selection.patterns == {"local": ("Conv2d",), "frozen": ("base",), "shared": ()}
-    with pytest.raises(ValueError, match=r"^FedBN keeps local tensors by 'Conv2d', which matches no tensor of Net"):
-        selection.resolve(Net())
+@pytest.mark.parametrize("case", list(REFUSALS))
+def test_a_selection_that_cannot_hold_is_refused_saying_why(case):
+    selection, module, message = REFUSALS[case]
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        selection().resolve(module())
 
 
-def test_a_tensor_selected_as_two_kinds_is_refused():
-    with pytest.raises(ValueError, match=r"^`head.0.weight` is selected as both shared and local \(pattern 'head'\)\.$"):
-        FederatedParameters(local=["head"], shared=["*.weight"]).resolve(Net())
-
-
-def test_a_frozen_tensor_that_requires_grad_is_refused():
-    refusal = (
-        r"^`stem.weight` is selected as frozen but requires grad: each client would train it and pass its training on to "
-        r"the next client. Set `requires_grad_\(False\)` on it, or select it as local or shared.$"
-    )
-    with pytest.raises(ValueError, match=refusal):
-        FederatedParameters(frozen=["stem"]).resolve(Net())
+def test_an_algorithms_patterns_are_merged_after_the_users():
+    assert fedbn_merged().patterns == {"local": ("Conv2d",), "frozen": ("base",), "shared": ()}
+    assert fedbn_merged().origins == {"Conv2d": "FedBN"}
 
 
 @pytest.mark.parametrize(
