@@ -291,7 +291,11 @@ class BatchedExecutor(ClientExecutor):
         weights. Returns their stacked local state and each one's summed step loss."""
         trainer = self.runtime.trainer
         kinds = self.runtime.algorithm.federation.kinds
-        state = StackedState(self.runtime.live, optimizer, len(streams), kinds.aliases if kinds is not None else {})
+        # Each client gets its own copy of the frozen buffers too (a frozen BatchNorm in training mode updates its
+        # statistics in place, which vmap refuses on an unstacked tensor); the copies are dropped after the group.
+        frozen = self.runtime.client_tensors.frozen_buffers if self.runtime.client_tensors else {}
+        tensors = {**self.runtime.live, **frozen}
+        state = StackedState(tensors, optimizer, len(streams), kinds.aliases if kinds is not None else {})
         momenta: dict[str, Tensor] = {}
         precision = trainer.precision_plugin
         loss_sums = torch.zeros(len(streams), device=trainer.strategy.root_device)

@@ -39,6 +39,12 @@ class ClientTensors:
     def __bool__(self) -> bool:
         return bool(self.initial)
 
+    @property
+    def frozen_buffers(self) -> Mapping[str, Tensor]:
+        """The module's frozen buffers (live; a frozen BatchNorm's running statistics), at their initial values
+        whenever a client starts."""
+        return self._frozen_buffers
+
     def start(self, client_id: int) -> None:
         """Before ``client_id`` trains: its local tensors (or the initial ones) and the initial frozen buffers."""
         own = self.store.get(client_id) if self.local else None

@@ -109,10 +109,13 @@ class FederatedParameters(RecordsInitArgs):
 
     def __init__(self, *, local: Sequence[str] = (), frozen: Sequence[str] = (), shared: Sequence[str] = ()) -> None:
         self.patterns: dict[Kind, tuple[str, ...]] = {}
-        for kind, patterns in (("local", local), ("frozen", frozen), ("shared", shared)):
-            if isinstance(patterns, str) or not all(isinstance(p, str) and p for p in patterns):
-                raise ValueError(f"`FederatedParameters({kind}=...)` takes a list of non-empty patterns, got {patterns!r}.")
-            self.patterns[kind] = tuple(patterns)
+        for kind, given in (("local", local), ("frozen", frozen), ("shared", shared)):
+            # Read once: a generator checked and then stored would be stored empty.
+            patterns = tuple(given) if isinstance(given, Iterable) and not isinstance(given, str) else None
+            if patterns is None or not all(isinstance(p, str) and p for p in patterns):
+                shown = given if patterns is None else patterns
+                raise ValueError(f"`FederatedParameters({kind}=...)` takes a list of non-empty patterns, got {shown!r}.")
+            self.patterns[kind] = patterns
         #: Who asked for each pattern that is not the user's (an algorithm's name), for error messages.
         self.origins: dict[str, str] = {}
 

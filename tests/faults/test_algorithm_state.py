@@ -15,7 +15,7 @@ from fl_lightning import FedAvg, FedSoft, FedStaleWeight, ServerAdam
 from fl_lightning.checkpointing.checkpoint_io import CheckpointError
 
 from .aggregate_helpers import same, tiny_data, tiny_trainer
-from .test_counters import CASES
+from .algorithm_cases import CASES
 
 
 def fit(folder: Path, make_algorithm: Callable[[], Any], case: dict[str, Any], rounds: int, ckpt_path: Path | None = None):
