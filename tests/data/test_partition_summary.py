@@ -1,5 +1,5 @@
 """The partition summary: per-client label counts (flwr-datasets' ``compute_counts``), the text table, the plot
-and ``python -m fl_lightning.data.summary``."""
+and ``python -m fl_lightning.data.partition_summary``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 import yaml
 
 from fl_lightning.data import FederatedDataModule, InMemoryDataset, Pathological
-from fl_lightning.data.summary import format_counts, label_counts, main, plot_counts
+from fl_lightning.data.partition_summary import format_counts, label_counts, main, plot_counts
 
 LABELS = torch.arange(60) % 4
 

@@ -4,11 +4,11 @@
 From a config (the ``data:`` block of any ``fl-lightning fit`` config; a plain ``LightningDataModule`` is
 federated with the config's ``trainer.num_clients`` and ``trainer.partitioner``, as ``fit`` does)::
 
-    python -m fl_lightning.data.summary --config configs/quickstart.yaml --plot labels.png
+    python -m fl_lightning.data.partition_summary --config configs/quickstart.yaml --plot labels.png
 
 or from Python::
 
-    from fl_lightning.data.summary import label_counts, format_counts, plot_counts
+    from fl_lightning.data.partition_summary import label_counts, format_counts, plot_counts
     labels, counts = label_counts(datamodule)      # counts[c, j]: client c's samples of label labels[j]
     print(format_counts(labels, counts))
     plot_counts(labels, counts, "labels.png")      # needs matplotlib (the `plots` extra)
@@ -186,8 +186,8 @@ def datamodule_from_config(path: str | Path) -> LightningDataModule:
 
 
 def main(args: Sequence[str] | None = None) -> None:
-    """``python -m fl_lightning.data.summary``: prints a config's per-client label counts, and plots them."""
-    parser = argparse.ArgumentParser(prog="python -m fl_lightning.data.summary", description=main.__doc__)
+    """``python -m fl_lightning.data.partition_summary``: prints a config's per-client label counts, and plots them."""
+    parser = argparse.ArgumentParser(prog="python -m fl_lightning.data.partition_summary", description=main.__doc__)
     parser.add_argument("--config", required=True, help="an fl-lightning fit config (its data: block is used)")
     parser.add_argument("--plot", help="write the label distribution to this image file (.png, .pdf, .svg)")
     parser.add_argument("--kind", choices=["bar", "heatmap"], default="bar")
