@@ -479,8 +479,7 @@ class Pathological(Partitioner):
     ) -> list[np.ndarray]:
         assert targets is not None
         labels = np.unique(targets)
-        if self.k > len(labels):
-            raise ValueError(f"{self.k} labels per client requested but the dataset has only {len(labels)} labels.")
+        _check_labels_per_client(self.k, labels)
         held = self._assign(labels, num_clients, rng)
         chunks: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
         for label in labels:
@@ -623,16 +622,19 @@ def group_rows(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def _deal_labels(labels: np.ndarray, num_clients: int, k: int, rng: np.random.Generator) -> list[np.ndarray]:
     """Gives client ``c`` the labels at positions ``c*k .. c*k+k-1`` (cyclically) of a shuffled label list."""
-    if k > len(labels):
-        raise ValueError(f"{k} labels per client requested but the dataset has only {len(labels)} labels.")
+    _check_labels_per_client(k, labels)
     shuffled = rng.permutation(labels)
     return [shuffled[(cid * k + np.arange(k)) % len(labels)] for cid in range(num_clients)]
 
 
-def _balanced_labels(labels: np.ndarray, num_clients: int, k: int) -> list[np.ndarray]:
-    """Client by client, the ``k`` labels with the fewest holders so far (ties: the smaller label)."""
+def _check_labels_per_client(k: int, labels: np.ndarray) -> None:
     if k > len(labels):
         raise ValueError(f"{k} labels per client requested but the dataset has only {len(labels)} labels.")
+
+
+def _balanced_labels(labels: np.ndarray, num_clients: int, k: int) -> list[np.ndarray]:
+    """Client by client, the ``k`` labels with the fewest holders so far (ties: the smaller label)."""
+    _check_labels_per_client(k, labels)
     holders = np.zeros(len(labels), dtype=np.int64)
     assigned = []
     for _ in range(num_clients):
