@@ -14,6 +14,7 @@ from fl_lightning.data.datasets import (
     Digits,
     FashionMNIST,
     FedProxSynthetic,
+    Flair,
     InMemoryDataset,
     LeafCelebA,
     LeafFEMNIST,
@@ -29,10 +30,34 @@ from fl_lightning.data.datasets import (
     TffStackOverflow,
     TffStackOverflowTags,
 )
-from fl_lightning.data.partitioners import IID, Dirichlet, LabelsPerClient, Natural, ParetoSizes, Partitioner, Shards
+from fl_lightning.data.partitioners import (
+    IID,
+    Dirichlet,
+    ExponentialSizes,
+    GroupedNatural,
+    IdToSize,
+    InnerDirichlet,
+    LabelsPerClient,
+    LinearSizes,
+    Natural,
+    ParetoSizes,
+    Partitioner,
+    Pathological,
+    Shards,
+    Sizes,
+    SquareSizes,
+)
 from fl_lightning.data.label_groups import LabelGroups
 
 __all__ = [
+    "SquareSizes",
+    "Sizes",
+    "Pathological",
+    "LinearSizes",
+    "InnerDirichlet",
+    "IdToSize",
+    "GroupedNatural",
+    "ExponentialSizes",
     "CIFAR10",
     "CIFAR100",
     "EMNIST",
@@ -45,6 +70,7 @@ __all__ = [
     "Dirichlet",
     "FashionMNIST",
     "FedProxSynthetic",
+    "Flair",
     "Federated",
     "FederatedDataModule",
     "InMemoryDataset",

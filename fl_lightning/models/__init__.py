@@ -1,6 +1,7 @@
 """Reference models as LightningModules; bring any LightningModule instead."""
 
 from fl_lightning.models.classifier import ClassificationModule
+from fl_lightning.models.flair_resnet import FlairResNet18
 from fl_lightning.models.leaf_models import FemnistCNN, ShakespeareStackedLSTM
 from fl_lightning.models.next_token import NextTokenModule, ShakespeareLSTM, StackOverflowLSTM
 from fl_lightning.models.reference import CNN, MLP, EmnistCNN, LogisticRegression, PflCNN
@@ -13,6 +14,7 @@ __all__ = [
     "ClassificationModule",
     "EmnistCNN",
     "FemnistCNN",
+    "FlairResNet18",
     "LinearRegression",
     "LogisticRegression",
     "MLP",

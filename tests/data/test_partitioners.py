@@ -1,7 +1,21 @@
 import numpy as np
 import pytest
 
-from fl_lightning.data import IID, Dirichlet, LabelsPerClient, Natural, ParetoSizes, Partitioner, Shards
+from fl_lightning.data import (
+    IID,
+    Dirichlet,
+    GroupedNatural,
+    InnerDirichlet,
+    LabelsPerClient,
+    LinearSizes,
+    Natural,
+    ParetoSizes,
+    Partitioner,
+    Pathological,
+    Shards,
+    Sizes,
+    SquareSizes,
+)
 from fl_lightning.data.partitioners import group_rows
 
 NUM_SAMPLES = 1000
@@ -21,8 +35,16 @@ PARTITIONERS = [
     ParetoSizes(),
     ParetoSizes(labels_per_client=1),
     Natural(),
+    Dirichlet(alpha=[0.5] * 5 + [2.0] * 5, self_balancing=False),
+    Sizes([100] * 10),
+    LinearSizes(),
+    SquareSizes(),
+    InnerDirichlet(alpha=0.5),
+    Pathological(2, "deterministic"),
+    GroupedNatural(1),
 ]
-RANDOM = [p for p in PARTITIONERS if not isinstance(p, Natural)]
+# Those whose partition depends on the seed (a deterministic label assignment still splits in dataset order).
+RANDOM = [p for p in PARTITIONERS if not isinstance(p, (Natural, GroupedNatural, Pathological))]
 
 
 def partition(partitioner: Partitioner, seed: int = 0, num_clients: int = NUM_CLIENTS) -> list[np.ndarray]:
@@ -131,7 +153,7 @@ def test_natural_matches_client_ids() -> None:
 
 
 def test_repr_names_arguments() -> None:
-    assert repr(Dirichlet(alpha=0.5)) == "Dirichlet(alpha=0.5, min_samples=1)"
+    assert repr(Dirichlet(alpha=0.5)) == "Dirichlet(alpha=0.5, min_samples=1, self_balancing=True)"
     assert repr(ParetoSizes()) == "ParetoSizes(shape=1.16, labels_per_client=None)"
 
 

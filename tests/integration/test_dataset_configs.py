@@ -13,6 +13,7 @@ import yaml
 from fl_lightning.cli import FederatedCLI
 from fl_lightning.data.datasets.leaf import SHAKESPEARE_LETTERS
 
+from ..data.datasets.flair_files import write_flair_splits
 from ..data.datasets.test_leaf import femnist_user, write_leaf
 from ..data.datasets.test_tff import emnist_examples
 from ..data.datasets.tff_files import write_stackoverflow_counts, write_tff_sqlite
@@ -94,12 +95,14 @@ FIXTURES: dict[str, Callable[[Path], None]] = {
     "fl_lightning.data.datasets.tff.TffStackOverflow": tff_stackoverflow,
     "fl_lightning.data.datasets.tff.TffCIFAR100": tff_cifar100,
     "fl_lightning.data.datasets.tff_stackoverflow_tags.TffStackOverflowTags": tff_stackoverflow_tags,
+    # pfl-research's HDF5 layout: 4 training users, 2 validation and 2 test users, 8x8 images.
+    "fl_lightning.data.datasets.flair.Flair": write_flair_splits,
 }
 
 
 def test_every_dataset_config_has_a_fixture():
     assert {p.stem for p in DATASET_CONFIGS} >= {"leaf_femnist_cnn", "leaf_shakespeare_lstm", "reddi_emnist_cnn"}
-    stems = {"reddi_shakespeare_lstm", "reddi_stackoverflow_nwp", "reddi_stackoverflow_lr", "reddi_cifar100_resnet18"}
+    stems = {"reddi_shakespeare_lstm", "reddi_stackoverflow_nwp", "reddi_stackoverflow_lr", "reddi_cifar100_resnet18", "pfl_flair_resnet18"}
     assert stems <= {p.stem for p in DATASET_CONFIGS}
     assert {yaml.safe_load(p.read_text())["data"]["class_path"] for p in DATASET_CONFIGS} <= set(FIXTURES)
 

@@ -1,7 +1,8 @@
-"""Datasets: in memory as tensors, or naturally partitioned and read one client at a time (LEAF, TFF)."""
+"""Datasets: in memory as tensors, or naturally partitioned and read one client at a time (LEAF, TFF, FLAIR)."""
 
 from fl_lightning.data.datasets.in_memory import InMemoryDataset
 from fl_lightning.data.datasets.digits import Digits
+from fl_lightning.data.datasets.flair import Flair
 from fl_lightning.data.datasets.leaf import LeafCelebA, LeafDataModule, LeafFEMNIST, LeafSent140, LeafShakespeare
 from fl_lightning.data.datasets.mixture import RotatedMixture, SourceMixture, SyntheticRegressionMixture
 from fl_lightning.data.datasets.prioritized_synthetic import PrioritizedSynthetic
@@ -19,6 +20,7 @@ __all__ = [
     "Digits",
     "FashionMNIST",
     "FedProxSynthetic",
+    "Flair",
     "InMemoryDataset",
     "LeafCelebA",
     "LeafDataModule",
