@@ -31,6 +31,7 @@ from fl_lightning.loops.guards import aggregate_or_roll_back, apply_bound, bound
 from fl_lightning.loops.round_log import log_round
 from fl_lightning.loops.loop_services import LoopServices
 from fl_lightning.loops.stop_reason import failure_reason, stop_reason
+from fl_lightning.mixins.regularized import TASK_LOSS
 from fl_lightning.server.model_state import State, live_tensors, load_into, snapshot
 from fl_lightning.models.schedulers import RoundStepSchedules
 from fl_lightning.secure.secure_aggregation import SecureAggregation
@@ -150,7 +151,8 @@ class FederatedFitLoop(compat.FitLoopBase):
         max_steps: int = -1,
     ) -> None:
         super().__init__(trainer, min_epochs=min_epochs, max_epochs=max_epochs)
-        self.epoch_loop = compat.ClientEpochLoop(trainer, min_steps=min_steps, max_steps=max_steps)
+        # The recorder reads the task loss there: Lightning's "loss" is divided by accumulate_grad_batches.
+        self.epoch_loop = compat.ClientEpochLoop(trainer, min_steps=min_steps, max_steps=max_steps, returned_loss_key=TASK_LOSS)
         #: Each client's mean training losses: the Lightning executor's steps reach it as a callback.
         self.loss_recorder = ClientLossRecorder()
         trainer.callbacks.append(self.loss_recorder)  # type: ignore[attr-defined]
