@@ -79,7 +79,8 @@ class FederatedTrainer(pl.Trainer):
             gradient clipping and accumulation and per-step (``on_step``) logging, and warns once
             naming those it finds (it steps ``interval="step"`` LR schedulers as Lightning does); it needs one optimizer,
             automatic optimization and a precision without gradient scaling.
-            ``self.log(on_epoch=True)`` still works, and ``trainer.global_step`` counts its steps.
+            ``self.log(on_epoch=True)`` still works, and ``trainer.global_step`` advances after each
+            optimizer step, as in Lightning's loop (a step returning ``None`` counts too).
             ``"batched"`` trains a round's clients together with ``torch.func.vmap``
             (:mod:`fl_lightning.loops.batched_executor`), clients
             with different sample and step counts included: plain ``torch.optim.SGD`` from the
@@ -88,8 +89,9 @@ class FederatedTrainer(pl.Trainer):
             and, when clients' batches differ in size (they are then padded and the padding
             masked out), whose loss is the mean of a per-sample loss over the batch (no summed
             loss, no BatchNorm in training mode; checked once, refused with a ``ValueError``);
-            it warns once, naming them, about the per-batch hooks ``"lean"`` skips and about a precision
-            other than 32/64-true (weights equal to that precision's rounding only).
+            it warns once, naming them, about the per-batch hooks ``"lean"`` skips, about a precision
+            other than 32/64-true (weights equal to that precision's rounding only) and about a
+            ``training_step`` that reads ``self.global_step`` (it cannot advance within a client here).
         max_batched_clients: with ``client_executor="batched"``, at most this many clients train at
             once (each costs about three model copies of memory: weights, gradients, momentum);
             default: as many as half the device's free memory holds at four model copies per client,

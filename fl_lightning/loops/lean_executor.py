@@ -20,8 +20,10 @@ from fl_lightning.loops.client_executor import SequentialExecutor
 
 class LeanExecutor(SequentialExecutor):
     """Per batch: precision conversion, ``batch_to_device``, ``zero_grad``, ``training_step`` (in the
-    precision plugin's context), ``backward``, ``optimizer.step``, ``interval="step"`` LR schedulers.
-    ``self.log(on_epoch=True)`` still aggregates into the round; each step's output goes to the loss recorder."""
+    precision plugin's context), ``backward``, ``optimizer.step``, ``interval="step"`` LR schedulers, and
+    ``trainer.global_step`` one further, as in Lightning's loop (a step that returns ``None`` skips only the
+    backward pass). ``self.log(on_epoch=True)`` still aggregates into the round; each step's output goes to
+    the loss recorder."""
 
     name = "lean"
 
@@ -43,26 +45,26 @@ class LeanExecutor(SequentialExecutor):
         to_device = self._to_device
         takes_batch_idx = compat.step_takes_batch_idx(module)
         steps = 0
-        try:
-            with compat.training_step_scope(trainer):
-                for batch_idx, batch in enumerate(batches):  # type: ignore[call-overload]
-                    batch = to_device(precision.convert_input(batch))
-                    compat.start_batch(trainer, batch)
-                    optimizer.zero_grad(set_to_none=True)
-                    with precision.train_step_context():
-                        output = module.training_step(batch, batch_idx) if takes_batch_idx else module.training_step(batch)
-                    loss = output["loss"] if isinstance(output, Mapping) else output
-                    if loss is None:  # Lightning skips the step too
-                        continue
+        with compat.training_step_scope(trainer):
+            for batch_idx, batch in enumerate(batches):  # type: ignore[call-overload]
+                batch = to_device(precision.convert_input(batch))
+                compat.start_batch(trainer, batch)
+                optimizer.zero_grad(set_to_none=True)
+                with precision.train_step_context():
+                    output = module.training_step(batch, batch_idx) if takes_batch_idx else module.training_step(batch)
+                loss = output["loss"] if isinstance(output, Mapping) else output
+                # A step that returns None is still an optimizer step for Lightning: no backward, so no gradient
+                # moves a weight, but the step, its LR schedulers and trainer.global_step all count it.
+                if loss is not None:
                     loss.backward()
-                    optimizer.step()
-                    for config in schedulers:
-                        if (batch_idx + 1) % config.frequency == 0:
-                            module.lr_scheduler_step(config.scheduler, None)
                     record(output)
-                    steps += 1
-        finally:
-            compat.count_steps(trainer, steps)
+                optimizer.step()
+                for config in schedulers:
+                    if (batch_idx + 1) % config.frequency == 0:
+                        module.lr_scheduler_step(config.scheduler, None)
+                # Counted per step, as Lightning's loop does: the next training_step reads the new global_step.
+                compat.count_steps(trainer, 1)
+                steps += 1
         return steps
 
 
