@@ -77,7 +77,7 @@ class FederatedTrainer(pl.Trainer):
             and module (``on_train_batch_start/end``, ``on_before/after_backward``,
             ``on_before_optimizer_step``, ``on_before_zero_grad``, ``on_before_batch_transfer``),
             gradient clipping and accumulation and per-step (``on_step``) logging, and warns once
-            naming those it finds (it steps ``interval="step"`` LR schedulers as Lightning does); it needs one optimizer,
+            naming those it finds (each per-step metric once, after the client that first logs it; it steps ``interval="step"`` LR schedulers as Lightning does); it needs one optimizer,
             automatic optimization and a precision without gradient scaling.
             ``self.log(on_epoch=True)`` still works, and ``trainer.global_step`` advances after each
             optimizer step, as in Lightning's loop (a step returning ``None`` counts too).

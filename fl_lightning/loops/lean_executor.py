@@ -12,10 +12,11 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.fabric.utilities.apply_func import move_data_to_device
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
 
 from fl_lightning import _lightning_compat as compat
-from fl_lightning.loops.client_executor import SequentialExecutor
+from fl_lightning.loops.client_executor import ClientRuntime, SequentialExecutor
 
 
 class LeanExecutor(SequentialExecutor):
@@ -26,6 +27,11 @@ class LeanExecutor(SequentialExecutor):
     the loss recorder."""
 
     name = "lean"
+
+    def __init__(self, runtime: ClientRuntime) -> None:
+        super().__init__(runtime)
+        #: The per-step metrics already warned about, each named once.
+        self._warned_metrics: set[str] = set()
 
     @cached_property
     def _to_device(self) -> Callable[[Any], Any]:
@@ -65,7 +71,23 @@ class LeanExecutor(SequentialExecutor):
                 # Counted per step, as Lightning's loop does: the next training_step reads the new global_step.
                 compat.count_steps(trainer, 1)
                 steps += 1
+        self._warn_on_step_metrics()
         return steps
+
+    def _warn_on_step_metrics(self) -> None:
+        """Says once per metric that ``self.log(..., on_step=True)`` reached no logger: only Lightning's loop
+        sends step values (read after each client, so a metric first logged in a later client is named too)."""
+        logged = compat.on_step_metric_names(self.runtime.trainer)
+        new = [name for name in logged if name not in self._warned_metrics]
+        if new:
+            self._warned_metrics.update(new)
+            module = type(self.runtime.module).__name__
+            rank_zero_warn(
+                "The lean client executor (client_executor='lean', or 'auto' after a first client that logged no step "
+                f"metric) does not send per-step metrics to the loggers: {module}.training_step logs "
+                f"{', '.join(repr(n) for n in new)} with on_step=True, whose step values are skipped (on_epoch=True "
+                "values still reach the round's row). Pass client_executor='lightning' to log every step."
+            )
 
 
 def batch_mover(trainer: pl.Trainer) -> Callable[[Any], Any]:
