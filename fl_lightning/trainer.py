@@ -27,6 +27,7 @@ from fl_lightning.server.memory_budget import AUTO, parse_memory
 from fl_lightning.loops.async_fit_loop import AsyncFitLoop
 from fl_lightning.loops.batched_executor import check_compile_backend
 from fl_lightning.loops.federated_fit_loop import FederatedFitLoop
+from fl_lightning.loops.hparams_session import one_tensorboard_session
 from fl_lightning.trainer_arguments import check_trainer_arguments
 from fl_lightning.robust.update_bounds import UpdateBound
 
@@ -291,13 +292,16 @@ class FederatedTrainer(pl.Trainer):
         the experiment's most recent run, falling back from a broken ``last.ckpt`` to the newest
         intact round (:func:`~fl_lightning.checkpointing.find_last_checkpoint`), and starts from
         scratch with Lightning's warning when there is none. A plain
-        ``LightningDataModule`` is federated first (see the class docstring)."""
+        ``LightningDataModule`` is federated first (see the class docstring). A ``TensorBoardLogger``
+        writes the fit's hyper-parameters (the module's, the CLI's config, the federated ``fl/*`` keys) as one
+        session (:mod:`~fl_lightning.loops.hparams_session`)."""
         datamodule = self._federated(datamodule) if train_dataloaders is None else datamodule
         if datamodule is None:
             require_federated_data(train_dataloaders)  # fails now, not after the strategy's set-up
         if ckpt_path == "last":
             ckpt_path = find_last_checkpoint(self) or ckpt_path
-        super().fit(model, train_dataloaders, val_dataloaders, datamodule, ckpt_path, weights_only)
+        with one_tensorboard_session(self):  # TensorBoard's HPARAMS tab shows a run's first session only
+            super().fit(model, train_dataloaders, val_dataloaders, datamodule, ckpt_path, weights_only)
 
     def _federated(self, datamodule: pl.LightningDataModule | None) -> pl.LightningDataModule | None:
         """``datamodule`` if it is federated, else federated with ``num_clients`` and ``partitioner``."""

@@ -27,6 +27,7 @@ from fl_lightning.server.federation import FederatedDataSource, Federation, requ
 from fl_lightning.checkpointing.fingerprint import check_resume, federation_fingerprint, training_fingerprint
 from fl_lightning.loops.client_executor import ClientExecutor, ClientRuntime
 from fl_lightning.loops.executor_choice import make_executor
+from fl_lightning.loops.hparams_session import log_federated_hparams
 from fl_lightning.loops.guards import aggregate_or_roll_back, apply_bound, bound_updates, decode_and_screen
 from fl_lightning.loops.round_log import log_round
 from fl_lightning.loops.loop_services import LoopServices
@@ -288,8 +289,8 @@ class FederatedFitLoop(compat.FitLoopBase):
         for setting, instead in self.algorithm.overridden_settings().items():
             rank_zero_warn(f"{type(self.algorithm).__name__} overrides the trainer's `{setting}`: {instead}.")
         self.global_state = snapshot(self._live)
-        for logger in trainer.loggers:
-            logger.log_hyperparams(self.hparams())
+        # TensorBoard: with the hyper-parameters logged before (the user's, the CLI's config), as one session.
+        log_federated_hparams(trainer, self.hparams())
         if self._loaded is not None:
             self._restore(self._loaded)
             self._loaded = None
