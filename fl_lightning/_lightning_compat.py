@@ -22,6 +22,7 @@ from lightning.pytorch.loops.evaluation_loop import _EvaluationLoop
 from lightning.pytorch.loops.fetchers import _DataFetcher
 from lightning.pytorch.loops.fit_loop import _FitLoop
 from lightning.pytorch.loops.loop import _Loop
+from lightning.pytorch.loops.optimization.automatic import ClosureResult
 from lightning.pytorch.loops.progress import _Progress
 from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
 from lightning.pytorch.overrides.distributed import _sync_module_states
@@ -92,13 +93,21 @@ class ClientEpochLoop(_TrainingEpochLoop):
 
     The logging step stays Lightning's: optimizer steps over all clients, so per-step
     ``self.log`` honours ``log_every_n_steps``; round-level rows carry a ``round`` column.
+
+    With ``returned_loss_key``, a step's output (what ``on_train_batch_end`` receives) also holds, under that
+    key, the loss ``training_step`` returned, which Lightning's ``"loss"`` holds divided by
+    ``accumulate_grad_batches`` (a value the step already gives under that key is kept).
     """
 
     in_client: bool = False
 
-    def __init__(self, trainer: pl.Trainer, min_steps: int | None = None, max_steps: int = -1) -> None:
+    def __init__(
+        self, trainer: pl.Trainer, min_steps: int | None = None, max_steps: int = -1, *, returned_loss_key: str | None = None
+    ) -> None:
         super().__init__(trainer, min_steps=min_steps, max_steps=max_steps)
         self.val_loop = ServerValidationLoop(trainer, TrainerFn.FITTING, RunningStage.VALIDATING, verbose=False, inference_mode=False)
+        if returned_loss_key is not None:
+            self.automatic_optimization.output_result_cls = _keeping_returned_loss(returned_loss_key)
 
     @property
     @override
@@ -130,6 +139,23 @@ class ClientEpochLoop(_TrainingEpochLoop):
         if step_takes_batch_idx(self.trainer.lightning_module):
             kwargs["batch_idx"] = batch_idx
         return kwargs
+
+
+def _keeping_returned_loss(key: str) -> type[ClosureResult]:
+    """Lightning's closure result, which divides the returned loss by ``accumulate_grad_batches`` for the
+    backward pass, keeping the undivided loss under ``key`` too when it divides."""
+
+    class KeepsReturnedLoss(ClosureResult):
+        @classmethod
+        @override
+        def from_training_step_output(cls, training_step_output: Any, normalize: int = 1) -> ClosureResult:
+            result = super().from_training_step_output(training_step_output, normalize)
+            if normalize != 1 and result.loss is not None and key not in result.extra:
+                returned = training_step_output if isinstance(training_step_output, torch.Tensor) else training_step_output["loss"]
+                result.extra[key] = returned.detach()
+            return result
+
+    return KeepsReturnedLoss
 
 
 _TAKES_BATCH_IDX: dict[Callable[..., Any], bool] = {}

@@ -27,6 +27,7 @@ from fl_lightning.server.memory_budget import AUTO, parse_memory
 from fl_lightning.loops.async_fit_loop import AsyncFitLoop
 from fl_lightning.loops.batched_executor import check_compile_backend
 from fl_lightning.loops.federated_fit_loop import FederatedFitLoop
+from fl_lightning.loops.hparams_session import one_tensorboard_session
 from fl_lightning.trainer_arguments import check_trainer_arguments
 from fl_lightning.robust.update_bounds import UpdateBound
 from fl_lightning.server.federated_parameters import FederatedParameters
@@ -78,9 +79,10 @@ class FederatedTrainer(pl.Trainer):
             and module (``on_train_batch_start/end``, ``on_before/after_backward``,
             ``on_before_optimizer_step``, ``on_before_zero_grad``, ``on_before_batch_transfer``),
             gradient clipping and accumulation and per-step (``on_step``) logging, and warns once
-            naming those it finds (it steps ``interval="step"`` LR schedulers as Lightning does); it needs one optimizer,
+            naming those it finds (each per-step metric once, after the client that first logs it; it steps ``interval="step"`` LR schedulers as Lightning does); it needs one optimizer,
             automatic optimization and a precision without gradient scaling.
-            ``self.log(on_epoch=True)`` still works, and ``trainer.global_step`` counts its steps.
+            ``self.log(on_epoch=True)`` still works, and ``trainer.global_step`` advances after each
+            optimizer step, as in Lightning's loop (a step returning ``None`` counts too).
             ``"batched"`` trains a round's clients together with ``torch.func.vmap``
             (:mod:`fl_lightning.loops.batched_executor`), clients
             with different sample and step counts included: plain ``torch.optim.SGD`` from the
@@ -89,8 +91,9 @@ class FederatedTrainer(pl.Trainer):
             and, when clients' batches differ in size (they are then padded and the padding
             masked out), whose loss is the mean of a per-sample loss over the batch (no summed
             loss, no BatchNorm in training mode; checked once, refused with a ``ValueError``);
-            it warns once, naming them, about the per-batch hooks ``"lean"`` skips and about a precision
-            other than 32/64-true (weights equal to that precision's rounding only).
+            it warns once, naming them, about the per-batch hooks ``"lean"`` skips, about a precision
+            other than 32/64-true (weights equal to that precision's rounding only) and about a
+            ``training_step`` that reads ``self.global_step`` (it cannot advance within a client here).
         max_batched_clients: with ``client_executor="batched"``, at most this many clients train at
             once (each costs about three model copies of memory: weights, gradients, momentum);
             default: as many as half the device's free memory holds at four model copies per client,
@@ -305,13 +308,16 @@ class FederatedTrainer(pl.Trainer):
         the experiment's most recent run, falling back from a broken ``last.ckpt`` to the newest
         intact round (:func:`~fl_lightning.checkpointing.find_last_checkpoint`), and starts from
         scratch with Lightning's warning when there is none. A plain
-        ``LightningDataModule`` is federated first (see the class docstring)."""
+        ``LightningDataModule`` is federated first (see the class docstring). A ``TensorBoardLogger``
+        writes the fit's hyper-parameters (the module's, the CLI's config, the federated ``fl/*`` keys) as one
+        session (:mod:`~fl_lightning.loops.hparams_session`)."""
         datamodule = self._federated(datamodule) if train_dataloaders is None else datamodule
         if datamodule is None:
             require_federated_data(train_dataloaders)  # fails now, not after the strategy's set-up
         if ckpt_path == "last":
             ckpt_path = find_last_checkpoint(self) or ckpt_path
-        super().fit(model, train_dataloaders, val_dataloaders, datamodule, ckpt_path, weights_only)
+        with one_tensorboard_session(self):  # TensorBoard's HPARAMS tab shows a run's first session only
+            super().fit(model, train_dataloaders, val_dataloaders, datamodule, ckpt_path, weights_only)
 
     def _federated(self, datamodule: pl.LightningDataModule | None) -> pl.LightningDataModule | None:
         """``datamodule`` if it is federated, else federated with ``num_clients`` and ``partitioner``."""

@@ -19,6 +19,7 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.loops.fetchers import _DataFetcher
 from lightning.pytorch.loops.fit_loop import _FitLoop
 from lightning.pytorch.loops.loop import _Loop
+from lightning.pytorch.loops.optimization.automatic import ClosureResult, _AutomaticOptimization
 from lightning.pytorch.loops.progress import _Progress
 from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
 from lightning.pytorch.trainer import call
@@ -93,6 +94,12 @@ def test_training_epoch_loop_shape(trainer: pl.Trainer) -> None:
     assert isinstance(loop.val_loop, _Loop), REVIEW
     assert callable(loop.val_loop.run), REVIEW
     assert loop.global_step == 0
+    # The step output's class, which ClientEpochLoop(returned_loss_key=...) replaces to keep the returned loss.
+    assert loop.automatic_optimization.output_result_cls is ClosureResult, REVIEW
+    assert _params(ClosureResult.from_training_step_output) == ["training_step_output", "normalize"], REVIEW
+    assert "output_result_cls.from_training_step_output(training_step_output, trainer.accumulate_grad_batches)" in (
+        inspect.getsource(_AutomaticOptimization._training_step)
+    ), REVIEW
 
 
 def test_client_epoch_loop_only_overrides_existing_methods() -> None:

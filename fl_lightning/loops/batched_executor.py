@@ -55,6 +55,7 @@ from fl_lightning.loops.batched_sgd import (
     call_training_step,
     logging_skipped,
     sgd_step,
+    step_count_reads,
     unflatten,
 )
 from fl_lightning.loops.client_executor import ClientExecutor, ClientRuntime
@@ -260,6 +261,7 @@ class BatchedExecutor(ClientExecutor):
         self._steps: dict[tuple[type | TreeSpec, bool], BatchedStep] = {}
         self._mean_checked = False
         self._logging_warned = False
+        self._step_count_warned = False
 
     @override
     def train(self, clients: Sequence[ClientContext], global_state: State) -> list[ClientUpdate]:
@@ -273,9 +275,11 @@ class BatchedExecutor(ClientExecutor):
             for i in sorted(members):
                 self.start_client(clients[i], global_state)
                 check_no_term(self.runtime.module, clients[i])
-            with logging_skipped(self.runtime.module) as logged:  # the group's steps, mean-step check included
+            # The group's steps, mean-step check included.
+            with logging_skipped(self.runtime.module) as logged, step_count_reads(self.runtime.module) as reads:
                 state, loss_sums = self._train_group(optimizer, [streams[i] for i in members])
             self._warn_skipped_logging(logged)
+            self._warn_step_count_read(reads.read)
             for j, i in sorted(enumerate(members), key=lambda member: member[1]):
                 client = clients[i]
                 client.completed_steps = len(streams[i])
@@ -376,3 +380,14 @@ class BatchedExecutor(ClientExecutor):
                 "use client_executor='lightning' to log every step ('lean' keeps the on_epoch ones)."
             )
             self._logging_warned = True
+
+    def _warn_step_count_read(self, read: bool) -> None:
+        """Says once that ``training_step`` reads ``self.global_step``, which cannot advance per client here."""
+        if read and not self._step_count_warned:
+            rank_zero_warn(
+                f"{PREFIX} trains a group of clients together, so trainer.global_step cannot advance within each "
+                f"client as Lightning's loop advances it: {type(self.runtime.module).__name__}.training_step reads "
+                "self.global_step, which stays at the group's start for all of its steps, so the weights differ from the "
+                "Lightning executor's. Use client_executor='lightning', 'lean' or 'auto', which advance it per optimizer step."
+            )
+            self._step_count_warned = True

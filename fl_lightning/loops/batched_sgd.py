@@ -58,7 +58,10 @@ def step_loss(output: Any) -> Tensor:
     """The loss of a ``training_step`` output (a tensor, or a dict with ``"loss"``)."""
     loss = output["loss"] if isinstance(output, Mapping) else output
     if not isinstance(loss, Tensor):
-        raise TypeError(f"training_step must return a loss tensor (or a dict with 'loss'); got {type(loss).__name__}.")
+        raise TypeError(
+            f"training_step must return a loss tensor (or a dict with 'loss'); got {type(loss).__name__} (a step that "
+            "returns None, which Lightning's loop skips, cannot be skipped for one client of a batched group)."
+        )
     return loss
 
 
@@ -76,6 +79,35 @@ def logging_skipped(module: pl.LightningModule) -> Iterator[set[str]]:
         yield names
     finally:
         del module.log, module.log_dict
+
+
+class _StepCountReads:
+    """The trainer as the module sees it, noting whether ``global_step`` was read."""
+
+    def __init__(self, trainer: pl.Trainer) -> None:
+        self._trainer = trainer
+        self.read = False
+
+    @property
+    def global_step(self) -> int:
+        self.read = True
+        return self._trainer.global_step
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._trainer, name)
+
+
+@contextmanager
+def step_count_reads(module: pl.LightningModule) -> Iterator[_StepCountReads]:
+    """Notes whether ``module`` (or a LightningModule inside it) reads ``self.global_step``: stacked clients
+    step together, so the count cannot advance within each client as Lightning's loop advances it."""
+    trainer = module.trainer
+    reads = _StepCountReads(trainer)
+    module.trainer = reads  # type: ignore[assignment]  # the setter reaches nested LightningModules too
+    try:
+        yield reads
+    finally:
+        module.trainer = trainer
 
 
 def call_training_step(module: pl.LightningModule, batch: Any, batch_idx: int) -> Tensor:

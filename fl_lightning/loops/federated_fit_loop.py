@@ -27,10 +27,12 @@ from fl_lightning.server.federation import FederatedDataSource, Federation, requ
 from fl_lightning.checkpointing.fingerprint import check_resume, federation_fingerprint, training_fingerprint
 from fl_lightning.loops.client_executor import ClientExecutor, ClientRuntime
 from fl_lightning.loops.executor_choice import make_executor
+from fl_lightning.loops.hparams_session import log_federated_hparams
 from fl_lightning.loops.guards import aggregate_or_roll_back, apply_bound, bound_updates, decode_and_screen
 from fl_lightning.loops.round_log import log_round
 from fl_lightning.loops.loop_services import LoopServices
 from fl_lightning.loops.stop_reason import failure_reason, stop_reason
+from fl_lightning.mixins.regularized import TASK_LOSS
 from fl_lightning.server.client_tensors import ClientTensors
 from fl_lightning.server.federated_parameters import FederatedParameters, ParameterKinds, shared_tensors
 from fl_lightning.server.model_state import State, live_tensors, load_into, snapshot
@@ -155,7 +157,8 @@ class FederatedFitLoop(compat.FitLoopBase):
         max_steps: int = -1,
     ) -> None:
         super().__init__(trainer, min_epochs=min_epochs, max_epochs=max_epochs)
-        self.epoch_loop = compat.ClientEpochLoop(trainer, min_steps=min_steps, max_steps=max_steps)
+        # The recorder reads the task loss there: Lightning's "loss" is divided by accumulate_grad_batches.
+        self.epoch_loop = compat.ClientEpochLoop(trainer, min_steps=min_steps, max_steps=max_steps, returned_loss_key=TASK_LOSS)
         #: Each client's mean training losses: the Lightning executor's steps reach it as a callback.
         self.loss_recorder = ClientLossRecorder()
         trainer.callbacks.append(self.loss_recorder)  # type: ignore[attr-defined]
@@ -328,8 +331,8 @@ class FederatedFitLoop(compat.FitLoopBase):
         for setting, instead in self.algorithm.overridden_settings().items():
             rank_zero_warn(f"{type(self.algorithm).__name__} overrides the trainer's `{setting}`: {instead}.")
         self.global_state = snapshot(self._live)
-        for logger in trainer.loggers:
-            logger.log_hyperparams(self.hparams())
+        # TensorBoard: with the hyper-parameters logged before (the user's, the CLI's config), as one session.
+        log_federated_hparams(trainer, self.hparams())
         if self._loaded is not None:
             self._restore(self._loaded)
             self._loaded = None

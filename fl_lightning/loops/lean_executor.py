@@ -12,18 +12,26 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.fabric.utilities.apply_func import move_data_to_device
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
 
 from fl_lightning import _lightning_compat as compat
-from fl_lightning.loops.client_executor import SequentialExecutor
+from fl_lightning.loops.client_executor import ClientRuntime, SequentialExecutor
 
 
 class LeanExecutor(SequentialExecutor):
     """Per batch: precision conversion, ``batch_to_device``, ``zero_grad``, ``training_step`` (in the
-    precision plugin's context), ``backward``, ``optimizer.step``, ``interval="step"`` LR schedulers.
-    ``self.log(on_epoch=True)`` still aggregates into the round; each step's output goes to the loss recorder."""
+    precision plugin's context), ``backward``, ``optimizer.step``, ``interval="step"`` LR schedulers, and
+    ``trainer.global_step`` one further, as in Lightning's loop (a step that returns ``None`` skips only the
+    backward pass). ``self.log(on_epoch=True)`` still aggregates into the round; each step's output goes to
+    the loss recorder."""
 
     name = "lean"
+
+    def __init__(self, runtime: ClientRuntime) -> None:
+        super().__init__(runtime)
+        #: The per-step metrics already warned about, each named once.
+        self._warned_metrics: set[str] = set()
 
     @cached_property
     def _to_device(self) -> Callable[[Any], Any]:
@@ -43,27 +51,43 @@ class LeanExecutor(SequentialExecutor):
         to_device = self._to_device
         takes_batch_idx = compat.step_takes_batch_idx(module)
         steps = 0
-        try:
-            with compat.training_step_scope(trainer):
-                for batch_idx, batch in enumerate(batches):  # type: ignore[call-overload]
-                    batch = to_device(precision.convert_input(batch))
-                    compat.start_batch(trainer, batch)
-                    optimizer.zero_grad(set_to_none=True)
-                    with precision.train_step_context():
-                        output = module.training_step(batch, batch_idx) if takes_batch_idx else module.training_step(batch)
-                    loss = output["loss"] if isinstance(output, Mapping) else output
-                    if loss is None:  # Lightning skips the step too
-                        continue
+        with compat.training_step_scope(trainer):
+            for batch_idx, batch in enumerate(batches):  # type: ignore[call-overload]
+                batch = to_device(precision.convert_input(batch))
+                compat.start_batch(trainer, batch)
+                optimizer.zero_grad(set_to_none=True)
+                with precision.train_step_context():
+                    output = module.training_step(batch, batch_idx) if takes_batch_idx else module.training_step(batch)
+                loss = output["loss"] if isinstance(output, Mapping) else output
+                # A step that returns None is still an optimizer step for Lightning: no backward, so no gradient
+                # moves a weight, but the step, its LR schedulers and trainer.global_step all count it.
+                if loss is not None:
                     loss.backward()
-                    optimizer.step()
-                    for config in schedulers:
-                        if (batch_idx + 1) % config.frequency == 0:
-                            module.lr_scheduler_step(config.scheduler, None)
                     record(output)
-                    steps += 1
-        finally:
-            compat.count_steps(trainer, steps)
+                optimizer.step()
+                for config in schedulers:
+                    if (batch_idx + 1) % config.frequency == 0:
+                        module.lr_scheduler_step(config.scheduler, None)
+                # Counted per step, as Lightning's loop does: the next training_step reads the new global_step.
+                compat.count_steps(trainer, 1)
+                steps += 1
+        self._warn_on_step_metrics()
         return steps
+
+    def _warn_on_step_metrics(self) -> None:
+        """Says once per metric that ``self.log(..., on_step=True)`` reached no logger: only Lightning's loop
+        sends step values (read after each client, so a metric first logged in a later client is named too)."""
+        logged = compat.on_step_metric_names(self.runtime.trainer)
+        new = [name for name in logged if name not in self._warned_metrics]
+        if new:
+            self._warned_metrics.update(new)
+            module = type(self.runtime.module).__name__
+            rank_zero_warn(
+                "The lean client executor (client_executor='lean', or 'auto' after a first client that logged no step "
+                f"metric) does not send per-step metrics to the loggers: {module}.training_step logs "
+                f"{', '.join(repr(n) for n in new)} with on_step=True, whose step values are skipped (on_epoch=True "
+                "values still reach the round's row). Pass client_executor='lightning' to log every step."
+            )
 
 
 def batch_mover(trainer: pl.Trainer) -> Callable[[Any], Any]:

@@ -94,3 +94,25 @@ def test_explicit_lean_warns_what_it_skips(kwargs, skipped) -> None:
 def test_explicit_lean_is_silent_when_it_skips_nothing(recwarn: pytest.WarningsRecorder) -> None:
     _fit(_model(), client_executor="lean")
     assert not [w for w in recwarn if "client_executor='lean'" in str(w.message)]
+
+
+class _StepLoggingLater(_StepLogging):
+    """Logs ``step_loss`` per step from the start, ``late_norm`` per step from the second round on, and
+    ``epoch_loss`` per round only."""
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        if self.current_epoch >= 1:
+            self.log("late_norm", loss.detach() * 2)  # in training_step, on_step defaults to True
+        self.log("epoch_loss", loss, on_step=False, on_epoch=True, batch_size=len(batch[1]))
+        return loss
+
+
+def test_explicit_lean_warns_once_naming_each_per_step_metric_it_does_not_log(recwarn: pytest.WarningsRecorder) -> None:
+    """Issue 37, item 7: explicit lean dropped self.log(on_step=True) values without a word."""
+    _fit(_model(_StepLoggingLater), client_executor="lean")
+    messages = [str(w.message) for w in recwarn if "does not send per-step metrics" in str(w.message)]
+    assert len(messages) == 2, messages  # once per metric, the later one when it first appears
+    assert "_StepLoggingLater.training_step logs 'step_loss'" in messages[0]
+    assert "logs 'late_norm'" in messages[1] and "step_loss" not in messages[1]
+    assert not [m for m in messages if "epoch_loss" in m]  # on_epoch values still reach the round's row

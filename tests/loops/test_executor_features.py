@@ -18,6 +18,7 @@ from fl_lightning.models import MLP
 
 from ..quiet import quiet_trainer
 from .test_batched_clients import max_diff, synthetic_data
+from .test_step_count import ScalesByStep, SkipsEveryThird
 
 #: Weights equal to the Lightning executor's, after 2 rounds.
 TOL = 1e-6
@@ -173,6 +174,8 @@ FEATURES = {
     ),
     "momentum and weight decay": Feature(lambda: MLP(**mlp(momentum=0.9, weight_decay=1e-2)), "momentum"),
     "on_step logging": Feature(lambda: LogsPerStep(**mlp()), "step_loss", changes_weights=False),
+    "global_step in training_step": Feature(lambda: ScalesByStep(**mlp()), "global_step"),
+    "training_step returns None": Feature(lambda: SkipsEveryThird(**mlp()), "returns None"),
     "Adam": Feature(lambda: MLP(**mlp(optimizer="adam")), "Adam", changes_weights=False),
 }
 
