@@ -47,7 +47,7 @@ def test_a_frozen_modules_buffers_are_frozen_and_put_back_before_every_client() 
     assert all(torch.equal(model.base.state_dict()[k], v) for k, v in initial.items())
 
 
-@pytest.mark.filterwarnings("ignore:Round .: client 0 sent a non-finite update")
+@pytest.mark.filterwarnings("ignore:Round .. client 0 sent a non-finite update")
 def test_a_client_whose_local_tensors_went_non_finite_keeps_its_previous_ones() -> None:
     torch.manual_seed(0)
     model = LogisticRegression(in_features=3, num_classes=2, lr=0.1)

@@ -38,7 +38,7 @@ def frozen_digest(tensors: Mapping[str, Tensor]) -> str:
     for name in sorted(tensors):
         t = tensors[name].detach().cpu().contiguous()
         digest.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
-        digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return digest.hexdigest()
 
 
