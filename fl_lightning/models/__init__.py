@@ -1,5 +1,6 @@
 """Reference models as LightningModules; bring any LightningModule instead."""
 
+from fl_lightning.models.causal_lm import LoRACausalLM
 from fl_lightning.models.classifier import ClassificationModule
 from fl_lightning.models.leaf_models import FemnistCNN, ShakespeareStackedLSTM
 from fl_lightning.models.next_token import NextTokenModule, ShakespeareLSTM, StackOverflowLSTM
@@ -14,6 +15,7 @@ __all__ = [
     "EmnistCNN",
     "FemnistCNN",
     "LinearRegression",
+    "LoRACausalLM",
     "LogisticRegression",
     "MLP",
     "MixtureLinearRegression",
