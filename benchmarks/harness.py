@@ -75,6 +75,28 @@ def select_clients(seed: int, round_idx: int, num_clients: int, clients_per_roun
     return sorted(order[:clients_per_round].tolist())
 
 
+def fedavg_round(
+    live: Mapping[str, Tensor], global_state: dict[str, Tensor], clients: Sequence[int], train_client: Callable[[int], int]
+) -> None:
+    """One round of FedAvg over ``live`` (the federated tensors), ``global_state`` updated in place: per client,
+    the global values copied into ``live``, ``train_client(cid)`` (returns the client's sample count), its
+    delta ``live - global`` weighted by that count; then the weighted mean of the deltas added to the global values."""
+    acc = {k: torch.zeros_like(v) for k, v in global_state.items()}
+    total = 0.0
+    for cid in clients:
+        with torch.no_grad():
+            for k, p in live.items():
+                p.copy_(global_state[k])
+        n = train_client(cid)
+        with torch.no_grad():
+            for k, p in live.items():
+                acc[k].add_(p - global_state[k], alpha=float(n))
+        total += n
+    with torch.no_grad():
+        for k, v in global_state.items():
+            v.add_(acc[k].div_(total))
+
+
 def plain_fedavg(
     net: nn.Module,
     inputs: Tensor,
@@ -112,12 +134,8 @@ def plain_fedavg(
     times = []
     for r in range(rounds):
         t0 = now()
-        acc = {k: torch.zeros_like(v) for k, v in global_state.items()}
-        total = 0.0
-        for cid in select(r):
-            with torch.no_grad():
-                for k, p in live.items():
-                    p.copy_(global_state[k])
+
+        def train_client(cid: int) -> int:
             opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.0)
             idx = client_idx[cid]
             n = len(idx)
@@ -134,13 +152,9 @@ def plain_fedavg(
                     done += 1
                     if done == client_steps:
                         break
-            with torch.no_grad():
-                for k, p in live.items():
-                    acc[k].add_(p - global_state[k], alpha=float(n))
-            total += n
-        with torch.no_grad():
-            for k, v in global_state.items():
-                v.add_(acc[k].div_(total))
+            return n
+
+        fedavg_round(live, global_state, select(r), train_client)
         times.append(now() - t0)
     with torch.no_grad():
         for k, p in live.items():

@@ -7,6 +7,7 @@ from fl_lightning.data.datasets.leaf import LeafCelebA, LeafDataModule, LeafFEMN
 from fl_lightning.data.datasets.mixture import RotatedMixture, SourceMixture, SyntheticRegressionMixture
 from fl_lightning.data.datasets.prioritized_synthetic import PrioritizedSynthetic
 from fl_lightning.data.datasets.synthetic import FedProxSynthetic
+from fl_lightning.data.datasets.synthetic_text import SyntheticTopicText
 from fl_lightning.data.datasets.tff import TffCIFAR100, TffEMNIST, TffShakespeare, TffStackOverflow
 from fl_lightning.data.datasets.tff_stackoverflow_tags import TffStackOverflowTags
 from fl_lightning.data.datasets.vision import CIFAR10, CIFAR100, EMNIST, MNIST, SVHN, FashionMNIST
@@ -30,6 +31,7 @@ __all__ = [
     "RotatedMixture",
     "SourceMixture",
     "SyntheticRegressionMixture",
+    "SyntheticTopicText",
     "PrioritizedSynthetic",
     "TffCIFAR100",
     "TffEMNIST",
