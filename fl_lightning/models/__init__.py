@@ -1,6 +1,6 @@
 """Reference models as LightningModules; bring any LightningModule instead."""
 
-from fl_lightning.models.causal_lm import LoRACausalLM
+from fl_lightning.models.causal_lm import LoRACausalLM, MaskedLoRACausalLM
 from fl_lightning.models.classifier import ClassificationModule
 from fl_lightning.models.flair_resnet import FlairResNet18
 from fl_lightning.models.leaf_models import FemnistCNN, ShakespeareStackedLSTM
@@ -18,6 +18,7 @@ __all__ = [
     "FlairResNet18",
     "LinearRegression",
     "LoRACausalLM",
+    "MaskedLoRACausalLM",
     "LogisticRegression",
     "MLP",
     "MixtureLinearRegression",

@@ -20,6 +20,10 @@ from lightning.pytorch import LightningModule
 from torch import Tensor, nn
 from torchmetrics.aggregation import MeanMetric
 
+from fl_lightning.mixins.linear_term import LinearTermMixin
+from fl_lightning.mixins.masked_noise import MaskedNoiseMixin
+from fl_lightning.mixins.proximal import ProximalMixin
+
 if TYPE_CHECKING:
     from peft import PeftModel
 
@@ -44,7 +48,7 @@ def next_token_loss(logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
     return loss, (targets != IGNORE_INDEX).sum()
 
 
-class LoRACausalLM(LightningModule):
+class LoRACausalLMBase(LightningModule):
     """A causal LM whose LoRA adapters are what trains (and what federated learning exchanges).
 
     Give exactly one of ``model_name`` (a hub name or a local folder, for ``from_pretrained``) and
@@ -208,3 +212,14 @@ class LoRACausalLM(LightningModule):
         missing = [k for k in result.missing_keys if "lora_" in k]
         if missing:
             raise ValueError(f"The adapter in {os.fspath(path)!r} lacks {len(missing)} adapter tensors of this model, e.g. {missing[:3]}.")
+
+
+
+class LoRACausalLM(LinearTermMixin, ProximalMixin, LoRACausalLMBase):
+    """:class:`LoRACausalLMBase` with the client terms FedProx, SCAFFOLD and FedDyn set (over the adapters: the
+    shared tensors); with FedAvg the terms are off and it trains as the base does."""
+
+
+class MaskedLoRACausalLM(MaskedNoiseMixin, LoRACausalLMBase):
+    """:class:`LoRACausalLMBase` for :class:`~fl_lightning.FedMRN`: the adapters' weights are masked (the default
+    maskable set takes trainable weights only, so the frozen base is never masked)."""
