@@ -9,6 +9,12 @@ dataset as ``data/<name>/data/<split>/*.json``, every file one object::
 their counts and the byte span of each user's ``{"x", "y"}`` value in its file: building it scans each
 file once (FEMNIST's numbers are skipped, not parsed; other samples are decoded one user at a time and
 dropped), and reading a user decodes that span alone.
+
+A user's count is what the file holds, ``len(y)``, as LEAF's own client code counts
+(``models/model.py``: ``len(data['y'])``), never the file's ``num_samples``: LEAF's ``split_data.py``
+writes a Shakespeare test user's ``num_samples`` as its samples left after training
+(``curr_num_samples - num_train_samples``) while its test windows start 79 later, at
+``num_train_samples + 80 - 1``, so that list overstates every such user by 79.
 """
 
 from __future__ import annotations
@@ -72,23 +78,32 @@ class LeafJsonReader(IndexedReader):
         with open(self.files[number], "rb") as file:
             file.seek(start)
             record = json.loads(file.read(end - start))
-        return self.decode(record["x"], record["y"])
+        x, y = record["x"], record["y"]
+        if len(x) != len(y):
+            raise ValueError(
+                f"{str(self.files[number])!r}: user {self._ids[position]!r} has {len(x)} samples in 'x' but {len(y)} "
+                "labels in 'y'; LEAF pairs x[i] with y[i], so this file was cut or edited after LEAF wrote it "
+                "(rewrite it with LEAF's preprocess.sh)."
+            )
+        return self.decode(x, y)
 
 
 def index_leaf_file(path: Path) -> tuple[list[str], list[int], dict[str, tuple[int, int]]]:
-    """``(users, num_samples, {user: (start, end)})`` of one LEAF JSON file, the spans being byte offsets
-    of each user's value in ``user_data``; ``ValueError`` naming the file if it breaks LEAF's schema."""
+    """``(users, counts, {user: (start, end)})`` of one LEAF JSON file: each user's ``len(y)`` (what the file
+    holds; its ``num_samples`` may overstate it, see the module's docstring) and the byte span of its value
+    in ``user_data``; ``ValueError`` naming the file if it breaks LEAF's schema."""
     # latin-1 maps bytes one to one onto characters, so string offsets are byte offsets.
     text = path.read_bytes().decode("latin-1")
     top: dict[str, Any] = {}
     spans: dict[str, tuple[int, int]] = {}
+    labels: dict[str, int] = {}
     try:
         position = _expect(text, 0, "{")
         while text[position] != "}":
             key, position = _DECODER.raw_decode(text, position)
             position = _expect(text, position, ":")
             if key == "user_data":
-                position = _index_users(text, position, spans)
+                position = _index_users(text, position, spans, labels)
             else:
                 top[key], position = _DECODER.raw_decode(text, position)
             position = _SPACE.match(text, position).end()  # type: ignore[union-attr]
@@ -105,7 +120,10 @@ def index_leaf_file(path: Path) -> tuple[list[str], list[int], dict[str, tuple[i
         raise ValueError(
             f"{str(path)!r}: 'users' and 'user_data' disagree (e.g. user {(missing or sorted(set(spans) - set(users)))[0]!r})."
         )
-    return users, [int(n) for n in counts], spans
+    unlabelled = [user for user in users if labels[user] < 0]
+    if unlabelled:
+        raise ValueError(f"{str(path)!r} is not a LEAF JSON file: user {unlabelled[0]!r} has no 'y' list.")
+    return users, [labels[user] for user in users], spans
 
 
 def _utf8(value: str) -> str:
@@ -116,10 +134,11 @@ def _utf8(value: str) -> str:
         return value
 
 
-def _index_users(text: str, position: int, spans: dict[str, tuple[int, int]]) -> int:
-    """Records the span of each user's value in the ``user_data`` object at ``position``; returns the position after it."""
+def _index_users(text: str, position: int, spans: dict[str, tuple[int, int]], labels: dict[str, int]) -> int:
+    """Records the span and the ``len(y)`` (``-1``: no ``y`` list) of each user's value in the ``user_data``
+    object at ``position``; returns the position after it."""
     position = _expect(text, position, "{")
-    value_end: Callable[[str, int], int] | None = None
+    value_end: Callable[[str, int], tuple[int, int]] | None = None
     while text[position] != "}":
         user, position = _DECODER.raw_decode(text, position)
         start = _expect(text, position, ":")
@@ -128,9 +147,11 @@ def _index_users(text: str, position: int, spans: dict[str, tuple[int, int]]) ->
             # skips them unparsed, 2.4x faster), json's C scanner where they are strings (Shakespeare: 3x faster).
             value, end = _DECODER.raw_decode(text, start)
             value_end = _bracket_end if _numeric_samples(value) else _decoded_end
+            count = _label_count(value)
         else:
-            end = value_end(text, start)
+            end, count = value_end(text, start)
         spans[_utf8(user)] = (start, end)
+        labels[_utf8(user)] = count
         position = _SPACE.match(text, end).end()  # type: ignore[union-attr]
         if text[position] == ",":
             position = _SPACE.match(text, position + 1).end()  # type: ignore[union-attr]
@@ -144,25 +165,36 @@ def _numeric_samples(value: Any) -> bool:
     return isinstance(first, list) and bool(first) and isinstance(first[0], (int, float))
 
 
-def _decoded_end(text: str, start: int) -> int:
-    """The end of the JSON value at ``start``, decoded (and dropped) by json's C scanner."""
-    return _DECODER.raw_decode(text, start)[1]
+def _label_count(value: Any) -> int:
+    """``len(y)`` of a user's decoded ``{"x": [...], "y": [...]}``, or ``-1`` if it has no ``y`` list."""
+    labels = value.get("y") if isinstance(value, dict) else None
+    return len(labels) if isinstance(labels, list) else -1
 
 
-def _bracket_end(text: str, start: int) -> int:
-    """The end of the JSON object or array at ``start``, found by matching brackets outside strings: its
-    numbers are skipped by the regular expression engine, never parsed (FEMNIST holds 600 million of them)."""
+def _decoded_end(text: str, start: int) -> tuple[int, int]:
+    """The end and the ``len(y)`` of the user's value at ``start``, decoded (and dropped) by json's C scanner."""
+    value, end = _DECODER.raw_decode(text, start)
+    return end, _label_count(value)
+
+
+def _bracket_end(text: str, start: int) -> tuple[int, int]:
+    """The end and the ``len(y)`` of the user's object at ``start``, found by matching brackets outside
+    strings: the numbers of ``x`` are skipped by the regular expression engine, never parsed (FEMNIST holds
+    600 million of them); only the ``y`` list (one label a sample) is decoded."""
     if text[start] not in "[{":
         raise ValueError(f"expected an object at byte {start}, found {text[start]!r}")
-    depth = 0
-    for token in _STRUCTURE.finditer(text, start):
-        symbol = token.group(1)
+    depth, count, position = 0, -1, start
+    while (token := _STRUCTURE.match(text, position)) is not None:
+        symbol, position = token.group(1), token.end()
         if symbol in ("[", "{"):
             depth += 1
         elif symbol in ("]", "}"):
             depth -= 1
             if depth == 0:
-                return token.end()
+                return position, count
+        elif depth == 1 and symbol == '"y"':  # the user's own key (its values are lists, never strings)
+            labels, position = _DECODER.raw_decode(text, _expect(text, position, ":"))
+            count = len(labels) if isinstance(labels, list) else -1
     raise ValueError(f"unterminated value at byte {start}")
 
 
