@@ -270,3 +270,37 @@ data:
     )
     main(["fit", "--config", str(config)])
     main(["test", "--config", str(config)])
+
+
+#: The options LEAF's ``data/utils/preprocess.sh`` parses (its ``case`` statement), and whether each takes a value.
+#: Any other word is skipped silently by its ``*)`` branch: ``-tf 0.8`` leaves the default 0.9 split.
+LEAF_PREPROCESS_OPTIONS = {
+    "--name": True, "-s": True, "--iu": True, "--sf": True, "-k": True, "-t": True, "--tf": True,
+    "--smplseed": True, "--spltseed": True, "--nochecksum": False, "--verify": True,
+    "--raw": False,  # data/shakespeare/preprocess.sh's own (raw text in all_data.json)
+}  # fmt: skip
+REPOSITORY = Path(__file__).resolve().parents[3]
+
+
+def preprocess_commands() -> list[tuple[str, str]]:
+    """Every ``preprocess.sh ...`` command line of the docs, the configs, the benchmarks and the LEAF loaders."""
+    files = [*REPOSITORY.glob("*.md"), *REPOSITORY.glob("docs/**/*.md"), *REPOSITORY.glob("configs/**/*.yaml")]
+    files += [*REPOSITORY.glob("benchmarks/*.py"), *REPOSITORY.glob("benchmarks/**/*.md"), *REPOSITORY.glob("fl_lightning/**/*.py")]
+    found = []
+    for path in files:
+        for match in re.finditer(r"preprocess\.sh((?: +-{1,2}[\w-]+(?: +[\w.${}]+)?)+)", path.read_text(encoding="utf-8")):
+            found.append((str(path.relative_to(REPOSITORY)), match.group(1)))
+    return found
+
+
+def test_every_documented_leaf_command_uses_only_options_preprocess_sh_parses() -> None:
+    commands = preprocess_commands()
+    assert len({path for path, _ in commands}) >= 4  # docs/datasets.md, leaf.py, both LEAF configs
+    for path, command in commands:
+        words = command.split()
+        while words:
+            option = words.pop(0)
+            assert option in LEAF_PREPROCESS_OPTIONS, f"{path}: preprocess.sh{command} passes {option!r}, which LEAF ignores"
+            if LEAF_PREPROCESS_OPTIONS[option]:
+                assert words and not words[0].startswith("-"), f"{path}: {option} needs a value in preprocess.sh{command}"
+                words.pop(0)
