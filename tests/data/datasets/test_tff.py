@@ -163,6 +163,42 @@ def test_cifar100_images_labels_and_separate_test_clients(tmp_path: Path) -> Non
         TffCIFAR100(str(tmp_path), label="medium")  # type: ignore[arg-type]
 
 
+def tf_per_image_standardization(image: np.ndarray) -> np.ndarray:
+    """The published formula of ``tf.image.per_image_standardization``: ``(x - mean) / max(stddev, 1/sqrt(N))``
+    over all ``N`` values of one image, in float64."""
+    values = image.astype(np.float64)
+    return (values - values.mean()) / max(values.std(), 1 / np.sqrt(values.size))
+
+
+def test_cifar100_reference_pipeline_crops_then_standardises_each_image(tmp_path: Path) -> None:
+    """TffCIFAR100 into ResNet18GN.preprocess, against TFF's build_image_map computed from the published formulas:
+    cast the uint8 image to float, crop (central 24x24 in evaluation: resize_with_crop_or_pad; a random 24x24
+    window, maybe mirrored, in training), then per_image_standardization."""
+    from fl_lightning.models import ResNet18GN
+
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (4, 32, 32, 3))
+    images[1] = 100  # a flat image: all zeros
+    images[2] = 100
+    images[2, 14, 14, 0] = 101  # one value off: stddev sqrt(1727)/1728 < 1/sqrt(1728), the floor divides
+    images[3] = rng.integers(120, 123, (32, 32, 3))  # low contrast
+    examples = [{"coarse_label": [0], "image": image.reshape(-1), "label": [i]} for i, image in enumerate(images)]
+    write_tff_sqlite(tmp_path / "cifar100.sqlite", {"train": {"0": examples}, "test": {"0": examples}})
+    (x, _), = TffCIFAR100(str(tmp_path), shuffle=False).client_batches(0, generator=torch.Generator(), num_epochs=1)
+    model = ResNet18GN()
+    expected = np.stack([tf_per_image_standardization(image[4:28, 4:28]) for image in images])  # HWC, as TF
+    got = model.eval().preprocess(x).permute(0, 2, 3, 1).double().numpy()
+    assert np.abs(got - expected).max() < 1e-5
+    assert np.all(got[1] == 0) and got[2].max() == pytest.approx((1 - 1 / 1728) * np.sqrt(1728), rel=1e-5)
+    torch.manual_seed(0)
+    trained = model.train().preprocess(x).permute(0, 2, 3, 1).double().numpy()
+    for crop, image in zip(trained, images):
+        windows = [image[top : top + 24, left : left + 24, :] for top in range(9) for left in range(9)]
+        candidates = [tf_per_image_standardization(w) for w in windows + [w[:, ::-1] for w in windows]]
+        assert min(np.abs(crop - c).max() for c in candidates) < 1e-5
+    assert np.allclose(trained.reshape(4, -1)[[0, 3]].mean(1), 0, atol=1e-5)
+
+
 def test_tffs_older_hdf5_release_loads_as_its_sqlite(tmp_path: Path, emnist_root: Path) -> None:
     """The same clients written in both of TFF's formats: the same ids, counts and batches."""
     pytest.importorskip("h5py", reason="the datasets extra (h5py) reads TFF's HDF5 files")
