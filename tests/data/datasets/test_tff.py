@@ -238,3 +238,42 @@ def test_tff_shakespeare_hdf5_counts_chunks_as_sqlite(tmp_path: Path) -> None:
     (xa, ya), = hdf5.client_batches(0, generator=torch.Generator(), num_epochs=1)
     (xb, yb), = sqlite.client_batches(0, generator=torch.Generator(), num_epochs=1)
     assert torch.equal(xa, xb) and torch.equal(ya, yb)
+
+
+def test_sqlite_without_the_client_index_gets_it_once_or_a_warning_with_the_command(tmp_path: Path) -> None:
+    """TFF's writer creates no (split_name, client_id) index: without it each client read scans the table."""
+    import sqlite3
+    import warnings
+
+    def unindexed(path: Path) -> None:
+        write_tff_sqlite(path, {"all_train": {c: emnist_examples(i, 3) for i, c in enumerate("abc")}, "all_test": {"a": emnist_examples(9, 1)}})
+        with sqlite3.connect(path) as db:
+            db.executescript("DROP INDEX idx_examples_client_id; DROP INDEX idx_examples_client_id_split;")
+        db.close()
+
+    def plan(path: Path) -> str:
+        with sqlite3.connect(path) as db:
+            rows = db.execute(
+                "EXPLAIN QUERY PLAN SELECT serialized_example_proto FROM examples WHERE split_name = ? AND client_id = ?", ("all_train", "a")
+            ).fetchall()
+        db.close()
+        return " ".join(row[-1] for row in rows)
+
+    unindexed(tmp_path / "emnist_all.sqlite")
+    assert "SCAN" in plan(tmp_path / "emnist_all.sqlite")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # creating it is silent
+        data = TffEMNIST(str(tmp_path))
+    assert "USING INDEX" in plan(tmp_path / "emnist_all.sqlite") and data.train.indexed and data.train.index_seconds is not None
+    assert data.test.indexed and data.test.index_seconds is None  # found, not created again
+    (x, _), = data.client_batches(1, generator=torch.Generator(), num_epochs=1)
+    assert len(x) == 3
+
+    read_only = tmp_path / "ro"
+    read_only.mkdir()
+    unindexed(read_only / "emnist_all.sqlite")
+    with pytest.warns(UserWarning, match=r"has no index on examples\(split_name, client_id\).*create_index=False.*CREATE INDEX") as record:
+        reader = tff_sqlite.TffSqliteReader(read_only / "emnist_all.sqlite", "all_train", lambda e: (torch.zeros(len(e)),), dataset="x", create_index=False)
+        tff_sqlite.TffSqliteReader(read_only / "emnist_all.sqlite", "all_test", lambda e: (torch.zeros(len(e)),), dataset="x", create_index=False)
+    assert len(record) == 1 and not reader.indexed and "SCAN" in plan(read_only / "emnist_all.sqlite")
+    assert len(reader.read(0)[0]) == 3  # still reads, by scanning
