@@ -10,7 +10,7 @@ creates the index once, timed), side by side.
 
 Run from the repository root::
 
-    PYTHONPATH=. python benchmarks/tff_sqlite_index.py --out benchmarks/results/datasets.md
+    PYTHONPATH=. python benchmarks/tff_sqlite_index.py   # its section of benchmarks/results/datasets.md
 """
 
 from __future__ import annotations
