@@ -136,9 +136,9 @@ def test_index_spans_decode_to_each_users_record(tmp_path: Path, numbers_first: 
     # num_samples overstates both users (as LEAF's Shakespeare test split does): the counts are len(y).
     path.write_text(f'{{ "num_samples" : [80, 81],\n "user_data": {{{body}}}, "users": ["b", "a é"] }}', encoding="utf-8")
     ids, counts, spans = index_leaf_file(path)
-    assert ids == ["b", "a é"] and counts == [1, 2]
+    assert ids == ["b", "a é"] and counts.tolist() == [1, 2]
     raw = path.read_bytes()
-    assert {user: json.loads(raw[start:end]) for user, (start, end) in spans.items()} == users
+    assert {user: json.loads(raw[start:end]) for user, (start, end) in zip(ids, spans.tolist())} == users
 
 
 def test_a_broken_file_is_named(tmp_path: Path) -> None:
@@ -304,3 +304,26 @@ def test_every_documented_leaf_command_uses_only_options_preprocess_sh_parses() 
             if LEAF_PREPROCESS_OPTIONS[option]:
                 assert words and not words[0].startswith("-"), f"{path}: {option} needs a value in preprocess.sh{command}"
                 words.pop(0)
+
+
+@pytest.mark.parametrize("window", [7, 64, 1000])
+def test_the_index_reads_a_file_through_a_small_window_as_it_reads_it_whole(tmp_path: Path, window: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """LEAF writes a split as one file (hundreds of MB): the index reads it forward through a window, which must
+    give the spans and counts of a whole read wherever the window's edges fall (users of numbers and of strings)."""
+    from fl_lightning.data.datasets import leaf_json
+
+    rng = np.random.default_rng(0)
+    femnist = {f"f{i}": femnist_user(i, 1 + i % 4) for i in range(12)}
+    text = "".join(rng.choice(list(SHAKESPEARE_LETTERS), 400))
+    roles = {f'R "{i}" é': {"x": [text[j : j + 80] for j in range(i)], "y": [text[80 + j] for j in range(i)]} for i in range(1, 9)}
+    for name, users in (("femnist", femnist), ("shakespeare", roles)):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"users": list(users), "num_samples": [0] * len(users), "user_data": users}, indent=1))
+        ids, counts, spans = leaf_json.index_leaf_file(path)
+        monkeypatch.setattr(leaf_json, "WINDOW", window)
+        small_ids, small_counts, small_spans = leaf_json.index_leaf_file(path)
+        monkeypatch.undo()
+        assert small_ids == ids == list(users) and np.array_equal(small_counts, counts) and np.array_equal(small_spans, spans)
+        assert counts.tolist() == [len(u["y"]) for u in users.values()]
+        raw = path.read_bytes()
+        assert all(json.loads(raw[a:b]) == users[u] for u, (a, b) in zip(ids, spans.tolist()))
