@@ -73,3 +73,34 @@ def augmentation_generator(data_generator: torch.Generator) -> torch.Generator:
     """A CPU generator for a client's augmentation draws, fixed by the seed of its data-order
     generator (read with ``initial_seed``, so the data order's stream is not consumed)."""
     return torch.Generator().manual_seed(derive_seed(data_generator.initial_seed(), "augment"))
+
+
+def per_image_standardization(images: Tensor, *, scale: float = 1.0) -> Tensor:
+    """TensorFlow's ``tf.image.per_image_standardization`` on a batch ``[B, ...]``, image by image.
+
+    Each image's ``N`` values (all channels and pixels together) become ``(x - mean) / max(stddev, 1 / sqrt(N))``,
+    the population standard deviation (as TensorFlow's, over ``N``, not ``N - 1``); the floor keeps a flat
+    image from being divided by zero. Reddi et al.'s and TFF's CIFAR-100 preprocessing apply it to the
+    ``float32`` cast of the ``uint8`` pixels (``0-255``) after the crop
+    (``tff.simulation.baselines.cifar100.image_classification_preprocessing.build_image_map``).
+
+    Args:
+        images: The batch, ``B`` images of any shape.
+        scale: What the formula's values were divided by to give ``images`` (``255`` for images in ``[0, 1]``
+            made from 8-bit pixels): the result is the formula's on ``images * scale``. It matters only
+            through the floor, which applies to low-contrast images (standard deviation under
+            ``1 / sqrt(N)`` of a pixel step).
+    """
+    if images.ndim < 2:
+        raise ValueError(f"per_image_standardization expects a batch [B, ...] of images, got shape {list(images.shape)}.")
+    if not scale > 0:
+        raise ValueError(f"`scale` must be > 0, got {scale}.")
+    # In float64 where the device has it: a flat image of float32 [0, 1] values is otherwise off by 6e-4
+    # (the mean's rounding divided by the floor), where the formula gives exactly 0.
+    wide = torch.float32 if images.device.type == "mps" else torch.float64
+    flat = images.reshape(len(images), -1).to(wide)
+    mean = flat.mean(dim=1, keepdim=True)
+    std = flat.var(dim=1, unbiased=False, keepdim=True).sqrt()
+    floor = 1.0 / (scale * flat.shape[1] ** 0.5)
+    out = torch.float32 if not images.is_floating_point() else images.dtype
+    return ((flat - mean) / std.clamp(min=floor)).reshape(images.shape).to(out)

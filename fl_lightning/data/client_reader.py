@@ -74,7 +74,9 @@ def check_read(reader: ClientReader, position: int, tensors: tuple[Tensor, ...])
     if lengths != {expected}:
         raise ValueError(
             f"{type(reader).__name__}: client {reader.client_ids[position]!r} has {sorted(lengths)} samples, but "
-            f"its index says {expected}; the files are inconsistent (re-run the source's preprocessing)."
+            f"its index says {expected}: the index is built once, when the data module is, so either the files "
+            f"changed since (build the data module again) or {type(reader).__name__} decodes another number of "
+            "samples than it indexes (a bug in that reader: please report it)."
         )
     return tensors
 

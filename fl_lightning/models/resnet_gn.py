@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from fl_lightning.data.augment import per_image_standardization
 from fl_lightning.mixins.proximal import ProximalMixin
 from fl_lightning.models.classifier import ClassificationModule
 
@@ -51,19 +52,34 @@ class ResNet18GN(ProximalMixin, ClassificationModule):
     The reference adds an L2 penalty of 1e-4 through Keras regularisers; here that is ``weight_decay``
     (off by default, as TFF's training loop leaves Keras' regularisation losses out).
 
-    Reddi et al. train on 24×24 crops of the 32×32 images: with ``crop``, each training image is cropped at
-    a uniformly random offset and mirrored left-right with probability 1/2 (TFF's CIFAR-100 preprocessing),
-    each evaluated image cropped centrally. The draws come from torch's global generator, as dropout's do.
+    The reference's input pipeline (``build_image_map`` of TFF's and Reddi et al.'s CIFAR-100 preprocessing)
+    is :meth:`preprocess`, the first step of :meth:`forward`: with ``crop``, each training image is cropped at
+    a uniformly random offset and mirrored left-right with probability 1/2 (``tf.image.random_crop``,
+    ``random_flip_left_right``), each evaluated image cropped centrally (``resize_with_crop_or_pad``); then,
+    with ``standardize``, each crop is standardised on its own
+    (:func:`~fl_lightning.data.augment.per_image_standardization`, the formula taken on the ``0-255`` pixel
+    values, as the reference casts the ``uint8`` image to float: inputs are expected in ``[0, 1]``, as
+    :class:`~fl_lightning.data.datasets.tff.TffCIFAR100` gives them). The draws come from torch's global
+    generator, as dropout's do.
 
     Args:
         in_channels: image channels.
         num_classes: number of classes.
         groups: GroupNorm groups per layer (Reddi et al.: 2).
         crop: side of the square crop taken from every image (``None``: the whole image).
+        standardize: standardise each (cropped) image, as the reference does (``False``: feed the inputs as
+            they come, e.g. data already normalised another way).
     """
 
     def __init__(
-        self, *, in_channels: int = 3, num_classes: int = 100, groups: int = 2, crop: int | None = 24, **kwargs: Any
+        self,
+        *,
+        in_channels: int = 3,
+        num_classes: int = 100,
+        groups: int = 2,
+        crop: int | None = 24,
+        standardize: bool = True,
+        **kwargs: Any,
     ) -> None:
         super().__init__(num_classes=num_classes, **kwargs)
         if groups < 1 or 64 % groups:
@@ -71,6 +87,7 @@ class ResNet18GN(ProximalMixin, ClassificationModule):
         if crop is not None and crop < 1:
             raise ValueError(f"`crop` must be >= 1 or None, got {crop}.")
         self.crop = crop
+        self.standardize = bool(standardize)
         eps = 1e-3
         widths = [64, 64, 64, 128, 128, 256, 256, 512, 512]
         blocks = [
@@ -95,7 +112,14 @@ class ResNet18GN(ProximalMixin, ClassificationModule):
         nn.init.zeros_(self.net[-1].bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.net(x if self.crop is None else self._cropped(x, self.crop))
+        return self.net(self.preprocess(x))
+
+    def preprocess(self, x: Tensor) -> Tensor:
+        """The reference's input pipeline on a batch of ``[0, 1]`` images: the crop (random and maybe mirrored
+        in training, central in evaluation), then per-image standardisation of the ``0-255`` values."""
+        if self.crop is not None:
+            x = self._cropped(x, self.crop)
+        return per_image_standardization(x, scale=255.0) if self.standardize else x
 
     def _cropped(self, x: Tensor, size: int) -> Tensor:
         n, _, h, w = x.shape

@@ -86,3 +86,21 @@ def test_cifar_wrapper_pads_with_black(monkeypatch):
     assert data.train_transform.fill == pytest.approx(black.tolist())
     augmented = data.train_transform(data.tensors[0], torch.Generator().manual_seed(0))
     assert torch.allclose(augmented, data.tensors[0])  # padding black onto black changes nothing
+
+
+def test_per_image_standardization_is_tfs_formula_image_by_image():
+    from fl_lightning.data.augment import per_image_standardization
+
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (3, 5, 4, 3)).astype(np.float64)
+    images[1] = 7.0  # flat: the floor 1/sqrt(N) divides, giving zeros
+    got = per_image_standardization(torch.from_numpy(images).float()).double().numpy()
+    for image, out in zip(images, got):
+        expected = (image - image.mean()) / max(image.std(), 1 / np.sqrt(image.size))
+        assert np.abs(out - expected).max() < 1e-5
+    scaled = per_image_standardization(torch.from_numpy(images / 255).float(), scale=255.0)
+    assert torch.allclose(scaled, torch.from_numpy(got).float(), atol=1e-5)  # the same values, scaled
+    with pytest.raises(ValueError, match=r"expects a batch \[B, \.\.\.\] of images, got shape \[4\]"):
+        per_image_standardization(torch.zeros(4))
+    with pytest.raises(ValueError, match="`scale` must be > 0, got 0"):
+        per_image_standardization(torch.zeros(2, 4), scale=0)

@@ -14,7 +14,7 @@ from fl_lightning.cli import FederatedCLI
 from fl_lightning.data.datasets.leaf import SHAKESPEARE_LETTERS
 
 from ..data.datasets.flair_files import write_flair_splits
-from ..data.datasets.test_leaf import femnist_user, write_leaf
+from ..data.datasets.test_leaf import femnist_user, shakespeare_all_data, split_like_leaf, write_leaf
 from ..data.datasets.test_tff import emnist_examples
 from ..data.datasets.tff_files import write_stackoverflow_counts, write_tff_sqlite
 from .config_runs import CONFIGS, two_rounds
@@ -30,15 +30,11 @@ def leaf_femnist(root: Path) -> None:
 
 
 def leaf_shakespeare(root: Path) -> None:
+    """Split as LEAF's own ``split_data.py`` splits it (``--tf 0.5``): each test user's ``num_samples`` is 79
+    above the windows its test file holds."""
     rng = np.random.default_rng(0)
-
-    def user(n: int) -> dict[str, list[str]]:
-        text = "".join(rng.choice(list(SHAKESPEARE_LETTERS), 80 + n))
-        return {"x": [text[i : i + 80] for i in range(n)], "y": [text[80 + i] for i in range(n)]}
-
-    roles = ["HAMLET", "OPHELIA", "POLONIUS", "LAERTES"]
-    write_leaf(root, "train", [{r: user(12) for r in roles}])
-    write_leaf(root, "test", [{r: user(3) for r in roles}])
+    roles = {r: "".join(rng.choice(list(SHAKESPEARE_LETTERS), 80 + 200)) for r in ("HAMLET", "OPHELIA", "POLONIUS", "LAERTES")}
+    split_like_leaf(root, "shakespeare", shakespeare_all_data(roles), frac=0.5)
 
 
 CLIENTS = ["c0", "c1", "c2", "c3"]

@@ -181,8 +181,12 @@ class TffCIFAR100(NaturalDataModule):
     partitioned by Pachinko allocation (per client, Dirichlet(0.1) over the coarse labels, then Dirichlet(10)
     over each coarse label's fine labels; TFF's ``cifar100.load_data``).
 
-    A sample is the ``[3, 32, 32]`` image scaled to ``[0, 1]`` (TFF stores ``uint8`` HWC); Reddi et al.'s
-    24x24 crops (random in training, central in test) are the model's transform, not done here. The test
+    A sample is the ``[3, 32, 32]`` image scaled to ``[0, 1]`` (TFF stores ``uint8`` HWC). The reference
+    preprocessing of Reddi et al. and TFF (``build_image_map``: a 24x24 crop, random and maybe mirrored in
+    training, central in test, then ``tf.image.per_image_standardization`` of each crop) draws a new crop
+    every epoch, so it is the model's first step, not done here: :class:`~fl_lightning.models.ResNet18GN`
+    (``crop=24``, ``standardize=True``, its defaults) applies it exactly; another model must apply it itself
+    (:func:`~fl_lightning.data.augment.per_image_standardization` with ``scale=255`` after the crop). The test
     clients (ids ``0-99``) are other partitions than the training clients of the same ids, so a training
     client has no held-out data of its own.
 

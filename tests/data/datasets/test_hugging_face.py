@@ -108,3 +108,112 @@ def test_a_validation_split_is_the_servers_and_no_test_split_means_no_test(tmp_p
     assert labels.tolist() == [expected[1], expected[0]]  # user v1, then v9
     with pytest.raises(RuntimeError, match="has no test split"):
         module.test_dataloader()
+
+
+def write_csv(path: Path, users: list[str], seed: int) -> np.ndarray:
+    """A tabular file: a user column, four feature columns and a label, as a spreadsheet exports it."""
+    rng = np.random.default_rng(seed)
+    features = rng.normal(size=(len(users), 4)).round(3)
+    labels = (features[:, 0] > 0).astype(int)
+    lines = ["user,f0,f1,f2,f3,label"] + [f"{u},{','.join(map(str, f))},{y}" for u, f, y in zip(users, features, labels)]
+    path.write_text("\n".join(lines) + "\n")
+    return np.concatenate([features, labels[:, None]], axis=1)
+
+
+def test_a_csv_with_a_user_column_trains_on_stacked_feature_columns(tmp_path: Path):
+    users = [f"u{i % 5}" for i in range(40)]
+    table = write_csv(tmp_path / "train.csv", users, 0)
+    write_csv(tmp_path / "test.csv", users[:10], 1)
+    module = HuggingFaceDataModule(
+        "csv", data_files={"train": str(tmp_path / "train.csv"), "test": str(tmp_path / "test.csv")},
+        user_column="user", columns=[["f0", "f1", "f2", "f3"], "label"], batch_size=4, shuffle=False,
+    )  # fmt: skip
+    (x, y), *_ = module.client_batches(0, generator=torch.Generator(), num_epochs=1)
+    rows = [i for i, u in enumerate(users) if u == "u0"][:4]
+    assert x.dtype == torch.float32 and x.shape == (4, 4) and y.dtype == torch.int64
+    assert torch.allclose(x, torch.tensor(table[rows, :4], dtype=torch.float32)) and y.tolist() == table[rows, 4].tolist()
+    trainer = quiet_trainer(max_epochs=2, clients_per_round=2)
+    trainer.fit(MLP(in_features=4, hidden=(8,), num_classes=2), datamodule=module)
+    assert trainer.current_epoch == 2
+
+
+def image_rows(n: int, seed: int) -> dict[str, list]:
+    rng = np.random.default_rng(seed)
+    from PIL import Image
+
+    pixels = rng.integers(0, 256, (n, 8, 8, 3), dtype=np.uint8)
+    return {
+        "user_id": [f"w{i % 3}" for i in range(n)],
+        "image": [Image.fromarray(p) for p in pixels],  # datasets.Image: PNG bytes, decoded per read
+        "raw": list(pixels),  # uint8 [H, W, C] arrays
+        "label": rng.integers(0, 4, n).tolist(),
+    }
+
+
+def test_images_arrive_as_float_chw_and_a_fedavg_round_runs(tmp_path: Path):
+    """datasets' torch format gives uint8 or int64 pixels (by version and storage), which a float model cannot
+    take ("mat1 and mat2 must have the same dtype"): both image storages arrive as float32 [C, H, W] in [0, 1]."""
+    from fl_lightning.models.reference import CNN
+
+    rows = image_rows(18, 0)
+    splits = datasets.DatasetDict({"train": datasets.Dataset.from_dict(rows), "test": datasets.Dataset.from_dict(image_rows(6, 1))})
+    assert type(splits["train"].features["image"]).__name__ == "Image"
+    splits.save_to_disk(str(tmp_path / "saved"))  # a save_to_disk folder: read with load_from_disk
+    for column in ("image", "raw"):
+        module = HuggingFaceDataModule(str(tmp_path / "saved"), user_column="user_id", columns=[column, "label"], batch_size=3, shuffle=False)
+        (x, y), *_ = module.client_batches(0, generator=torch.Generator(), num_epochs=1)
+        expected = torch.from_numpy(np.stack([np.asarray(rows["image"][i]) for i in (0, 3, 6)])).permute(0, 3, 1, 2) / 255
+        assert x.dtype == torch.float32 and x.shape == (3, 3, 8, 8) and torch.equal(x, expected)
+        trainer = quiet_trainer(max_epochs=1, clients_per_round=2)
+        trainer.fit(CNN(in_channels=3, image_size=8, num_classes=4), datamodule=module)
+        assert trainer.current_epoch == 1
+    hwc = HuggingFaceClients(splits["train"], "user_id", ["image"], image_layout="HWC").read(0)[0]
+    assert hwc.shape == (6, 8, 8, 3)
+    # Pixels stored as int64 lists are images when named.
+    as_int64 = datasets.Dataset.from_dict({"user_id": ["a"], "pixels": [rows["raw"][0].astype(np.int64)]})
+    (x,) = HuggingFaceClients(as_int64, "user_id", ["pixels"], image_columns=["pixels"]).read(0)
+    assert x.dtype == torch.float32 and x.shape == (1, 3, 8, 8) and float(x.max()) <= 1
+
+
+def test_a_transform_sees_each_clients_rows_as_one_batch(tmp_path: Path):
+    from PIL import Image
+
+    sizes = [(8, 8), (10, 6), (8, 8)]
+    rows = {"user_id": ["a", "a", "b"], "image": [Image.new("L", s, 200) for s in sizes], "label": [0, 1, 2]}
+    data = datasets.Dataset.from_dict(rows)
+    with pytest.raises(ValueError, match=r"'image' holds values of different shapes in one client .*resize the images"):
+        HuggingFaceClients(data, "user_id", ["image", "label"]).read(0)
+    calls: list[int] = []
+
+    def resize(batch: dict[str, list]) -> dict[str, list]:
+        calls.append(len(batch["label"]))
+        return {**batch, "image": [image.resize((4, 4)) for image in batch["image"]], "double": [2 * y for y in batch["label"]]}
+
+    reader = HuggingFaceClients(data, "user_id", ["image", "double"], transform=resize)
+    x, double = reader.read(0)
+    assert calls == [2] and x.shape == (2, 1, 4, 4) and torch.allclose(x, torch.full_like(x, 200 / 255))
+    assert double.tolist() == [0, 2]
+    with pytest.raises(ValueError, match=r"`transform` returned no column \['double'\]"):
+        HuggingFaceClients(data, "user_id", ["image", "double"], transform=lambda b: b).read(0)
+
+
+def test_bad_entries_and_non_numeric_columns_are_named():
+    data = datasets.Dataset.from_dict({"user_id": ["a"], "f0": [1.0], "word": ["x"]})
+    with pytest.raises(ValueError, match=r"a column name or a list of names to stack, got \[\]"):
+        HuggingFaceClients(data, "user_id", [[], "f0"])
+    with pytest.raises(ValueError, match=r"`image_layout` must be 'CHW' or 'HWC', got 'NCHW'"):
+        HuggingFaceClients(data, "user_id", ["f0"], image_layout="NCHW")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"column 'word' holds <U1 values, which are not numbers"):
+        HuggingFaceClients(data, "user_id", ["word"]).read(0)
+    with pytest.raises(ValueError, match=r"no column \['f9'\]"):
+        HuggingFaceClients(data, "user_id", [["f0", "f9"]])
+
+
+def test_save_to_disk_folders_load_whole(tmp_path: Path):
+    """datasets 4.x's load_dataset reads a save_to_disk folder's state.json as JSON rows (columns '_data_files', ...)."""
+    split = datasets.Dataset.from_dict(rows(TRAIN_USERS, 0))
+    split.save_to_disk(str(tmp_path / "one"))
+    module = HuggingFaceDataModule(str(tmp_path / "one"), user_column="user_id", columns=["pixels", "label"], test_split=None)
+    assert module.client_ids == ["u1", "u2", "u3"]  # a Dataset's folder is the "train" split
+    with pytest.raises(ValueError, match="is a save_to_disk folder, read whole with datasets.load_from_disk"):
+        HuggingFaceDataModule(str(tmp_path / "one"), user_column="user_id", columns=["label"], data_files="x.parquet")

@@ -4,6 +4,7 @@ per-client counts, the train/test split, lazy reads, and the missing-file error.
 from __future__ import annotations
 
 import json
+import random
 import re
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,49 @@ def write_leaf(root: Path, split: str, files: list[dict[str, dict[str, list[Any]
         record = {"users": list(users), "num_samples": [len(u["y"]) for u in users.values()], "user_data": users}
         with open(folder / f"part_{number}.json", "w") as file:
             json.dump(record, file, indent=indent)
+
+
+def split_like_leaf(root: Path, name: str, all_data: dict[str, dict[str, list[Any]]], *, frac: float = 0.9, seed: int = 1) -> None:
+    """LEAF's ``data/utils/split_data.py --by_sample`` (https://github.com/TalwalkarLab/leaf), transcribed: writes
+    ``<root>/data/{train,test}/all_data_{train,test}_<frac>.json`` from ``all_data`` (``{user: {"x", "y"}}``).
+
+    Shakespeare's training windows are a user's first ``num_train`` and its test windows start at
+    ``num_train + 80 - 1`` (so none overlaps a training window), while ``num_samples`` of the test file
+    is ``n - num_train``: 79 more than the test file holds. Other datasets draw the training samples at random.
+    """
+    rng = random.Random(seed)
+    label = str(frac)[2:]
+    train: dict[str, Any] = {"users": [], "num_samples": [], "user_data": {}}
+    test: dict[str, Any] = {"users": [], "num_samples": [], "user_data": {}}
+    for user, data in all_data.items():
+        n = len(data["y"])
+        if n < 2:
+            continue
+        num_train = 1 if n == 2 else max(1, int(frac * n))
+        if name == "shakespeare":
+            train_indices, test_indices = list(range(num_train)), list(range(num_train + 80 - 1, n))
+        else:
+            train_indices = rng.sample(range(n), num_train)
+            test_indices = [i for i in range(n) if i not in train_indices]
+        if not train_indices or not test_indices:
+            continue
+        for split, indices, count in ((train, set(train_indices), num_train), (test, set(test_indices), n - num_train)):
+            split["users"].append(user)
+            split["num_samples"].append(count)
+            split["user_data"][user] = {key: [data[key][i] for i in range(n) if i in indices] for key in ("x", "y")}
+    for split_name, split in (("train", train), ("test", test)):
+        (root / "data" / split_name).mkdir(parents=True, exist_ok=True)
+        with open(root / "data" / split_name / f"all_data_{split_name}_{label}.json", "w") as file:
+            json.dump(split, file)
+
+
+def shakespeare_all_data(roles: dict[str, str]) -> dict[str, dict[str, list[str]]]:
+    """LEAF's ``all_data`` of Shakespeare (``preprocess/gen_all_data.py``): every 80-character window of a
+    role's text, ``y`` the character after it."""
+    return {
+        role: {"x": [text[i : i + 80] for i in range(len(text) - 80)], "y": [text[i + 80] for i in range(len(text) - 80)]}
+        for role, text in roles.items()
+    }
 
 
 def femnist_user(seed: int, n: int) -> dict[str, list[Any]]:
@@ -89,11 +133,12 @@ def test_index_spans_decode_to_each_users_record(tmp_path: Path, numbers_first: 
     order = ["a é", "b"] if numbers_first else ["b", "a é"]
     body = " ,\n".join(f'{json.dumps(u)}: {values[u]}' for u in order)
     path = tmp_path / "f.json"
-    path.write_text(f'{{ "num_samples" : [1, 2],\n "user_data": {{{body}}}, "users": ["b", "a é"] }}', encoding="utf-8")
+    # num_samples overstates both users (as LEAF's Shakespeare test split does): the counts are len(y).
+    path.write_text(f'{{ "num_samples" : [80, 81],\n "user_data": {{{body}}}, "users": ["b", "a é"] }}', encoding="utf-8")
     ids, counts, spans = index_leaf_file(path)
-    assert ids == ["b", "a é"] and counts == [1, 2]
+    assert ids == ["b", "a é"] and counts.tolist() == [1, 2]
     raw = path.read_bytes()
-    assert {user: json.loads(raw[start:end]) for user, (start, end) in spans.items()} == users
+    assert {user: json.loads(raw[start:end]) for user, (start, end) in zip(ids, spans.tolist())} == users
 
 
 def test_a_broken_file_is_named(tmp_path: Path) -> None:
@@ -104,6 +149,33 @@ def test_a_broken_file_is_named(tmp_path: Path) -> None:
     (tmp_path / "data" / "train" / "x.json").write_text('{"users": ["a"], "num_samples": [1], "user_data": {"a": ')
     with pytest.raises(ValueError, match="x.json' is not a LEAF JSON file"):
         LeafFEMNIST(str(tmp_path))
+
+
+def test_shakespeare_split_by_leafs_split_data_is_read_as_leaf_reads_it(tmp_path: Path) -> None:
+    """LEAF's own split writes each test user's num_samples 79 above len(y); the reader counts len(y), as LEAF's
+    client code does, and every test window is read."""
+    rng = np.random.default_rng(0)
+    sizes = {"HAMLET": 1000, "OPHELIA": 120, "LAERTES": 900}  # windows; OPHELIA's test part is empty: LEAF drops her
+    all_data = shakespeare_all_data({role: "".join(rng.choice(list(SHAKESPEARE_LETTERS), 80 + n)) for role, n in sizes.items()})
+    split_like_leaf(tmp_path, "shakespeare", all_data)
+    test_file = json.loads((tmp_path / "data" / "test" / "all_data_test_9.json").read_text())
+    assert test_file["users"] == ["HAMLET", "LAERTES"]
+    assert test_file["num_samples"] == [100, 90] and [len(test_file["user_data"][u]["y"]) for u in ("HAMLET", "LAERTES")] == [21, 11]
+    data = LeafShakespeare(str(tmp_path), shuffle=False)
+    assert data.client_ids == ["HAMLET", "LAERTES"]
+    assert [data.client_num_samples(c) for c in range(2)] == [900, 810]  # int(0.9 n) training windows
+    (x, y), = data.holdout_dataloader(0)  # HAMLET's test windows: 979 to 999
+    assert len(y) == 21 and "".join(SHAKESPEARE_LETTERS[i] for i in x[0]) == all_data["HAMLET"]["x"][900 + 79]
+    assert sum(len(y) for _, y in data.test_dataloader()) == 32
+
+
+def test_x_and_y_of_different_lengths_are_named_as_the_cause(tmp_path: Path) -> None:
+    write_leaf(tmp_path, "train", [{"u": {"x": femnist_user(0, 3)["x"], "y": [1, 2]}}])
+    write_leaf(tmp_path, "test", [{"u": femnist_user(1, 1)}])
+    data = LeafFEMNIST(str(tmp_path))
+    assert data.client_num_samples(0) == 2  # len(y)
+    with pytest.raises(ValueError, match=r"part_0.json': user 'u' has 3 samples in 'x' but 2 labels in 'y'"):
+        data.client_batches(0, generator=torch.Generator(), num_epochs=1)
 
 
 def test_missing_files_say_where_to_get_them_and_where_to_put_them(tmp_path: Path) -> None:
@@ -198,3 +270,60 @@ data:
     )
     main(["fit", "--config", str(config)])
     main(["test", "--config", str(config)])
+
+
+#: The options LEAF's ``data/utils/preprocess.sh`` parses (its ``case`` statement), and whether each takes a value.
+#: Any other word is skipped silently by its ``*)`` branch: ``-tf 0.8`` leaves the default 0.9 split.
+LEAF_PREPROCESS_OPTIONS = {
+    "--name": True, "-s": True, "--iu": True, "--sf": True, "-k": True, "-t": True, "--tf": True,
+    "--smplseed": True, "--spltseed": True, "--nochecksum": False, "--verify": True,
+    "--raw": False,  # data/shakespeare/preprocess.sh's own (raw text in all_data.json)
+}  # fmt: skip
+REPOSITORY = Path(__file__).resolve().parents[3]
+
+
+def preprocess_commands() -> list[tuple[str, str]]:
+    """Every ``preprocess.sh ...`` command line of the docs, the configs, the benchmarks and the LEAF loaders."""
+    files = [*REPOSITORY.glob("*.md"), *REPOSITORY.glob("docs/**/*.md"), *REPOSITORY.glob("configs/**/*.yaml")]
+    files += [*REPOSITORY.glob("benchmarks/*.py"), *REPOSITORY.glob("benchmarks/**/*.md"), *REPOSITORY.glob("fl_lightning/**/*.py")]
+    found = []
+    for path in files:
+        for match in re.finditer(r"preprocess\.sh((?: +-{1,2}[\w-]+(?: +[\w.${}]+)?)+)", path.read_text(encoding="utf-8")):
+            found.append((str(path.relative_to(REPOSITORY)), match.group(1)))
+    return found
+
+
+def test_every_documented_leaf_command_uses_only_options_preprocess_sh_parses() -> None:
+    commands = preprocess_commands()
+    assert len({path for path, _ in commands}) >= 4  # docs/datasets.md, leaf.py, both LEAF configs
+    for path, command in commands:
+        words = command.split()
+        while words:
+            option = words.pop(0)
+            assert option in LEAF_PREPROCESS_OPTIONS, f"{path}: preprocess.sh{command} passes {option!r}, which LEAF ignores"
+            if LEAF_PREPROCESS_OPTIONS[option]:
+                assert words and not words[0].startswith("-"), f"{path}: {option} needs a value in preprocess.sh{command}"
+                words.pop(0)
+
+
+@pytest.mark.parametrize("window", [7, 64, 1000])
+def test_the_index_reads_a_file_through_a_small_window_as_it_reads_it_whole(tmp_path: Path, window: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """LEAF writes a split as one file (hundreds of MB): the index reads it forward through a window, which must
+    give the spans and counts of a whole read wherever the window's edges fall (users of numbers and of strings)."""
+    from fl_lightning.data.datasets import leaf_json
+
+    rng = np.random.default_rng(0)
+    femnist = {f"f{i}": femnist_user(i, 1 + i % 4) for i in range(12)}
+    text = "".join(rng.choice(list(SHAKESPEARE_LETTERS), 400))
+    roles = {f'R "{i}" é': {"x": [text[j : j + 80] for j in range(i)], "y": [text[80 + j] for j in range(i)]} for i in range(1, 9)}
+    for name, users in (("femnist", femnist), ("shakespeare", roles)):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"users": list(users), "num_samples": [0] * len(users), "user_data": users}, indent=1))
+        ids, counts, spans = leaf_json.index_leaf_file(path)
+        monkeypatch.setattr(leaf_json, "WINDOW", window)
+        small_ids, small_counts, small_spans = leaf_json.index_leaf_file(path)
+        monkeypatch.undo()
+        assert small_ids == ids == list(users) and np.array_equal(small_counts, counts) and np.array_equal(small_spans, spans)
+        assert counts.tolist() == [len(u["y"]) for u in users.values()]
+        raw = path.read_bytes()
+        assert all(json.loads(raw[a:b]) == users[u] for u, (a, b) in zip(ids, spans.tolist()))

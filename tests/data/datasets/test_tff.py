@@ -163,6 +163,42 @@ def test_cifar100_images_labels_and_separate_test_clients(tmp_path: Path) -> Non
         TffCIFAR100(str(tmp_path), label="medium")  # type: ignore[arg-type]
 
 
+def tf_per_image_standardization(image: np.ndarray) -> np.ndarray:
+    """The published formula of ``tf.image.per_image_standardization``: ``(x - mean) / max(stddev, 1/sqrt(N))``
+    over all ``N`` values of one image, in float64."""
+    values = image.astype(np.float64)
+    return (values - values.mean()) / max(values.std(), 1 / np.sqrt(values.size))
+
+
+def test_cifar100_reference_pipeline_crops_then_standardises_each_image(tmp_path: Path) -> None:
+    """TffCIFAR100 into ResNet18GN.preprocess, against TFF's build_image_map computed from the published formulas:
+    cast the uint8 image to float, crop (central 24x24 in evaluation: resize_with_crop_or_pad; a random 24x24
+    window, maybe mirrored, in training), then per_image_standardization."""
+    from fl_lightning.models import ResNet18GN
+
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (4, 32, 32, 3))
+    images[1] = 100  # a flat image: all zeros
+    images[2] = 100
+    images[2, 14, 14, 0] = 101  # one value off: stddev sqrt(1727)/1728 < 1/sqrt(1728), the floor divides
+    images[3] = rng.integers(120, 123, (32, 32, 3))  # low contrast
+    examples = [{"coarse_label": [0], "image": image.reshape(-1), "label": [i]} for i, image in enumerate(images)]
+    write_tff_sqlite(tmp_path / "cifar100.sqlite", {"train": {"0": examples}, "test": {"0": examples}})
+    (x, _), = TffCIFAR100(str(tmp_path), shuffle=False).client_batches(0, generator=torch.Generator(), num_epochs=1)
+    model = ResNet18GN()
+    expected = np.stack([tf_per_image_standardization(image[4:28, 4:28]) for image in images])  # HWC, as TF
+    got = model.eval().preprocess(x).permute(0, 2, 3, 1).double().numpy()
+    assert np.abs(got - expected).max() < 1e-5
+    assert np.all(got[1] == 0) and got[2].max() == pytest.approx((1 - 1 / 1728) * np.sqrt(1728), rel=1e-5)
+    torch.manual_seed(0)
+    trained = model.train().preprocess(x).permute(0, 2, 3, 1).double().numpy()
+    for crop, image in zip(trained, images):
+        windows = [image[top : top + 24, left : left + 24, :] for top in range(9) for left in range(9)]
+        candidates = [tf_per_image_standardization(w) for w in windows + [w[:, ::-1] for w in windows]]
+        assert min(np.abs(crop - c).max() for c in candidates) < 1e-5
+    assert np.allclose(trained.reshape(4, -1)[[0, 3]].mean(1), 0, atol=1e-5)
+
+
 def test_tffs_older_hdf5_release_loads_as_its_sqlite(tmp_path: Path, emnist_root: Path) -> None:
     """The same clients written in both of TFF's formats: the same ids, counts and batches."""
     pytest.importorskip("h5py", reason="the datasets extra (h5py) reads TFF's HDF5 files")
@@ -202,3 +238,42 @@ def test_tff_shakespeare_hdf5_counts_chunks_as_sqlite(tmp_path: Path) -> None:
     (xa, ya), = hdf5.client_batches(0, generator=torch.Generator(), num_epochs=1)
     (xb, yb), = sqlite.client_batches(0, generator=torch.Generator(), num_epochs=1)
     assert torch.equal(xa, xb) and torch.equal(ya, yb)
+
+
+def test_sqlite_without_the_client_index_gets_it_once_or_a_warning_with_the_command(tmp_path: Path) -> None:
+    """TFF's writer creates no (split_name, client_id) index: without it each client read scans the table."""
+    import sqlite3
+    import warnings
+
+    def unindexed(path: Path) -> None:
+        write_tff_sqlite(path, {"all_train": {c: emnist_examples(i, 3) for i, c in enumerate("abc")}, "all_test": {"a": emnist_examples(9, 1)}})
+        with sqlite3.connect(path) as db:
+            db.executescript("DROP INDEX idx_examples_client_id; DROP INDEX idx_examples_client_id_split;")
+        db.close()
+
+    def plan(path: Path) -> str:
+        with sqlite3.connect(path) as db:
+            rows = db.execute(
+                "EXPLAIN QUERY PLAN SELECT serialized_example_proto FROM examples WHERE split_name = ? AND client_id = ?", ("all_train", "a")
+            ).fetchall()
+        db.close()
+        return " ".join(row[-1] for row in rows)
+
+    unindexed(tmp_path / "emnist_all.sqlite")
+    assert "SCAN" in plan(tmp_path / "emnist_all.sqlite")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # creating it is silent
+        data = TffEMNIST(str(tmp_path))
+    assert "USING INDEX" in plan(tmp_path / "emnist_all.sqlite") and data.train.indexed and data.train.index_seconds is not None
+    assert data.test.indexed and data.test.index_seconds is None  # found, not created again
+    (x, _), = data.client_batches(1, generator=torch.Generator(), num_epochs=1)
+    assert len(x) == 3
+
+    read_only = tmp_path / "ro"
+    read_only.mkdir()
+    unindexed(read_only / "emnist_all.sqlite")
+    with pytest.warns(UserWarning, match=r"has no index on examples\(split_name, client_id\).*create_index=False.*CREATE INDEX") as record:
+        reader = tff_sqlite.TffSqliteReader(read_only / "emnist_all.sqlite", "all_train", lambda e: (torch.zeros(len(e)),), dataset="x", create_index=False)
+        tff_sqlite.TffSqliteReader(read_only / "emnist_all.sqlite", "all_test", lambda e: (torch.zeros(len(e)),), dataset="x", create_index=False)
+    assert len(record) == 1 and not reader.indexed and "SCAN" in plan(read_only / "emnist_all.sqlite")
+    assert len(reader.read(0)[0]) == 3  # still reads, by scanning
