@@ -57,7 +57,7 @@ def test_printed_config_round_trips_and_runs(tmp_path, capsys):
     assert config["model"]["init_args"]["hidden"] == [128]
     assert config["data"]["init_args"]["partitioner"] == {
         "class_path": "fl_lightning.data.Dirichlet",
-        "init_args": {"alpha": 0.5, "min_samples": 1},
+        "init_args": {"alpha": 0.5, "min_samples": 1, "self_balancing": True},
     }
     path = tmp_path / "printed.yaml"
     path.write_text(printed)

@@ -41,11 +41,19 @@ def test_inert_until_set_and_after_removal():
     assert torch.equal(net.training_step(batch(), 0), plain)
 
 
-def test_a_direction_missing_a_parameter_names_it():
+def test_a_direction_naming_no_trainable_parameter_names_it():
     net = LinearNet()
     names = [name for name, _ in net.named_parameters()]
-    with pytest.raises(ValueError, match=rf"no tensor for the trainable parameter\(s\) \['{names[-1]}'\]"):
-        net.set_linear_term({name: torch.zeros(1) for name in names[:-1]})
+    with pytest.raises(ValueError, match=r"direction names \['head.extra'\], which are not trainable parameters"):
+        net.set_linear_term({**{name: torch.zeros(1) for name in names}, "head.extra": torch.zeros(1)})
+
+
+def test_a_direction_covers_the_shared_parameters_only():
+    # A client's local parameters (federated_parameters) have no server direction: they get no term.
+    net = LinearNet()
+    names = [name for name, _ in net.named_parameters()]
+    net.set_linear_term({name: torch.zeros(1) for name in names[:-1]})
+    assert len(net._linear_pairs) == len(names) - 1
 
 
 def test_counts_the_steps_that_added_the_term():
