@@ -1,7 +1,8 @@
 """The server's checks between the clients' uploads and the new global model.
 
 Every update's fate is one of: *rejected* (malformed payload, or refused by the update bound),
-*dropped* (non-finite values) or *aggregated*; so ``aggregated + dropped + rejected = clients``.
+*dropped* (non-finite values or training loss, unless the algorithm aggregates a stand-in in its place:
+:meth:`~fl_lightning.Algorithm.replace_non_finite`) or *aggregated*; so ``aggregated + dropped + rejected = clients``.
 The aggregation itself is guarded too: a new global model (or server state) that is not finite
 is rolled back (:func:`aggregate_or_roll_back`).
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -34,16 +35,20 @@ class Screened:
         finite: the decoded updates free of NaN/Inf, in arrival order.
         dropped: the ids of clients whose update was non-finite.
         rejected: the ids of clients whose payload was malformed.
+        replaced: the ids of clients whose non-finite update the algorithm replaced
+            (:meth:`~fl_lightning.Algorithm.replace_non_finite`); their stand-ins are in ``finite``.
     """
 
     finite: list[ClientUpdate]
     dropped: list[int]
     rejected: list[int]
+    replaced: list[int] = field(default_factory=list)
 
 
 def decode_and_screen(algorithm: Algorithm, round_idx: int, received: Sequence[ClientUpdate]) -> Screened:
     """Decodes every update (:meth:`~fl_lightning.Algorithm.decode_update`) and sets apart, with a
-    warning each, the malformed ones (rejected) and the non-finite ones (dropped)."""
+    warning each, the malformed ones (rejected) and the non-finite ones (dropped, or replaced by the
+    algorithm's stand-in: :meth:`~fl_lightning.Algorithm.replace_non_finite`)."""
     screened = Screened(finite=[], dropped=[], rejected=[])
     for update in received:
         try:
@@ -57,10 +62,19 @@ def decode_and_screen(algorithm: Algorithm, round_idx: int, received: Sequence[C
         diverged = not math.isfinite(update.metrics.get("train_loss", 0.0))
         if not diverged and all_finite(decoded.payload):
             screened.finite.append(decoded)
-        else:
-            why = "its training loss is NaN/Inf" if diverged else "NaN/Inf"
+            continue
+        why = "its training loss is NaN/Inf" if diverged else "NaN/Inf"
+        stand_in = algorithm.replace_non_finite(decoded)
+        if stand_in is None:
             rank_zero_warn(f"Round {round_idx}: client {update.client_id} sent a non-finite update ({why}); it is dropped.")
             screened.dropped.append(update.client_id)
+        else:
+            rank_zero_warn(
+                f"Round {round_idx}: client {update.client_id} sent a non-finite update ({why}); "
+                f"{type(algorithm).__name__} aggregates a stand-in in its place."
+            )
+            screened.finite.append(stand_in)
+            screened.replaced.append(update.client_id)
     return screened
 
 

@@ -13,7 +13,7 @@ from typing_extensions import override
 from fl_lightning.algorithms.fedbuff import FedBuff
 from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientUpdate
 from fl_lightning.algorithms.shared.wrapper import AlgorithmWrapper
-from fl_lightning.server.model_state import State, all_finite
+from fl_lightning.server.model_state import State
 from fl_lightning.server.federation import Federation
 from fl_lightning.privacy.accountant import check_delta, composed_gaussian_epsilon
 from fl_lightning.privacy.dp_fedavg import add_noise, clipped_sum, refuse_relative_bound
@@ -43,7 +43,8 @@ class DPFedBuff(AlgorithmWrapper):
     zero updates; who arrives when is the same in both runs, since the virtual clock, not the data,
     sets it). Add/remove-one would change the arrivals, hence every buffer, and is not covered; under
     replace-one the sum moves by :math:`2C` and ε would be that of multiplier :math:`z/2`. A non-finite
-    update is aggregated as a zero update (:meth:`decode_update`), its neighbour under zero-out, with
+    update — NaN/Inf values or a NaN/Inf training loss — is aggregated as a zero update
+    (:meth:`replace_non_finite`, which the loop's guard calls instead of dropping it), its neighbour under zero-out, with
     its weight :math:`\alpha_j`: dropping it would shorten the buffer's step
     :math:`\eta_g \sum_j \alpha_j`, or leave a buffer empty and release nothing, both data-dependent.
 
@@ -113,17 +114,11 @@ class DPFedBuff(AlgorithmWrapper):
         super().check_update_bound(bound)
 
     @override
-    def decode_update(self, update: ClientUpdate) -> ClientUpdate:
-        """The wrapped algorithm's decoded update, or, if it is not finite, a zero update in its place (with a
-        warning): the loop would drop it, changing the buffer's step with the client's data."""
-        decoded = super().decode_update(update)
-        if all_finite(decoded.payload):
-            return decoded
-        rank_zero_warn(
-            f"Client {update.client_id} sent a non-finite update (NaN/Inf); DPFedBuff aggregates a zero update in its "
-            "place, so the buffer's step does not depend on it."
-        )
-        return replace(decoded, payload={name: torch.zeros_like(t) for name, t in decoded.payload.items()})
+    def replace_non_finite(self, update: ClientUpdate) -> ClientUpdate:
+        """A zero update in place of a non-finite one (NaN/Inf values or training loss): the loop would drop it,
+        changing the buffer's count and step with the client's data. Its training loss is not carried over."""
+        metrics = {k: v for k, v in update.metrics.items() if k != "train_loss"}
+        return replace(update, payload={name: torch.zeros_like(t) for name, t in update.payload.items()}, metrics=metrics)
 
     @property
     def aggregations(self) -> int:

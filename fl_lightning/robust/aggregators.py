@@ -5,6 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 import torch
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor
 from typing_extensions import override
 
@@ -152,7 +153,9 @@ class _ByzantineTolerant(RobustAggregation):
     combined with :math:`f' = \max(f - d, 0)`, which keeps the rule's condition (Krum's
     :math:`n > 2f + 2`, Bulyan's :math:`n \ge 4f + 3`) whenever it held for the full group, so one
     attacker within :math:`f` whose update is dropped cannot abort the run. When an honest client
-    is the one missing, the rule then tolerates one Byzantine update fewer than configured.
+    is the one missing, the rule then tolerates one Byzantine update fewer than configured. When so few
+    arrive that even :math:`f' = 0` breaks the condition (2 of 5 for Krum), the round is skipped
+    (:meth:`aggregate`): model unchanged, a warning, ``round/robust_skipped = 1``.
     """
 
     num_byzantine: int
@@ -161,8 +164,8 @@ class _ByzantineTolerant(RobustAggregation):
     @override
     def setup(self, federation: Federation) -> None:
         super().setup(federation)
-        setting, self._group_size = combine_group(self.inner)
-        self.check_group(setting, self._group_size)
+        self._group_setting, self._group_size = combine_group(self.inner)
+        self.check_group(self._group_setting, self._group_size)
 
     @abstractmethod
     def check_group(self, setting: str, n: int) -> None:
@@ -171,6 +174,26 @@ class _ByzantineTolerant(RobustAggregation):
     def byzantine_in(self, n: int) -> int:
         """:math:`f'`, the Byzantine updates a group of ``n`` may still hold once each missing one counts against :math:`f`."""
         return max(self.num_byzantine - max(self._group_size - n, 0), 0)
+
+    @abstractmethod
+    def condition(self, n: int, f: int) -> tuple[bool, str]:
+        """Whether ``n`` updates meet the rule's condition for ``f`` Byzantine ones, and the condition's text."""
+
+    @override
+    def aggregate(self, round_idx: int, global_state: State, updates: list[ClientUpdate]) -> dict[str, float]:
+        """The rule's aggregate, or, when fewer updates arrived than its condition needs (even with each missing one
+        counted against :math:`f`), nothing: the round is skipped with a warning naming the rule and the counts, the
+        global model and server state stay as they were and ``round/robust_skipped`` is 1."""
+        n, f = len(updates), self.byzantine_in(len(updates))
+        met, needs = self.condition(n, f)
+        if not met and self._group_setting != "clients_per_cluster":  # FedSoft's groups are its centres', not the round
+            rank_zero_warn(
+                f"Round {round_idx}: {type(self).__name__} needs {needs} updates but {n} of {self._group_size} arrived "
+                f"(f={f} after counting the {self._group_size - n} missing against num_byzantine={self.num_byzantine}); "
+                "the round is skipped and the global model is unchanged."
+            )
+            return {"robust_skipped": 1.0}
+        return {**super().aggregate(round_idx, global_state, updates), "robust_skipped": 0.0}
 
 
 class Krum(_ByzantineTolerant):
@@ -196,6 +219,10 @@ class Krum(_ByzantineTolerant):
         rules.check_krum(n, self.num_byzantine)
 
     @override
+    def condition(self, n: int, f: int) -> tuple[bool, str]:
+        return n > 2 * f + 2, "n > 2f + 2"
+
+    @override
     def combine(self, updates: Tensor) -> Tensor:
         return rules.multi_krum(updates, self.byzantine_in(len(updates)), min(self.num_selected, len(updates)))
 
@@ -217,6 +244,10 @@ class Bulyan(_ByzantineTolerant):
     def check_group(self, setting: str, n: int) -> None:
         if n < 4 * self.num_byzantine + 3:
             raise ValueError(f"Bulyan needs n >= 4f + 3 updates per group: got {setting}={n} for num_byzantine={self.num_byzantine}.")
+
+    @override
+    def condition(self, n: int, f: int) -> tuple[bool, str]:
+        return n >= 4 * f + 3, "n >= 4f + 3"
 
     @override
     def combine(self, updates: Tensor) -> Tensor:

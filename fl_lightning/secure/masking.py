@@ -22,6 +22,8 @@ from fl_lightning.utils.seeding import make_generator
 def encode(values: Tensor, modulus_bits: int, fraction_bits: int, summands: int = 1) -> Tensor:
     """``values`` (float) in fixed point, as int64 residues in ``[0, 2**modulus_bits)``, checked so that a sum of
     ``summands`` such encodings cannot wrap: every :math:`|x| \\cdot` ``summands`` :math:`< 2^{b-1-f}`."""
+    if not bool(torch.isfinite(values).all()):
+        raise ValueError("Fixed point encodes finite values only: NaN would encode to 0 and Inf cannot be encoded.")
     scaled = torch.round(values.double() * 2.0**fraction_bits)
     limit = 2.0 ** (modulus_bits - 1) / summands
     if scaled.abs().max() * summands >= 2.0 ** (modulus_bits - 1):

@@ -16,7 +16,7 @@ from fl_lightning.algorithms.shared.aggregation import accumulator_dtype
 from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientContext, ClientUpdate
 from fl_lightning.algorithms.shared.summable import SummableAggregation
 from fl_lightning.algorithms.shared.wrapper import AlgorithmWrapper
-from fl_lightning.server.model_state import State
+from fl_lightning.server.model_state import State, all_finite
 from fl_lightning.secure.masking import decode, encode, masked
 
 #: Protocol messages a client uploads besides its masked vector (Bonawitz et al. 2017, Fig. 4):
@@ -24,6 +24,8 @@ from fl_lightning.secure.masking import decode, encode, masked
 #: shares and a 16-byte AES-GCM tag).
 PUBLIC_KEYS_BYTES = 2 * 32
 SHARES_BYTES_PER_PEER = 2 * 32 + 16
+#: The payload key of a client that withholds its masked vector because its delta or weight is not finite.
+WITHHELD = "withheld_non_finite"
 
 
 class SecureAggregation(AlgorithmWrapper):
@@ -36,7 +38,11 @@ class SecureAggregation(AlgorithmWrapper):
     that cancels in the sum. Each value is checked before masking so that the sum over the round's
     :math:`n` clients fits the ring (:math:`n|x| < 2^{b-1-f}`); a client whose value does not fit stops
     the fit with an ``OverflowError`` naming the value and the settings, as the modular sum would
-    otherwise wrap silently. A fraction
+    otherwise wrap silently. A client whose weighted delta or weight is not finite (NaN/Inf) withholds its
+    masked vector (its upload is a NaN marker, :data:`WITHHELD`): the loop drops it as non-finite and counts
+    it in ``round/dropped_clients``, as it drops a plain FedAvg client's NaN update, and the server recovers
+    its pads like a dropout's (before issue 38 NaN encoded to 0 and was aggregated at full weight, and Inf
+    stopped the fit with ``OverflowError``). A fraction
     ``dropout`` of the round's clients (drawn from ``(seed, "secagg_dropout", round, client)``)
     drop after training and before their upload arrives, as do clients the loop rejects; the
     server then removes the survivors' pads with the dropped clients (in the protocol, rebuilt from
@@ -113,6 +119,12 @@ class SecureAggregation(AlgorithmWrapper):
         """The masked fixed-point vector :math:`(w_k\\Delta_k, w_k)` and its wire size."""
         plain = self.inner.client_update(client, module, delta)
         weight = self.inner.aggregation_weight(plain)
+        peers = len(self.round_clients) - 1
+        if not (all_finite(plain.payload) and math.isfinite(weight)):
+            # NaN would pass the range check and encode to 0 (a full-weight zero delta), Inf would raise OverflowError
+            # and stop the fit: the client withholds its masked vector instead, so the loop drops it as non-finite
+            # (as it drops a plain NaN update) and the server recovers its pads like a dropout's.
+            return replace(plain, payload={WITHHELD: torch.tensor(math.nan)}, upload_bytes=PUBLIC_KEYS_BYTES + peers * SHARES_BYTES_PER_PEER)
         vector = torch.cat(
             [
                 *(t.detach().cpu().double().reshape(-1) * weight for t in plain.payload.values()),
@@ -121,7 +133,6 @@ class SecureAggregation(AlgorithmWrapper):
         )
         residues = encode(vector, self.modulus_bits, self.fraction_bits, summands=len(self.round_clients))
         pads = masked(residues, client.client_id, self.round_clients, self.federation.seed, client.round_idx, self.modulus_bits)
-        peers = len(self.round_clients) - 1
         wire = math.ceil(self.modulus_bits * len(vector) / 8) + PUBLIC_KEYS_BYTES + peers * SHARES_BYTES_PER_PEER
         return replace(plain, payload={"masked": pads}, upload_bytes=wire)
 

@@ -110,7 +110,7 @@ def test_dp_fedbuff_aggregates_a_non_finite_update_as_a_zero_update():
     trainer = quadratic_trainer(max_epochs=3, algorithm=algorithm, local_steps=1, logger=logger)
     model = Quadratic(lr=math.nan)
     before = [p.detach().clone() for p in model.parameters()]
-    with pytest.warns(UserWarning, match="DPFedBuff aggregates a zero update in its place"):
+    with pytest.warns(UserWarning, match="DPFedBuff aggregates a stand-in in its place"):
         trainer.fit(model, datamodule=quadratic_data(CENTRES))
     assert [m["round/dropped_clients"] for _, m in logger.records if "round/dropped_clients" in m] == [0.0] * 3
     assert algorithm.aggregations == 3

@@ -63,3 +63,41 @@ def test_a_missing_update_counts_against_f_in_the_rule():
     torch.testing.assert_close(krum.combine(updates), rules.multi_krum(updates, 0), rtol=0, atol=0)
     with pytest.raises(ValueError, match=r"n > 2f \+ 2"):  # what it did before: f = 1 on 4 updates
         rules.multi_krum(updates, 1)
+
+
+@pytest.mark.parametrize(
+    ("make_rule", "group", "arrive", "needs"),
+    [
+        (lambda a: Krum(num_byzantine=1, algorithm=a), 5, 2, "n > 2f \\+ 2"),
+        (lambda a: Bulyan(num_byzantine=1, algorithm=a), 7, 2, "n >= 4f \\+ 3"),
+    ],
+    ids=["krum-2-of-5", "bulyan-2-of-7"],
+)
+def test_too_few_updates_for_the_rule_skip_the_round_with_the_model_unchanged(make_rule, group, arrive, needs):
+    """Issue 38 item 7: the attackers send NaN, so `arrive` updates reach the rule, too few for its condition even
+    with f' = 0; the round is skipped (model unchanged, `round/robust_skipped` = 1, a warning), never aborted."""
+    algorithm = Byzantine(attack=NaNUpdate(), fraction=(group - arrive) / group, algorithm=make_rule(None))
+    logger = RecordingLogger()
+    trainer = quadratic_trainer(max_epochs=2, algorithm=algorithm, clients_per_round=group, local_steps=2, logger=logger)
+    model = Quadratic()
+    before = model.w.detach().clone()
+    with pytest.warns(UserWarning, match=f"needs {needs} updates but {arrive} of {group} arrived.*the round is skipped"):
+        trainer.fit(model, datamodule=quadratic_data(CLIENTS[:group]))
+    rounds = [m for _, m in logger.records if "round/robust_skipped" in m]
+    assert trainer.current_epoch == 2
+    assert [(r["round/aggregated_clients"], r["round/robust_skipped"]) for r in rounds] == [(float(arrive), 1.0)] * 2
+    assert torch.equal(model.w.detach(), before)
+
+
+def test_the_skip_leaves_global_and_server_state_untouched():
+    from fl_lightning import FedAvg, ServerSGD
+
+    krum = Krum(num_byzantine=1, algorithm=FedAvg(server_optimizer=ServerSGD(lr=1.0, momentum=0.9)))
+    krum._group_setting, krum._group_size = "clients_per_round", 5
+    state = {"w": torch.zeros(2, dtype=torch.float64)}
+    from fl_lightning.algorithms.shared.algorithm import ClientUpdate
+
+    updates = [ClientUpdate(client_id=i, num_samples=1, num_steps=1, payload={"w": torch.ones(2, dtype=torch.float64)}, upload_bytes=0) for i in range(2)]
+    with pytest.warns(UserWarning, match="Krum needs n > 2f \\+ 2 updates but 2 of 5 arrived"):
+        metrics = krum.aggregate(0, state, updates)
+    assert metrics == {"robust_skipped": 1.0} and torch.equal(state["w"], torch.zeros(2, dtype=torch.float64))

@@ -143,6 +143,12 @@ class Algorithm(RecordsInitArgs, ABC):
         """
         return update
 
+    def replace_non_finite(self, update: ClientUpdate) -> ClientUpdate | None:
+        """What the loop aggregates in place of a decoded ``update`` that is not finite (NaN/Inf values, or a
+        NaN/Inf training loss): ``None`` (the default) drops it (``round/dropped_clients``); a mechanism whose
+        adjacency needs every arrival counted (:class:`~fl_lightning.privacy.DPFedBuff`) returns a stand-in."""
+        return None
+
     def download_bytes(self, global_state: State) -> int:
         """Bytes the server sends one client to start its round (the float32 global model)."""
         return tensor_bytes(global_state)

@@ -82,6 +82,10 @@ class AlgorithmWrapper(Algorithm):
         return self.inner.decode_update(update)
 
     @override
+    def replace_non_finite(self, update: ClientUpdate) -> ClientUpdate | None:
+        return self.inner.replace_non_finite(update)
+
+    @override
     def download_bytes(self, global_state: State) -> int:
         return self.inner.download_bytes(global_state)
 
