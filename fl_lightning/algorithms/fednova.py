@@ -99,6 +99,8 @@ class FedNova(Algorithm):
         server_optimizer: applied to the normalised delta, e.g. ``ServerSGD(momentum=0.9)``.
     """
 
+    needs_fresh_optimizer: ClassVar[str] = "FedNova's normaliser ||a_i||_1 counts the client's own steps from a zeroed momentum buffer"
+
     summary_metrics: ClassVar[dict[str, str]] = {"round/tau_eff": "mean"}
 
     def __init__(

@@ -15,7 +15,7 @@ from typing_extensions import override
 
 import lightning.pytorch as pl
 from fl_lightning import _lightning_compat as compat
-from fl_lightning.algorithms.shared.algorithm import TRAINING_METRICS, Algorithm, ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.algorithm import TRAINING_METRICS, Algorithm, ClientContext, ClientUpdate, check_fresh_optimizer
 from fl_lightning.algorithms.shared.summable import SupportsWeightedSum, apply_sum, can_shard
 from fl_lightning.callbacks.client_loss import ClientLossRecorder
 from fl_lightning.callbacks.federated_callback import call_federated_hook
@@ -272,6 +272,7 @@ class FederatedFitLoop(compat.FitLoopBase):
         self._sharding = self._client_sharding() if trainer.world_size > 1 else None
         data = require_federated_data(trainer.datamodule)
         self._check_update_bound()
+        check_fresh_optimizer(self.algorithm, self.reset_optimizer)
         self._frozen = None
         selection = self.federated_parameters
         algorithm_selection = self.algorithm.federated_parameters()

@@ -1,4 +1,4 @@
-"""Pure aggregation functions over model deltas (``delta = local - global``).
+r"""Pure aggregation functions over model deltas (``delta = local - global``).
 
 Rule for integer tensors (BatchNorm's ``num_batches_tracked``): they are combined with the
 same weights as floating-point tensors and the result is rounded to the nearest integer, so a
