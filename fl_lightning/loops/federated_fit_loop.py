@@ -19,7 +19,7 @@ from fl_lightning.algorithms.shared.algorithm import TRAINING_METRICS, Algorithm
 from fl_lightning.algorithms.shared.summable import SupportsWeightedSum, apply_sum, can_shard
 from fl_lightning.callbacks.client_loss import ClientLossRecorder
 from fl_lightning.callbacks.federated_callback import call_federated_hook
-from fl_lightning.checkpointing import frozen_base, run_directory
+from fl_lightning.checkpointing import frozen_base, run_directory, sweep_temp_files
 from fl_lightning.checkpointing.checkpoint_io import CheckpointError, validate_federated_state, validate_restored_state
 from fl_lightning.distributed.sharding import ClientSharding
 from fl_lightning.distributed.strategy import FederatedDDPStrategy
@@ -273,6 +273,8 @@ class FederatedFitLoop(compat.FitLoopBase):
         data = require_federated_data(trainer.datamodule)
         self._check_update_bound()
         check_fresh_optimizer(self.algorithm, self.reset_optimizer)
+        if trainer.is_global_zero:
+            sweep_temp_files(trainer)
         self._frozen = None
         selection = self.federated_parameters
         algorithm_selection = self.algorithm.federated_parameters()
