@@ -8,22 +8,15 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import torch
-from torch import nn
 
 from fl_lightning import ClientUpdate, FederatedCallback, FederatedTrainer, FedNova
 from fl_lightning.data import FederatedDataModule, InMemoryDataset
-from fl_lightning.models import LogisticRegression
 from fl_lightning.participation import FixedSteps
 
+from ..faults.algorithm_cases import BatchNormLogisticRegression
 from ..integration.conftest import QUIET
 
 STEPS = [1, 30, 30, 30]  # tau_eff * sum_i p_i / tau_i = 22.75 * (0.25 + 0.025) > 1: the old rule overshoots
-
-
-class BatchNormModel(LogisticRegression):
-    def __init__(self) -> None:
-        super().__init__(in_features=3, num_classes=2, lr=0.1)
-        self.net = nn.Sequential(nn.BatchNorm1d(3), nn.Linear(3, 2))
 
 
 class RunningVariance(FederatedCallback):
@@ -44,7 +37,7 @@ def small_variance_data() -> FederatedDataModule:
 
 def fit(algorithm) -> tuple[list[float], torch.Tensor]:
     torch.manual_seed(0)
-    module, variance = BatchNormModel(), RunningVariance()
+    module, variance = BatchNormLogisticRegression(), RunningVariance()
     trainer = FederatedTrainer(**{**QUIET, "limit_val_batches": 0}, max_epochs=3, local_steps=max(STEPS), algorithm=algorithm, callbacks=[variance])
     trainer.fit(module, datamodule=small_variance_data())
     module.eval()
