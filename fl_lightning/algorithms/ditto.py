@@ -3,7 +3,7 @@ ICML 2021): a personalised model per client, pulled towards the global one."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import lightning.pytorch as pl
 from typing_extensions import override
@@ -57,6 +57,8 @@ class Ditto(PersonalizedFedAvg):
             local work.
         server_optimizer, weighting: as in :class:`~fl_lightning.FedAvg`.
     """
+
+    needs_fresh_optimizer: ClassVar[str] = "Ditto's personal pass (Algorithm 1, step 2) starts a fresh optimizer on v_k"
 
     def __init__(
         self,

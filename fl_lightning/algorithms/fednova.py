@@ -9,7 +9,7 @@ from typing import Any, ClassVar, Literal
 import lightning.pytorch as pl
 import torch
 
-from fl_lightning.algorithms.shared.aggregation import weighted_sum
+from fl_lightning.algorithms.shared.aggregation import buffers_as_mean, weighted_sum
 from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientContext, ClientUpdate
 from fl_lightning.algorithms.shared.server_optimizers import ServerOptimizer, ServerSGD
 from fl_lightning.participation.participation_model import ParticipationModel
@@ -76,7 +76,15 @@ class FedNova(Algorithm):
     Choices where the paper is silent: :math:`p_i = n_i / \sum_{j \in S_t} n_j` over the round's
     reporting clients (the paper's analysis has every client report), ``weighting="uniform"`` for equal
     :math:`p_i`; a client with :math:`\tau_i = 0` (inactive) has no normalised gradient (0/0) and counts
-    as not reporting; BatchNorm buffers follow the same rule as parameters (the paper has none).
+    as not reporting.
+
+    Buffers (BatchNorm running statistics, counters) are not normalised: they take the plain
+    :math:`p_i`-weighted mean of their deltas, as FedAvg does (:func:`~fl_lightning.algorithms.shared.aggregation.buffers_as_mean`).
+    The weights :math:`\tau_{\mathrm{eff}} p_i / \lVert a_i\rVert_1` sum to :math:`\ge 1`, so applied to a running
+    variance they extrapolate it below zero under heterogeneous steps. The authors' code never rescales
+    buffers either: its ``FedNova.average`` (JYWa/FedNova, ``distoptim/FedNova.py``) normalises only the
+    optimizer's ``param_groups``, and BatchNorm statistics stay on each worker; with one server model the
+    plain mean is the rule that keeps them the clients' statistics (a convex combination).
 
     Needs no client state (no :class:`~fl_lightning.server.client_store.ClientStore`): :math:`a_i` comes
     from the step count each update carries. Does not shard its clients over processes: the server step
@@ -90,6 +98,8 @@ class FedNova(Algorithm):
         weighting: ``"samples"`` (default) or ``"uniform"`` :math:`p_i`.
         server_optimizer: applied to the normalised delta, e.g. ``ServerSGD(momentum=0.9)``.
     """
+
+    needs_fresh_optimizer: ClassVar[str] = "FedNova's normaliser ||a_i||_1 counts the client's own steps from a zeroed momentum buffer"
 
     summary_metrics: ClassVar[dict[str, str]] = {"round/tau_eff": "mean"}
 
@@ -136,7 +146,10 @@ class FedNova(Algorithm):
         norms = [normalizing_norm(u.num_steps, self.momentum) for u in active]
         tau_eff = sum(pi * a for pi, a in zip(p, norms))
         # The deltas are local - global = -Delta_i, so the step is +tau_eff * sum_i p_i delta_i / ||a_i||_1.
-        delta = weighted_sum([u.payload for u in active], [tau_eff * pi / a for pi, a in zip(p, norms)])
+        payloads = [u.payload for u in active]
+        delta = weighted_sum(payloads, [tau_eff * pi / a for pi, a in zip(p, norms)])
+        # Buffers: the plain p_i-weighted mean (these weights sum to >= 1 and would extrapolate them).
+        delta = buffers_as_mean(delta, payloads, p, self.federation.param_names)
         self.server_optimizer.step(global_state, delta, self.federation.param_names)
         return {**metrics, "tau_eff": tau_eff}
 

@@ -13,7 +13,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
 
 from fl_lightning.evaluation.protocols import has_client_holdout
-from fl_lightning.algorithms.shared.aggregation import apply_delta, weighted_sum
+from fl_lightning.algorithms.shared.aggregation import apply_delta, buffers_as_mean, weighted_sum
 from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientContext, ClientUpdate
 from fl_lightning.server.federation import Federation
 from fl_lightning.server.model_state import State
@@ -90,6 +90,9 @@ class FlexibleParticipation(Algorithm):
         fast_reboot: boost an arriving device's weight.
         reboot_boost: :math:`b` above.
         debias_inactivity: the extension above.
+    Buffers (BatchNorm statistics) take the normalised mean of their deltas under the same
+    coefficients, not the coefficients themselves, whose sum is not 1
+    (:func:`~fl_lightning.algorithms.shared.aggregation.buffers_as_mean`).
     """
 
     summary_metrics: ClassVar[dict[str, str]] = {"round/inactive_clients": "mean", "round/coefficient_sum": "mean"}
@@ -206,7 +209,10 @@ class FlexibleParticipation(Algorithm):
             "objective_clients": float(len(weights)),
         }
         if any(coefficients):
-            apply_delta(global_state, weighted_sum([u.payload for u in updates], coefficients))
+            payloads = [u.payload for u in updates]
+            # Buffers: the coefficients' normalised mean (their sum is not 1; issue 39, aggregation's buffer rule).
+            total = buffers_as_mean(weighted_sum(payloads, coefficients), payloads, coefficients, self.federation.param_names)
+            apply_delta(global_state, total)
         metrics["discarded"] = float(not any(coefficients))
         return metrics
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import lightning.pytorch as pl
 import torch
@@ -62,6 +62,8 @@ class SCAFFOLD(Algorithm):
     Args:
         global_lr: the server step size :math:`\eta_g > 0` (the paper's experiments: 1).
     """
+
+    needs_fresh_optimizer: ClassVar[str] = "SCAFFOLD's option II, c_i+ = c_i - c + (x - y_i)/(K lr), reads the displacement of the client's own K steps"
 
     def __init__(self, *, global_lr: float = 1.0) -> None:
         if isinstance(global_lr, bool) or not isinstance(global_lr, (int, float)) or not 0 < global_lr < math.inf:

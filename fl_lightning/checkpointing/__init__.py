@@ -34,7 +34,7 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
 
-from fl_lightning.checkpointing.checkpoint_io import sync_folder
+from fl_lightning.checkpointing.checkpoint_io import sweep_orphan_temp_files, sync_folder
 
 #: The file name of each round's checkpoint (``round_3.ckpt``: the model after 0-based round 3).
 ROUND_FILENAME = "round_{epoch}"
@@ -165,6 +165,12 @@ def find_last_checkpoint(trainer: pl.Trainer) -> str | None:
         if path is not None:
             return path
     return None
+
+
+def sweep_temp_files(trainer: pl.Trainer) -> list[str]:
+    """At fit start: removes the temporary files a killed save left (``.round_<r>.ckpt.<pid>.tmp`` of a
+    dead ``pid``) in every checkpoint folder of this trainer (:func:`~fl_lightning.checkpointing.checkpoint_io.sweep_orphan_temp_files`)."""
+    return [path for folder in dict.fromkeys(_checkpoint_folders(trainer)) for path in sweep_orphan_temp_files(folder)]
 
 
 def _checkpoint_folders(trainer: pl.Trainer) -> list[str]:

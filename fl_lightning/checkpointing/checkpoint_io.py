@@ -13,6 +13,7 @@ import errno
 import io
 import math
 import os
+import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -76,6 +77,36 @@ def atomic_save(checkpoint: dict[str, Any], path: str | os.PathLike[str]) -> Non
             ) from err
         raise
     sync_folder(folder)
+
+
+_TEMP = re.compile(r"\..+\.(\d+)\.tmp")
+
+
+def sweep_orphan_temp_files(folder: str | os.PathLike[str]) -> list[str]:
+    """Removes the ``.<name>.<pid>.tmp`` files of :func:`atomic_save` in ``folder`` whose writer ``pid`` is
+    no longer alive (a SIGKILL or OOM kill mid-save); returns their paths. A live writer's file is kept."""
+    removed = []
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        for name in os.listdir(folder):
+            match = _TEMP.fullmatch(name)
+            if match and not _alive(int(match.group(1))):
+                path = os.path.join(folder, name)
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(path)
+                    removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True  # another user's live process (or a pid no signal can name): not ours to judge
+    return True
 
 
 def sync_folder(folder: str) -> None:

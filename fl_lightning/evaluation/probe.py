@@ -50,6 +50,12 @@ def _on_module(batch: Any, module: pl.LightningModule) -> Any:
     return trainer.precision_plugin.convert_input(batch)
 
 
+def _in_probe_dtype(value: Tensor) -> Tensor:
+    """A per-sample metric in at least float32 (counts and half-precision losses are upcast), never below
+    the module's own precision: a ``64-true`` run's losses stay float64 (issue 39: q-FedAvg's F_k)."""
+    return value.to(torch.promote_types(value.dtype, torch.float32))
+
+
 def _check(module: pl.LightningModule) -> None:
     if not isinstance(module, SupportsSampleMetrics):
         raise TypeError(
@@ -68,7 +74,7 @@ def sample_metrics(module: pl.LightningModule, batches: Iterable[Any]) -> dict[s
         parts: dict[str, list[Tensor]] = {}
         for batch in batches:
             for key, value in module.sample_metrics(_on_module(batch, module)).items():  # type: ignore[attr-defined]
-                parts.setdefault(key, []).append(value.detach().float())
+                parts.setdefault(key, []).append(_in_probe_dtype(value.detach()))
         return {key: torch.cat(values) for key, values in parts.items()}
     finally:
         for m, training in modes.items():
@@ -179,7 +185,7 @@ def sample_metrics_many(
                 per_state = [torch.func.functional_call(scorer, p, (batch,)) for p in prepared]
                 out = {key: torch.stack([o[key] for o in per_state]) for key in per_state[0]}
             for key, value in out.items():
-                parts.setdefault(key, []).append(value.detach().float())
+                parts.setdefault(key, []).append(_in_probe_dtype(value.detach()))
         if not parts:
             raise ValueError("Probing found no samples: the batches are empty.")
         return {key: torch.cat(values, dim=1) for key, values in parts.items()}

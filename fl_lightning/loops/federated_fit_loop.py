@@ -15,11 +15,11 @@ from typing_extensions import override
 
 import lightning.pytorch as pl
 from fl_lightning import _lightning_compat as compat
-from fl_lightning.algorithms.shared.algorithm import TRAINING_METRICS, Algorithm, ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.algorithm import TRAINING_METRICS, Algorithm, ClientContext, ClientUpdate, check_fresh_optimizer
 from fl_lightning.algorithms.shared.summable import SupportsWeightedSum, apply_sum, can_shard
 from fl_lightning.callbacks.client_loss import ClientLossRecorder
 from fl_lightning.callbacks.federated_callback import call_federated_hook
-from fl_lightning.checkpointing import frozen_base, run_directory
+from fl_lightning.checkpointing import frozen_base, run_directory, sweep_temp_files
 from fl_lightning.checkpointing.checkpoint_io import CheckpointError, validate_federated_state, validate_restored_state
 from fl_lightning.distributed.sharding import ClientSharding
 from fl_lightning.distributed.strategy import FederatedDDPStrategy
@@ -272,6 +272,9 @@ class FederatedFitLoop(compat.FitLoopBase):
         self._sharding = self._client_sharding() if trainer.world_size > 1 else None
         data = require_federated_data(trainer.datamodule)
         self._check_update_bound()
+        check_fresh_optimizer(self.algorithm, self.reset_optimizer)
+        if trainer.is_global_zero:
+            sweep_temp_files(trainer)
         self._frozen = None
         selection = self.federated_parameters
         algorithm_selection = self.algorithm.federated_parameters()

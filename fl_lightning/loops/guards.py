@@ -4,7 +4,8 @@ Every update's fate is one of: *rejected* (malformed payload, or refused by the 
 *dropped* (non-finite values or training loss, unless the algorithm aggregates a stand-in in its place:
 :meth:`~fl_lightning.Algorithm.replace_non_finite`) or *aggregated*; so ``aggregated + dropped + rejected = clients``.
 The aggregation itself is guarded too: a new global model (or server state) that is not finite
-is rolled back (:func:`aggregate_or_roll_back`).
+is rolled back (:func:`aggregate_or_roll_back`), and so is one whose buffers are no longer valid
+statistics: a negative BatchNorm ``running_var`` (an aggregation that extrapolates buffers).
 """
 
 from __future__ import annotations
@@ -101,7 +102,8 @@ def aggregate_or_roll_back(
     round_idx: int, algorithm: Algorithm, global_state: State, aggregate: Callable[[], dict[str, float]]
 ) -> tuple[dict[str, float], bool]:
     """Runs ``aggregate`` (which updates ``global_state`` and the algorithm's state in place) and
-    undoes it if the new global model or the algorithm's state holds NaN/Inf.
+    undoes it if the new global model or the algorithm's state holds NaN/Inf, or a BatchNorm running
+    variance (a ``*running_var`` buffer) of the new global model is negative; the warning names the algorithm.
 
     A finite but huge update can overflow the weighted sum (or a server optimizer's moments);
     without the rollback every later update would be dropped against an Inf model.
@@ -120,21 +122,36 @@ def aggregate_or_roll_back(
         metrics = aggregate()
         with excluded_from_state_dicts(stores):
             finite = all_finite(global_state) and nested_finite(algorithm.state_dict())
-        if not finite:
+        negative = negative_variances(global_state) if finite else []
+        if not finite or negative:
             for store in stores:
                 store.undo_changes()
     finally:
         for store in stores:
             store.stop_recording()
-    if finite:
+    if finite and not negative:
         return metrics, False
+    name = type(algorithm).__name__
+    why = (
+        f"{name}'s aggregate is not finite (NaN/Inf, e.g. an overflowing client update)"
+        if not finite
+        else f"{name}'s aggregate has a negative BatchNorm running variance ({', '.join(negative[:3])})"
+    )
     rank_zero_warn(
-        f"Round {round_idx}: the aggregate is not finite (NaN/Inf, e.g. an overflowing client update); "
-        "the round is rolled back: the global model and the algorithm's state stay as before it."
+        f"Round {round_idx}: {why}; the round is rolled back: the global model and the algorithm's state stay as before it."
     )
     load_into(global_state, saved_global)
     algorithm.load_state_dict(saved_algorithm)  # its stores keep their (restored) entries
     return metrics, True
+
+
+def negative_variances(state: State) -> list[str]:
+    """The names of ``state``'s BatchNorm running variances (``*running_var``) with a negative entry."""
+    names = [name for name, t in state.items() if name.endswith("running_var") and t.is_floating_point()]
+    if not names:
+        return []
+    negative = torch.stack([(state[name] < 0).any() for name in names]).tolist()  # one sync
+    return [name for name, bad in zip(names, negative) if bad]
 
 
 def nested_finite(state: Any) -> bool:

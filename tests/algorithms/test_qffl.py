@@ -6,14 +6,15 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from fl_lightning import CoordinateMedian, DPFedAvg, FederatedTrainer, NormClip, QFedAvg
+from fl_lightning import CoordinateMedian, DPFedAvg, FederatedCallback, FederatedTrainer, NormClip, QFedAvg
+from fl_lightning.algorithms.qffl import LOSS_EPS, START_LOSS
 
 from ..integration.conftest import QUIET
 from .quadratic import CENTRES, Quadratic
 from .test_fednova import PER_ROUND, SIZES, TRAINER, Selections, sized_data
 
 LR, ROUNDS, STEPS = 0.1, 4, 3
-#: The loss probe reports F_k in float32 (fl_lightning.evaluation.probe), so the weights agree to ~1e-7 relative.
+#: Tolerance of the plain reference, which leaves out q-FedAvg's LOSS_EPS (1e-10 added to every F_k).
 ATOL = 1e-6
 #: Away from every centre, so that no F_k(w^0) is 0 (Algorithm 2's F_k^{q-1} is then undefined for q < 1).
 W0 = torch.tensor([1.0, 3.0], dtype=torch.float64)
@@ -34,7 +35,9 @@ def fit(algorithm, module=None, *, rounds=ROUNDS, **kwargs):
     return module.w.detach().clone(), selections.rounds, trainer
 
 
-def reference(rounds: list[list[int]], q: float, lipschitz: float = 1 / LR, median: bool = False) -> torch.Tensor:
+def reference(
+    rounds: list[list[int]], q: float, lipschitz: float = 1 / LR, median: bool = False, eps: float = 0.0
+) -> torch.Tensor:
     """Algorithm 2: F_k = F_k(w^t) (here ||w - c_k||^2 / 2); E local GD steps to w_k; Delta w_k = L (w^t - w_k);
     Delta_k = F_k^q Delta w_k; h_k = q F_k^{q-1} ||Delta w_k||^2 + L F_k^q; w^{t+1} = w^t - sum Delta_k / sum h_k.
     ``median``: the coordinate-wise median of the clients' own steps Delta_k / h_k instead."""
@@ -42,7 +45,7 @@ def reference(rounds: list[list[int]], q: float, lipschitz: float = 1 / LR, medi
     for selected in rounds:
         deltas, hs = [], []
         for k in selected:
-            loss = 0.5 * float(((w - CENTRES[k]) ** 2).sum())
+            loss = 0.5 * float(((w - CENTRES[k]) ** 2).sum()) + eps
             v = w.clone()
             for _ in range(STEPS):
                 v = v - LR * (v - CENTRES[k])
@@ -62,6 +65,27 @@ def test_matches_plain_q_fedavg(q, sampling):
     w, rounds, _ = fit(QFedAvg(q=q, sampling=sampling))
     assert len(rounds) == ROUNDS and all(len(r) == PER_ROUND for r in rounds)
     assert torch.allclose(w, reference(rounds, q), atol=ATOL, rtol=0)
+
+
+class StartLosses(FederatedCallback):
+    def __init__(self) -> None:
+        self.losses: list[dict[int, float]] = []
+
+    def on_clients_selected(self, trainer, pl_module, round_idx, client_ids):
+        self.losses.append({})
+
+    def on_client_end(self, trainer, pl_module, client, update):
+        self.losses[-1][client.client_id] = update.metrics[START_LOSS]
+
+
+def test_loss_probe_follows_a_64_bit_run():
+    """Issue 39 item 6: in a 64-true run F_k is probed in float64 (it was cast to float32: 1.3e-7 relative)."""
+    losses = StartLosses()
+    w, rounds, _ = fit(QFedAvg(q=2.0), rounds=2, callbacks=[losses])
+    for k, f_k in losses.losses[0].items():
+        exact = 0.5 * float(((W0 - CENTRES[k]) ** 2).sum())
+        assert abs(f_k - exact) <= 1e-15 * exact, (k, f_k, exact)
+    assert torch.allclose(w, reference(rounds, 2.0, eps=LOSS_EPS), atol=1e-14, rtol=0)
 
 
 def test_q_changes_the_model_and_an_explicit_lipschitz_constant_is_used():

@@ -33,7 +33,7 @@ def test_a_dropped_update_leaves_its_clients_state_unchanged(make, store, server
 @pytest.mark.parametrize(("make", "store", "server"), CASES, ids=["scaffold", "feddyn"])
 def test_a_rolled_back_round_undoes_the_stored_states(make, store, server):
     # Two float32 updates of 2e38 (round 0 trains clients 0, 1 and 7): finite, but their sum overflows.
-    with pytest.warns(UserWarning, match="Round 0: the aggregate is not finite"):
+    with pytest.warns(UserWarning, match=r"Round 0: (SCAFFOLD|FedDyn).s aggregate is not finite"):
         _, trainer = fit(make(), rounds=1, precision="32-true", callbacks=[Poison({0, 1}, 2e38)])
     assert trainer.fit_loop.history == [[0, 1, 7]]
     assert len(getattr(trainer.algorithm, store)) == 0  # the round's only aggregation was undone

@@ -111,3 +111,24 @@ def test_a_partial_temp_file_is_never_read(tmp_path: Path) -> None:
     with pytest.warns(UserWarning, match=r"last\.ckpt is missing: resuming from .*round_2\.ckpt"):
         resumed, _ = fit(tmp_path, "fedavg_adam", ckpt_path="last")
     assert same(resumed.state_dict(), trainer.lightning_module.state_dict())
+
+
+def test_fit_start_sweeps_the_temp_files_of_dead_writers_only(tmp_path: Path) -> None:
+    """Issue 39 item 12: a SIGKILL during a save leaves ``.round_N.ckpt.<pid>.tmp``; the next fit removes it,
+    and keeps the temp file of a writer that is still alive."""
+    import signal
+    import subprocess
+    import sys
+
+    fit(tmp_path, "fedavg_adam")
+    killed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    checkpoints = tmp_path / "checkpoints"
+    orphan = checkpoints / f".round_{ROUNDS}.ckpt.{killed.pid}.tmp"
+    live = checkpoints / f".round_{ROUNDS}.ckpt.{os.getppid()}.tmp"
+    for path in (orphan, live):
+        path.write_bytes(b"partial")
+    fit(tmp_path, "fedavg_adam", ckpt_path="last")
+    assert not orphan.exists() and live.exists()
+    assert not [p.name for p in checkpoints.iterdir() if p.name.endswith(".tmp") and p != live]

@@ -39,7 +39,7 @@ def test_fedavg_round_with_an_overflowing_update_is_rolled_back_and_the_run_reco
     recorder = RoundRecorder()
     model = tiny_model()
     trainer = tiny_trainer(max_epochs=3, callbacks=[recorder, Poison({1}, HUGE, limit=1)])
-    with pytest.warns(UserWarning, match="Round 0: the aggregate is not finite"):
+    with pytest.warns(UserWarning, match="Round 0: FedAvg.s aggregate is not finite"):
         trainer.fit(model, datamodule=tiny_data())
 
     assert finite(model)
@@ -199,3 +199,19 @@ def test_bounds_are_configurable_and_fingerprinted():
     assert flat_hparams("update_bound", MedianNormFilter(factor=2.0)) == expected
     assert NormClip(max_norm=3).scales([0.0, 1.5, 6.0]) == [1.0, 1.0, 0.5]
     assert MedianNormFilter(factor=2.0).scales([0.0, 1.0, 2.0, 3.0, 10.0]) == [1.0, 1.0, 1.0, 1.0, None]
+
+
+def test_an_aggregate_with_a_negative_running_variance_is_rolled_back_naming_the_algorithm():
+    """Issue 39 item 4: a finite aggregate whose BatchNorm running variance is negative is not a valid model."""
+    from .algorithm_cases import BatchNormLogisticRegression
+
+    recorder = RoundRecorder()
+    torch.manual_seed(0)
+    model = BatchNormLogisticRegression()
+    # Every float of client 1's first delta is -100: finite, but running_var = 1 + (-100) / 4 < 0.
+    trainer = tiny_trainer(max_epochs=2, callbacks=[recorder, Poison({1}, -100.0, limit=1)])
+    with pytest.warns(UserWarning, match=r"Round 0: FedAvg's aggregate has a negative BatchNorm running variance \(net.0.running_var\)"):
+        trainer.fit(model, datamodule=tiny_data())
+    assert [m["round/rolled_back"] for m in recorder.metrics] == [1.0, 0.0]
+    assert same(recorder.before[0], recorder.after[0])
+    assert (model.net[0].running_var > 0).all()

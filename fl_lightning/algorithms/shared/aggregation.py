@@ -1,13 +1,19 @@
-"""Pure aggregation functions over model deltas (``delta = local - global``).
+r"""Pure aggregation functions over model deltas (``delta = local - global``).
 
 Rule for integer tensors (BatchNorm's ``num_batches_tracked``): they are combined with the
 same weights as floating-point tensors and the result is rounded to the nearest integer, so a
 counter advances by the weighted-mean number of batches the clients tracked.
+
+Rule for buffers under weights that do not sum to 1 (FedNova's :math:`\tau_{\mathrm{eff}} p_i/\lVert a_i\rVert_1`,
+FlexibleParticipation's debiased coefficients): buffers (BatchNorm running statistics, counters) are not
+parameters and take no such rescaling; they take the plain mean of their deltas with the clients' weights
+:math:`p_i` (:func:`buffers_as_mean`), a convex combination of the clients' statistics, so a running
+variance stays positive. Extrapolating them (weights summing to more than 1) turns it negative.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -46,6 +52,23 @@ def weighted_average(deltas: Sequence[Mapping[str, Tensor]], weights: Sequence[f
     if norm <= 0:
         raise ValueError(f"Aggregation weights must sum to a positive number, got {list(weights)}.")
     return {name: t.div_(norm) for name, t in weighted_sum(deltas, weights).items()}
+
+
+def buffers_as_mean(
+    total: State, deltas: Sequence[Mapping[str, Tensor]], weights: Sequence[float], param_names: Collection[str]
+) -> State:
+    """``total`` with every entry that is not in ``param_names`` replaced by :func:`weighted_average` of the
+    ``deltas``' entries under ``weights`` (the module rule above); parameters are left as they are.
+
+    >>> d = [{"w": torch.tensor([1.0]), "var": torch.tensor([-1.0])}, {"w": torch.tensor([1.0]), "var": torch.tensor([-0.5])}]
+    >>> buffers_as_mean(weighted_sum(d, [3.0, 3.0]), d, [1.0, 1.0], {"w"})
+    {'w': tensor([6.]), 'var': tensor([-0.7500])}
+    """
+    buffers = [name for name in total if name not in param_names]
+    if buffers:
+        mean = weighted_average([{name: delta[name] for name in buffers} for delta in deltas], weights)
+        total = {**total, **mean}
+    return total
 
 
 def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -36,6 +36,11 @@ class Algorithm(RecordsInitArgs, ABC):
     #: over rounds (``"final"`` or a NumPy reduction such as ``"mean"``, ``"max"``).
     summary_metrics: ClassVar[dict[str, str]] = {}
 
+    #: Why this algorithm's math assumes every client starts from a fresh local optimizer (zeroed
+    #: momentum, no Adam moments), e.g. FedNova's ``||a_i||_1``; empty when it does not. The loop then
+    #: refuses ``reset_optimizer=False`` at fit start, with this reason (:func:`check_fresh_optimizer`).
+    needs_fresh_optimizer: ClassVar[str] = ""
+
     federation: Federation
 
     def setup(self, federation: Federation) -> None:
@@ -172,3 +177,14 @@ class Algorithm(RecordsInitArgs, ABC):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restores :meth:`state_dict`."""
+
+
+def check_fresh_optimizer(algorithm: Algorithm, reset_optimizer: bool) -> None:
+    """Raises ``ValueError`` naming the algorithm and ``reset_optimizer=False`` when the algorithm
+    declares :attr:`Algorithm.needs_fresh_optimizer` and the optimizer state is carried from client to client."""
+    reason = algorithm.needs_fresh_optimizer
+    if not reset_optimizer and reason:
+        raise ValueError(
+            f"{type(algorithm).__name__} refuses reset_optimizer=False: {reason}, but reset_optimizer=False carries "
+            "the previous client's optimizer state (momentum, moments) into every client. Use reset_optimizer=True."
+        )

@@ -58,6 +58,11 @@ class AlgorithmWrapper(Algorithm):
         """Whether the wrapped algorithm runs on the asynchronous loop (which then reads its settings)."""
         return self.inner.asynchronous
 
+    @property  # type: ignore[misc]  # a class constant of Algorithm, the wrapped algorithm's here
+    def needs_fresh_optimizer(self) -> str:  # type: ignore[override]
+        """The wrapped algorithm's reason to refuse ``reset_optimizer=False`` (it does the local work)."""
+        return self.inner.needs_fresh_optimizer
+
     @property
     @override
     def uploads_deltas(self) -> bool:
