@@ -3,22 +3,18 @@ methods (FedBN, FedPer, LG-FedAvg) are selections of local tensors, not new loop
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, Literal
 
-from torch import Tensor
 from typing_extensions import override
 
-from fl_lightning.algorithms.fedavg import FedAvg
-from fl_lightning.algorithms.shared.algorithm import ClientUpdate
-from fl_lightning.algorithms.shared.personalized import refuse_client_sharding
+from fl_lightning.algorithms.shared.personalized import OwnStateFedAvg
 from fl_lightning.algorithms.shared.server_optimizers import ServerOptimizer
 from fl_lightning.server.client_store import ClientStore
 from fl_lightning.server.federated_parameters import FederatedParameters
-from fl_lightning.server.federation import Federation
 
 
-class PersonalLayers(FedAvg):
+class PersonalLayers(OwnStateFedAvg):
     """FedAvg whose clients keep the tensors ``local`` selects (:class:`~fl_lightning.FederatedParameters` patterns).
 
     The loop loads a client's own local tensors (the initial ones before its first round) after the global
@@ -50,24 +46,11 @@ class PersonalLayers(FedAvg):
     def federated_parameters(self) -> FederatedParameters:
         return self._selection
 
-    @override
-    def setup(self, federation: Federation) -> None:
-        refuse_client_sharding(self)
-        super().setup(federation)
-
-    @property
+    @property  # type: ignore[override]
     def personal(self) -> ClientStore:
         """Client id -> its local tensors after its last round (the loop's store)."""
         assert self.federation.client_tensors is not None
         return self.federation.client_tensors.store
-
-    def personalized_state(self, client_id: int) -> Mapping[str, Tensor] | None:
-        """Client ``client_id``'s local tensors (``None`` before its first round), for federated evaluation."""
-        return self.personal.get(client_id)
-
-    @override
-    def report_metrics(self, reports: list[ClientUpdate]) -> dict[str, float]:
-        return {**super().report_metrics(reports), "client_state_mib": self.personal.nbytes() / 2**20}
 
     @override
     def load_state_dict(self, state: dict[str, Any]) -> None:

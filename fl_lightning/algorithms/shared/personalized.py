@@ -27,7 +27,32 @@ def refuse_client_sharding(algorithm: Algorithm) -> None:
         )
 
 
-class PersonalizedFedAvg(FedAvg):
+class OwnStateFedAvg(FedAvg):
+    """FedAvg whose clients keep state of their own in :attr:`personal`, scored by federated evaluation.
+
+    :meth:`personalized_state` hands a client's entry to :class:`~fl_lightning.FederatedEvaluation`, whose
+    ``clients/personal/*`` metrics score each client's own model on its held-out data. Multi-process client
+    sharding is refused in :meth:`setup` (:func:`refuse_client_sharding`). Subclasses say where the store is.
+    """
+
+    #: Client id -> that client's own tensors (by ``state_dict`` name), on the CPU.
+    personal: ClientStore
+
+    @override
+    def setup(self, federation: Federation) -> None:
+        refuse_client_sharding(self)
+        super().setup(federation)
+
+    def personalized_state(self, client_id: int) -> Mapping[str, Tensor] | None:
+        """Client ``client_id``'s own tensors (``None`` before its first round), for federated evaluation."""
+        return self.personal.get(client_id)
+
+    @override
+    def report_metrics(self, reports: list[ClientUpdate]) -> dict[str, float]:
+        return {**super().report_metrics(reports), "client_state_mib": self.personal.nbytes() / 2**20}
+
+
+class PersonalizedFedAvg(OwnStateFedAvg):
     """FedAvg's global model plus per-client state in :attr:`personal` (a :class:`ClientStore`).
 
     The client-side hooks write a client's entry when it trains; :meth:`personalized_state` hands it to
@@ -46,21 +71,7 @@ class PersonalizedFedAvg(FedAvg):
         weighting: Literal["samples", "uniform"] = "samples",
     ) -> None:
         super().__init__(server_optimizer=server_optimizer, weighting=weighting)
-        #: Client id -> that client's own tensors (by ``state_dict`` name), on the CPU.
         self.personal = ClientStore()
-
-    @override
-    def setup(self, federation: Federation) -> None:
-        refuse_client_sharding(self)
-        super().setup(federation)
-
-    def personalized_state(self, client_id: int) -> Mapping[str, Tensor] | None:
-        """Client ``client_id``'s own tensors (``None`` before its first round), for federated evaluation."""
-        return self.personal.get(client_id)
-
-    @override
-    def report_metrics(self, reports: list[ClientUpdate]) -> dict[str, float]:
-        return {**super().report_metrics(reports), "client_state_mib": self.personal.nbytes() / 2**20}
 
     @override
     def state_dict(self) -> dict[str, Any]:
