@@ -87,3 +87,23 @@ def test_resuming_with_another_selection_is_refused(tmp_path) -> None:
     )
     with pytest.raises(ResumeMismatchError, match=r"parameters.local: '<absent>' → '2:"):
         trainer.fit(model(), datamodule=tiny_data(), ckpt_path=tmp_path / "a" / "epoch=0.ckpt")
+
+
+class TiedFrozenBase(FrozenBase):
+    """The frozen base's weight under a second name too (a frozen tied embedding, GPT-2's lm_head under peft)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.alias = nn.Linear(3, BASE, bias=False).requires_grad_(False)
+        self.alias.weight = self.base[0].weight
+
+
+def test_a_tied_frozen_tensor_is_written_and_read_back_under_both_names(tmp_path) -> None:
+    torch.manual_seed(0)
+    straight, _ = fit(tmp_path / "a", FedAvg(), max_epochs=2, start=TiedFrozenBase())
+    full = read_checkpoint(tmp_path / "a" / "epoch=0.ckpt")
+    assert torch.equal(full["state_dict"]["alias.weight"], full["state_dict"]["base.0.weight"])
+    torch.manual_seed(1)
+    resumed, _ = fit(tmp_path / "b", FedAvg(), max_epochs=2, ckpt_path=tmp_path / "a" / "epoch=0.ckpt", start=TiedFrozenBase())
+    assert resumed.alias.weight is resumed.base[0].weight
+    assert all(torch.equal(t, resumed.state_dict()[k]) for k, t in straight.state_dict().items())

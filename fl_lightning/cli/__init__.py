@@ -78,23 +78,13 @@ def fit_summary(trainer: Trainer, wall_time_s: float) -> Table:
         table.add_row(label, value)
     kinds = getattr(loop, "kinds", None)
     if kinds is not None:
-        table.add_row("federated values", parameter_kinds_row(kinds.summary(trainer.lightning_module.state_dict())))
+        table.add_row("federated values", kinds.summary_line(trainer.lightning_module.state_dict()))
     table.add_row("uploaded", _human_bytes(loop.total_upload_bytes))
     table.add_row("downloaded", _human_bytes(loop.total_download_bytes))
     table.add_row("wall time", f"{wall_time_s:.1f} s")
     # run_directory, not Trainer.log_dir: that broadcasts, and only rank 0 prints the summary.
     table.add_row("logs", run_directory(trainer) or "(no logger)")
     return table
-
-
-def parameter_kinds_row(counts: dict[str, int]) -> str:
-    """E.g. ``shared 22,528 (24 tensors), frozen 491,520 (29), local 0 (0); 1 tied name``."""
-    kinds = ", ".join(
-        f"{kind} {counts[f'{kind}_values']:,} ({counts[f'{kind}_tensors']}{' tensors' if kind == 'shared' else ''})"
-        for kind in ("shared", "frozen", "local")
-    )
-    tied = counts["tied_names"]
-    return kinds + (f"; {tied} tied name{'s' if tied > 1 else ''}" if tied else "")
 
 
 def evaluation_rows(trainer: Trainer) -> list[tuple[str, str]]:

@@ -334,6 +334,7 @@ class FederatedFitLoop(compat.FitLoopBase):
         for setting, instead in self.algorithm.overridden_settings().items():
             rank_zero_warn(f"{type(self.algorithm).__name__} overrides the trainer's `{setting}`: {instead}.")
         self.global_state = snapshot(self._live)
+        rank_zero_info(f"Federated values: {self.kinds.summary_line(every_tensor)} (docs/federated_parameters.md).")
         # TensorBoard: with the hyper-parameters logged before (the user's, the CLI's config), as one session.
         log_federated_hparams(trainer, self.hparams())
         if self._loaded is not None:
@@ -681,9 +682,10 @@ class FederatedFitLoop(compat.FitLoopBase):
         versions = [t._version for t in parameters.values()]
         if self._frozen is None or self._frozen[0] != versions:
             # Frozen buffers are reloaded before every client: their master values are the initial ones.
-            values = {**parameters, **{n: self.client_tensors.initial[n] for n in kinds.frozen if n not in parameters}}
-            names = [name for name in every if kinds.canonical(name) in set(kinds.frozen)]
-            self._frozen = (versions, {"names": names, "digest": frozen_base.frozen_digest(values)})
+            master = {**parameters, **{n: self.client_tensors.initial[n] for n in kinds.frozen if n not in parameters}}
+            # Every name the checkpoint's state_dict holds, a tied alias under its own name: what the base file holds.
+            values = {name: master[kinds.canonical(name)] for name in every if kinds.canonical(name) in master}
+            self._frozen = (versions, {"names": list(values), "digest": frozen_base.frozen_digest(values)})
         return self._frozen[1]
 
     @override

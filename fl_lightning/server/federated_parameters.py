@@ -62,6 +62,16 @@ class ParameterKinds:
         """``name``, or the canonical name of the tensor it aliases."""
         return self.aliases.get(name, name)
 
+    def summary_line(self, tensors: Mapping[str, Tensor]) -> str:
+        """E.g. ``shared 22,528 (24 tensors), frozen 491,520 (29), local 0 (0); 1 tied name``."""
+        counts = self.summary(tensors)
+        kinds = ", ".join(
+            f"{kind} {counts[f'{kind}_values']:,} ({counts[f'{kind}_tensors']}{' tensors' if kind == 'shared' else ''})"
+            for kind in KINDS
+        )
+        tied = counts["tied_names"]
+        return kinds + (f"; {tied} tied name{'s' if tied > 1 else ''}" if tied else "")
+
     def describe(self, name: str) -> str:
         """What ``name`` is, in words: ``"shared"``, ``"frozen"``, ``"local"``, ``"an alias of `x` (shared)"``, or
         ``"no tensor of the module"``."""
@@ -172,11 +182,13 @@ class FederatedParameters(RecordsInitArgs):
             for pattern in self.patterns[kind]:
                 matched = [name for name in tensors if _matches(pattern, name, *owners[name])]
                 if not matched:
+                    near = [name for name in tensors if pattern.strip("*.").lower() in name.lower()][:4]
+                    hint = f"; names containing it: {near} (a module name matches from the root)" if near else ""
                     who = f"{self.origins[pattern]} keeps" if pattern in self.origins else "FederatedParameters selects"
                     raise ValueError(
                         f"{who} {kind} tensors by {pattern!r}, which matches no tensor of {type(module).__name__}: a "
                         f"pattern matches a state_dict name, a module name or a module class; the names start "
-                        f"{list(tensors)[:4]}."
+                        f"{list(tensors)[:4]}{hint}."
                     )
                 for name in matched:
                     if chosen.setdefault(name, kind) != kind:
