@@ -226,7 +226,7 @@ class FederatedFitLoop(compat.FitLoopBase):
         values = {**self.client_tensors.initial, **self.global_state}
         return {
             name: values.get(self.kinds.canonical(name), t).to(t.dtype, copy=True)
-            for name, t in self.trainer.lightning_module.state_dict(keep_vars=True).items()
+            for name, t in live_tensors(self.trainer.lightning_module).items()
         }
 
     @override
@@ -412,11 +412,8 @@ class FederatedFitLoop(compat.FitLoopBase):
             "fl/max_batched_clients": self.max_batched_clients,
             "fl/compile_backend": self.compile_backend,
             **flat_hparams("fl/federated_parameters", self.federated_parameters),
-            **{f"fl/parameters.{key}": value for key, value in self.kinds.summary(self._every_tensor()).items()},
+            **{f"fl/parameters.{k}": v for k, v in self.kinds.summary(live_tensors(self.trainer.lightning_module)).items()},
         }
-
-    def _every_tensor(self) -> State:
-        return dict(self.trainer.lightning_module.state_dict(keep_vars=True))
 
     @override
     def on_advance_start(self) -> None:
@@ -677,7 +674,7 @@ class FederatedFitLoop(compat.FitLoopBase):
         """The frozen tensors' names (aliases included) and digest, hashed again only when a frozen parameter was
         written to (its version counter moved): the base is hashed once per fit, not per checkpoint."""
         assert self.kinds is not None and self.client_tensors is not None
-        kinds, every = self.kinds, self._every_tensor()
+        kinds, every = self.kinds, live_tensors(self.trainer.lightning_module)
         parameters = {name: every[name] for name in kinds.frozen if name in kinds.parameters}
         versions = [t._version for t in parameters.values()]
         if self._frozen is None or self._frozen[0] != versions:
