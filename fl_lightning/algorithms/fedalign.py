@@ -136,6 +136,13 @@ class FedALIGN(AlgorithmWrapper):
         spec = self.evaluate_clients_spec
         self.evaluate_clients = None if spec is None else check_client_ids("evaluate_clients", spec, federation.num_clients)
 
+    @override
+    def unnoised_client_values(self) -> str:
+        return (
+            "the clients' unnoised losses on the broadcast model (round/priority_loss and the admission of non-priority "
+            "clients) and draws its own sample of clients, bypassing a DP mechanism's sampling and budget check"
+        )
+
     def _resolve_priority(self, federation: Federation) -> list[int]:
         spec = self.priority_spec
         if spec is None:  # a rule supplied by the data: the data module's, or its training set's

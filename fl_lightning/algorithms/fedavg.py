@@ -37,6 +37,12 @@ class FedAvg(SummableAggregation):
     def aggregation_weight(self, update: ClientUpdate) -> float:
         return float(update.num_samples) if self.weighting == "samples" else 1.0
 
+    def unnoised_client_values(self) -> str:
+        """With ``weighting="samples"``, each client's sample count; nothing with ``"uniform"``."""
+        if self.weighting == "samples":
+            return "each client's sample count to weight it (weighting='samples'; weighting='uniform' reads none)"
+        return ""
+
     def apply_weighted_sum(self, round_idx: int, global_state: State, total: State, weight: float) -> dict[str, float]:
         if weight <= 0:
             raise ValueError(f"Aggregation weights must sum to a positive number, got {weight}.")

@@ -118,6 +118,9 @@ class FedNova(Algorithm):
         self.weighting = weighting
         self.server_optimizer = server_optimizer if server_optimizer is not None else ServerSGD()
 
+    def unnoised_client_values(self) -> str:
+        return "each client's step count (the normaliser ||a_i||_1) and, with weighting='samples', its sample count"
+
     def setup(self, federation: Federation) -> None:
         super().setup(federation)
         self.momentum = local_momentum(federation.services.optimizers())

@@ -143,6 +143,10 @@ class FlexibleParticipation(Algorithm):
         self._evaluated = None
 
     @override
+    def unnoised_client_values(self) -> str:
+        return "each client's sample count (p^k) and completed step count (its scheme coefficient)"
+
+    @override
     def overridden_settings(self) -> dict[str, str]:
         federation = self.federation
         return self.clients_per_round_overridden(

@@ -32,7 +32,10 @@ class FederatedProgressBar(ProgressBar, FederatedCallback):
         rounds 12/40  val_loss=1.031  val_acc=0.7083  round/train_loss=0.9214  elapsed 0:00:05  eta 0:00:11
 
     Under an asynchronous algorithm (FedBuff, FedStaleWeight, FedAsync) a Lightning epoch is one
-    aggregation, and the bar counts ``aggregations`` instead of ``rounds``.
+    aggregation, and the bar counts ``aggregations`` instead of ``rounds``. Under a DP mechanism the line
+    ends with the privacy spent (:meth:`~fl_lightning.Algorithm.privacy_statement`), e.g.
+    ``ε = 3.12 at δ = 1e-05 (RDP, add/remove-one)``; the round's mean training loss is then shown only
+    when the mechanism logs client statistics (``log_client_statistics=True``).
 
     Installed by :class:`~fl_lightning.FederatedTrainer` unless ``enable_progress_bar=False`` or
     another progress bar is given.
@@ -128,6 +131,10 @@ class FederatedProgressBar(ProgressBar, FederatedCallback):
             available = {**trainer.callback_metrics, **metrics}
             values = {k: available[k] for k in self.metrics if k in available}
         info = "  ".join(f"{k}={_format(v)}" for k, v in values.items())
+        algorithm = getattr(trainer, "algorithm", None)
+        statement = algorithm.privacy_statement() if algorithm is not None else None
+        if statement:
+            info = f"{info}  {statement}" if info else statement
         self._done += 1
         if self._progress is not None:
             self._progress.update(self._rounds, advance=1, info=info)

@@ -66,14 +66,19 @@ class LoggerSaveConfigCallback(SaveConfigCallback):
 
 
 def fit_summary(trainer: Trainer, wall_time_s: float) -> Table:
-    """Rounds run and how the fit ended, the global model's final validation (and, if run, test)
-    metrics under the module's own names, bytes moved, wall time and log location."""
+    """Rounds run and how the fit ended, the privacy spent (a DP run: ε at δ, the accountant and the neighbouring
+    relation), the global model's final validation (and, if run, test) metrics under the module's own names,
+    bytes moved, wall time and log location."""
     loop = trainer.fit_loop
     table = Table(title="Federated fit summary", show_header=False)
     table.add_column()
     table.add_column(overflow="fold")  # a long checkpoint path wraps whole, so it can be copied; never "…"
     table.add_row("rounds run", str(trainer.current_epoch))
     table.add_row("ended", getattr(loop, "stop_reason", None) or "unknown")
+    algorithm = getattr(trainer, "algorithm", None)
+    statement = algorithm.privacy_statement() if algorithm is not None else None
+    if statement:
+        table.add_row("privacy", statement)
     for label, value in evaluation_rows(trainer):
         table.add_row(label, value)
     kinds = getattr(loop, "kinds", None)

@@ -29,7 +29,7 @@ from fl_lightning.loops.client_executor import ClientExecutor, ClientRuntime
 from fl_lightning.loops.executor_choice import make_executor
 from fl_lightning.loops.hparams_session import log_federated_hparams
 from fl_lightning.loops.guards import aggregate_or_roll_back, apply_bound, bound_updates, decode_and_screen
-from fl_lightning.loops.round_log import log_round
+from fl_lightning.loops.round_log import log_round, without_client_statistics
 from fl_lightning.loops.loop_services import LoopServices
 from fl_lightning.loops.stop_reason import failure_reason, stop_reason
 from fl_lightning.mixins.regularized import TASK_LOSS
@@ -570,6 +570,8 @@ class FederatedFitLoop(compat.FitLoopBase):
             **client_means(received, TRAINING_METRICS),
             **{f"round/{k}": v for k, v in metrics.items()},
         }
+        if self.algorithm.hides_client_statistics:
+            metrics = without_client_statistics(metrics)
         log_round(self.trainer, round_idx, {**validation, **metrics})
         call_federated_hook(self.trainer, "on_round_aggregated", round_idx, metrics)
 

@@ -23,6 +23,23 @@ from fl_lightning import _lightning_compat as compat
 #: The column that holds the round index in every round-level row.
 ROUND = "round"
 
+#: The loop's round metrics that are unnoised functions of the clients' data or of who took part: the mean
+#: training loss (and regulariser), the counts of updates received, aggregated, dropped and rejected, and the
+#: bytes moved (a count of the sampled clients). A DP run leaves them out of the row unless its mechanism's
+#: ``log_client_statistics`` (:attr:`~fl_lightning.Algorithm.hides_client_statistics`).
+CLIENT_STATISTICS = frozenset({
+    "round/train_loss",
+    "round/train_regularizer",
+    "round/clients",
+    "round/aggregated_clients",
+    "round/dropped_clients",
+    "round/rejected_clients",
+    "round/upload_bytes",
+    "round/total_upload_bytes",
+    "round/download_bytes",
+    "round/total_download_bytes",
+})
+
 # Keys already given W&B's round axis, per logger (define_metric once per key).
 _ROUND_AXIS_KEYS: WeakKeyDictionary[Logger, set[str]] = WeakKeyDictionary()
 
@@ -35,6 +52,11 @@ def log_round(trainer: pl.Trainer, round_idx: int, metrics: Mapping[str, float])
             _use_round_axis(logger, row)
     compat.log_metrics(trainer, row, step=compat.epoch_end_log_step(trainer))
     return row
+
+
+def without_client_statistics(metrics: Mapping[str, float]) -> dict[str, float]:
+    """``metrics`` without the :data:`CLIENT_STATISTICS`."""
+    return {key: value for key, value in metrics.items() if key not in CLIENT_STATISTICS}
 
 
 def _use_round_axis(logger: WandbLogger, row: Mapping[str, float]) -> None:

@@ -28,6 +28,9 @@ from fl_lightning.privacy.ledger import Entries
 #: Client sampling schemes the accountant supports.
 Sampling = Literal["fixed", "poisson"]
 
+#: The accountant behind every ε of this module, as a run's privacy statement names it.
+ACCOUNTANT = "RDP"
+
 #: dp-accounting's RDP accountant logs this (through absl) for every order whose series it cuts short; it
 #: then leaves that order out of the minimum over orders, so ε stays a valid bound and the user cannot act on it.
 _NOT_CONVERGED = "_compute_log_a_frac failed to converge"

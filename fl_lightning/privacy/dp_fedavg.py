@@ -13,13 +13,15 @@ from fl_lightning.algorithms.shared.aggregation import accumulator_dtype, weight
 from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientUpdate
 from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.algorithms.shared.summable import aggregate_weighted_sum, can_shard
-from fl_lightning.algorithms.shared.wrapper import AlgorithmWrapper
+from fl_lightning.algorithms.shared.wrapper import AlgorithmWrapper, wrapped
+from fl_lightning.data._data_checks import check_bool
 from fl_lightning.server.federation import Federation
 from fl_lightning.server.model_state import State
-from fl_lightning.privacy.accountant import RoundAccountant, Sampling, check_delta
+from fl_lightning.privacy.accountant import ACCOUNTANT, RoundAccountant, Sampling, check_delta
 from fl_lightning.privacy.adaptive_clipping import AdaptiveClipping
 from fl_lightning.privacy.ledger import Entries, Ledger, check_count
 from fl_lightning.privacy.noise import NoiseSource, check_secure_mode, noise_source, start_noise
+from fl_lightning.privacy.statement import privacy_statement
 from fl_lightning.robust.update_bounds import UpdateBound, positive_finite, update_norm
 
 
@@ -70,7 +72,16 @@ class DPFedAvg(AlgorithmWrapper):
     every rank (secure mode broadcasts rank 0's secret at set-up), so N processes release what one does.
 
     Refused: an ``update_bound`` whose effect on one client depends on the others'
-    (:class:`~fl_lightning.MedianNormFilter`: the sensitivity would no longer be :math:`C`).
+    (:class:`~fl_lightning.MedianNormFilter`: the sensitivity would no longer be :math:`C`); a wrapped
+    algorithm that selects its own clients (FedALIGN: its sample and loss admission bypass the accounted
+    sampling); a wrapper around it that reads unnoised client values (``FedALIGN(algorithm=DPFedAvg(...))``,
+    :meth:`~fl_lightning.Algorithm.unnoised_client_values`). A wrapped algorithm's sample-count weighting
+    is no such read: the uniform weights above replace it.
+
+    Logs: ε, the clip norm and the noise std each round; the round's unnoised client statistics (mean
+    training loss, client counts, upload bytes: :data:`~fl_lightning.loops.round_log.CLIENT_STATISTICS`)
+    only with ``log_client_statistics=True``. The progress line and the fit summary state ε at δ, the
+    accountant and the neighbouring relation (:meth:`privacy_statement`).
 
     Args:
         noise_multiplier: :math:`z \ge 0`; 0 adds no noise (ε = ∞).
@@ -81,13 +92,16 @@ class DPFedAvg(AlgorithmWrapper):
         sampling: ``"fixed"`` or ``"poisson"``.
         adaptive_clipping: adapts :math:`C` to a quantile of the update norms (Andrew et al. 2021).
         secure_mode: draw the noise and Poisson membership from a secret instead of the run's seed.
+        log_client_statistics: also log the round's unnoised client statistics, which the guarantee does not
+            cover (``docs/privacy_robustness.md``, threat model).
         algorithm: the wrapped algorithm (default ``FedAvg(weighting="uniform")``); it must sum its
             clients' deltas (:class:`~fl_lightning.SummableAggregation`), or average its decoded deltas
             (FedMRN: each decoded masked-noise update :math:`G(s_k)\odot m_k` is what is clipped; no
             sharding then), and use the default uniform client selection.
     """
 
-    summary_metrics: ClassVar[dict[str, str]] = {"dp_epsilon": "final"}
+    summary_metrics: ClassVar[dict[str, str]] = {"round/dp_epsilon": "final"}
+    differentially_private: ClassVar[bool] = True
 
     accountant: RoundAccountant
 
@@ -101,9 +115,11 @@ class DPFedAvg(AlgorithmWrapper):
         sampling: Sampling = "fixed",
         adaptive_clipping: AdaptiveClipping | None = None,
         secure_mode: bool = False,
+        log_client_statistics: bool = False,
         algorithm: Algorithm | None = None,
     ) -> None:
         self.noise_multiplier = positive_finite("noise_multiplier", noise_multiplier, inclusive=True)
+        self.log_client_statistics = check_bool("log_client_statistics", log_client_statistics)
         if not (noise_multiplier == 0 and adaptive_clipping is None and clip_norm == math.inf):
             positive_finite("clip_norm", clip_norm)
         self.clip_norm = float(clip_norm)
@@ -140,8 +156,13 @@ class DPFedAvg(AlgorithmWrapper):
                 f"(SummableAggregation: FedAvg, FedProx, their server optimizers) or a compressed FedAvg that "
                 f"averages decoded deltas (FedMRN's masked noise, FedAvgSM); {name} is not."
             )
-        if type(inner).select_clients is not Algorithm.select_clients:
-            raise ValueError(f"DPFedAvg's accounting assumes uniform client sampling, but {name} selects its own clients.")
+        forwarding = (Algorithm.select_clients, AlgorithmWrapper.select_clients)
+        selecting = next((layer for layer in wrapped(inner) if type(layer).select_clients not in forwarding), None)
+        if selecting is not None:
+            raise ValueError(
+                f"DPFedAvg's accounting assumes uniform client sampling, but {type(selecting).__name__} selects its own "
+                f"clients: DPFedAvg and {type(selecting).__name__} cannot be combined."
+            )
 
     @override
     def setup(self, federation: Federation) -> None:
@@ -173,6 +194,17 @@ class DPFedAvg(AlgorithmWrapper):
     def aggregates_empty_rounds(self) -> bool:
         """Always: a round with no usable update still releases noise (else its absence reveals the round was empty)."""
         return True
+
+    @property
+    @override
+    def hides_client_statistics(self) -> bool:
+        return not self.log_client_statistics
+
+    @override
+    def privacy_statement(self) -> str:
+        """ε at δ so far, by the RDP accountant, under add/remove-one (Poisson) or replace-one (fixed-size)."""
+        relation = "add/remove-one" if self.sampling == "poisson" else "replace-one"
+        return privacy_statement(self.epsilon(), self.delta, ACCOUNTANT, relation)
 
     @property
     @override

@@ -15,10 +15,12 @@ from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientUpdate
 from fl_lightning.algorithms.shared.wrapper import AlgorithmWrapper
 from fl_lightning.server.model_state import State
 from fl_lightning.server.federation import Federation
-from fl_lightning.privacy.accountant import check_delta, composed_gaussian_epsilon
+from fl_lightning.data._data_checks import check_bool
+from fl_lightning.privacy.accountant import ACCOUNTANT, check_delta, composed_gaussian_epsilon
 from fl_lightning.privacy.dp_fedavg import add_noise, clipped_sum, refuse_relative_bound
 from fl_lightning.privacy.ledger import Ledger, check_count
 from fl_lightning.privacy.noise import check_secure_mode, noise_source, start_noise
+from fl_lightning.privacy.statement import privacy_statement
 from fl_lightning.robust.update_bounds import UpdateBound, positive_finite
 
 
@@ -65,13 +67,15 @@ class DPFedBuff(AlgorithmWrapper):
         delta: :math:`\delta \in (0, 1)` at which ε is reported.
         target_epsilon: the ε budget (> 0); ``None`` runs for ``max_epochs`` aggregations.
         secure_mode: draw the noise from a secret instead of the run's seed.
+        log_client_statistics: also log the unnoised client statistics (as :class:`~fl_lightning.DPFedAvg`).
         algorithm: a :class:`~fl_lightning.FedBuff` or :class:`~fl_lightning.FedStaleWeight`.
 
     Refused: an ``update_bound`` whose effect on one client depends on the others'
-    (:class:`~fl_lightning.MedianNormFilter`).
+    (:class:`~fl_lightning.MedianNormFilter`); a wrapper around it that reads unnoised client values.
     """
 
-    summary_metrics: ClassVar[dict[str, str]] = {"dp_epsilon": "final"}
+    summary_metrics: ClassVar[dict[str, str]] = {"round/dp_epsilon": "final"}
+    differentially_private: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -81,9 +85,11 @@ class DPFedBuff(AlgorithmWrapper):
         delta: float = 1e-5,
         target_epsilon: float | None = None,
         secure_mode: bool = False,
+        log_client_statistics: bool = False,
         algorithm: Algorithm,
     ) -> None:
         self.noise_multiplier = positive_finite("noise_multiplier", noise_multiplier, inclusive=True)
+        self.log_client_statistics = check_bool("log_client_statistics", log_client_statistics)
         self.clip_norm = positive_finite("clip_norm", clip_norm)
         self.delta = check_delta(delta)
         self.target_epsilon = None if target_epsilon is None else positive_finite("target_epsilon", target_epsilon)
@@ -119,6 +125,16 @@ class DPFedBuff(AlgorithmWrapper):
         changing the buffer's count and step with the client's data. Its training loss is not carried over."""
         metrics = {k: v for k, v in update.metrics.items() if k != "train_loss"}
         return replace(update, payload={name: torch.zeros_like(t) for name, t in update.payload.items()}, metrics=metrics)
+
+    @property
+    @override
+    def hides_client_statistics(self) -> bool:
+        return not self.log_client_statistics
+
+    @override
+    def privacy_statement(self) -> str:
+        """ε at δ so far, by the RDP accountant, under zero-out adjacency."""
+        return privacy_statement(self.epsilon(), self.delta, ACCOUNTANT, "zero-out")
 
     @property
     def aggregations(self) -> int:

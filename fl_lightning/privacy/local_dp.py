@@ -8,13 +8,19 @@ import lightning.pytorch as pl
 import torch
 from typing_extensions import override
 
+from dataclasses import replace
+from typing import ClassVar
+
+from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientContext, ClientUpdate
-from fl_lightning.algorithms.shared.wrapper import AlgorithmWrapper
+from fl_lightning.algorithms.shared.wrapper import AlgorithmWrapper, wrapped
+from fl_lightning.data._data_checks import check_bool
 from fl_lightning.server.model_state import State
 from fl_lightning.server.federation import Federation
-from fl_lightning.privacy.accountant import check_delta, composed_gaussian_epsilon
+from fl_lightning.privacy.accountant import ACCOUNTANT, check_delta, composed_gaussian_epsilon
 from fl_lightning.privacy.ledger import Ledger, check_count
 from fl_lightning.privacy.noise import check_secure_mode, noise_source, start_noise
+from fl_lightning.privacy.statement import privacy_statement
 from fl_lightning.robust.update_bounds import positive_finite, update_norm
 
 
@@ -46,8 +52,17 @@ class LocalDP(AlgorithmWrapper):
     (:mod:`fl_lightning.privacy.noise`); without it (research mode, with a warning) from
     ``(client seed, "local_dp")``, which the server, knowing the run's seed, can regenerate and strip.
 
+    Nobody is trusted, so the server reads nothing of a client but its noised payload: the upload carries no
+    training metrics (its loss) unless ``log_client_statistics``, and an algorithm that reads an unnoised
+    client value (:meth:`~fl_lightning.Algorithm.unnoised_client_values`) is refused inside LocalDP or around
+    it, naming both: sample-count weighting (``FedAvg(weighting="samples")``, LocalDP weights uniformly by
+    default and refuses an explicit ``"samples"``), FedNova's step counts, FlexibleParticipation's counts,
+    FedALIGN's loss admission. The simulated ``ClientUpdate`` still holds the sample and step counts, which
+    no accepted server step reads; the logger's step axis counts every client's steps (outside the guarantee,
+    ``docs/privacy_robustness.md``).
+
     Composes with any algorithm whose upload is computed from the delta alone
-    (:func:`uploads_plain_delta`: FedAvg, FedProx, server optimizers, FedALIGN over them, the robust
+    (:func:`uploads_plain_delta`: FedAvg and FedProx with uniform weights, server optimizers, the robust
     aggregators, FedBuff, FedStaleWeight); refused for uploads that are models or masks (FedSoft,
     FedPM, FedMRN: a mask or model cannot carry the noise) and codecs (CompressedFedAvg).
 
@@ -56,8 +71,12 @@ class LocalDP(AlgorithmWrapper):
         clip_norm: :math:`C > 0`.
         delta: :math:`\delta \in (0, 1)` at which ε is reported.
         secure_mode: draw the noise from a secret instead of the client's seed.
-        algorithm: the wrapped algorithm (default :class:`~fl_lightning.FedAvg`).
+        log_client_statistics: clients also send their training metrics, and the round logs its unnoised
+            client statistics (as :class:`~fl_lightning.DPFedAvg`); outside the guarantee.
+        algorithm: the wrapped algorithm (default ``FedAvg(weighting="uniform")``).
     """
+
+    differentially_private: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -66,18 +85,27 @@ class LocalDP(AlgorithmWrapper):
         clip_norm: float,
         delta: float = 1e-5,
         secure_mode: bool = False,
+        log_client_statistics: bool = False,
         algorithm: Algorithm | None = None,
     ) -> None:
         self.noise_multiplier = positive_finite("noise_multiplier", noise_multiplier)
         self.clip_norm = positive_finite("clip_norm", clip_norm)
         self.delta = check_delta(delta)
         self.secure_mode = check_secure_mode(secure_mode)
-        super().__init__(algorithm)
+        self.log_client_statistics = check_bool("log_client_statistics", log_client_statistics)
+        super().__init__(algorithm if algorithm is not None else FedAvg(weighting="uniform"))
         if not uploads_plain_delta(self.inner):
             raise ValueError(
                 f"LocalDP noises the client's delta, but {type(self.inner).__name__} uploads something else "
-                "(a model, masks, a codec's payload); wrap FedAvg, FedProx, FedALIGN, FedBuff or a robust aggregator."
+                "(a model, masks, a codec's payload); wrap FedAvg, FedProx, FedBuff or a robust aggregator."
             )
+        for layer in wrapped(self.inner):
+            if reads := layer.unnoised_client_values():
+                name = type(layer).__name__
+                raise ValueError(
+                    f"LocalDP and {name} cannot be combined: {name} reads {reads}, which the server would see in the "
+                    "clear, so LocalDP's guarantee (nobody is trusted) would not hold."
+                )
         #: Releases per noise multiplier: rounds (synchronous) or the most uploads of any client (asynchronous).
         self.spent = Ledger()
         #: Updates of each client that reached an aggregation at the current noise multiplier (asynchronous runs).
@@ -99,7 +127,19 @@ class LocalDP(AlgorithmWrapper):
             else torch.zeros_like(t)
             for name, t in delta.items()
         }
-        return self.inner.client_update(client, module, noised)
+        update = self.inner.client_update(client, module, noised)
+        return update if self.log_client_statistics else replace(update, metrics={})
+
+    @property
+    @override
+    def hides_client_statistics(self) -> bool:
+        return not self.log_client_statistics
+
+    @override
+    def privacy_statement(self) -> str:
+        """Each client's ε at δ so far, by the RDP accountant, under replace-one of its data."""
+        epsilon = composed_gaussian_epsilon(tuple(self.spent.entries), self.delta)
+        return privacy_statement(epsilon, self.delta, ACCOUNTANT, "replace-one, per client")
 
     @override
     def aggregate(self, round_idx: int, global_state: State, updates: list[ClientUpdate]) -> dict[str, float]:

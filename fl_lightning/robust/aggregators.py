@@ -9,11 +9,12 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor
 from typing_extensions import override
 
+from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.algorithms.shared.aggregation import accumulator_dtype
 from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientUpdate
 from fl_lightning.algorithms.shared.combinable import aggregate_with, can_combine, combine_group
 from fl_lightning.algorithms.shared.summable import can_shard
-from fl_lightning.algorithms.shared.wrapper import AlgorithmWrapper
+from fl_lightning.algorithms.shared.wrapper import AlgorithmWrapper, wrapped
 from fl_lightning.server.federation import Federation
 from fl_lightning.server.model_state import State
 from fl_lightning.privacy.dp_fedavg import DPFedAvg
@@ -36,11 +37,13 @@ class RobustAggregation(AlgorithmWrapper, ABC):
     :class:`~fl_lightning.MedianNormFilter`), which composes with these.
 
     Args:
-        algorithm: the wrapped algorithm (default :class:`FedAvg`).
+        algorithm: the wrapped algorithm (default ``FedAvg(weighting="uniform")``: the statistic replaces its
+            weighting, so the default reads no client's sample count, and composes inside
+            :class:`~fl_lightning.privacy.LocalDP`).
     """
 
     def __init__(self, *, algorithm: Algorithm | None = None) -> None:
-        super().__init__(algorithm)
+        super().__init__(algorithm if algorithm is not None else FedAvg(weighting="uniform"))
         _refuse_central_dp(type(self).__name__, self.inner)
         if not can_combine(self.inner):
             raise ValueError(
@@ -96,15 +99,13 @@ class RobustAggregation(AlgorithmWrapper, ABC):
 def _refuse_central_dp(rule: str, algorithm: Algorithm) -> None:
     """Raises ValueError if ``algorithm`` (or one it wraps) is DPFedAvg or DPFedBuff: a robust statistic of the
     unclipped updates in place of their clipped sum would release far more than the noise was scaled for."""
-    inner: Algorithm | None = algorithm
-    while inner is not None:
+    for inner in wrapped(algorithm):
         if isinstance(inner, (DPFedAvg, DPFedBuff)):
             raise ValueError(
                 f"{rule} would replace {type(inner).__name__}'s clipped sum by a statistic that depends on every "
                 "client's update, so one client could move the release by more than the clip norm the noise is "
                 f"scaled to: {rule} and {type(inner).__name__} cannot be combined (use an update_bound=NormClip instead)."
             )
-        inner = inner.inner if isinstance(inner, AlgorithmWrapper) else None
 
 
 def _flatten(payloads: list[State], names: list[str]) -> Tensor:

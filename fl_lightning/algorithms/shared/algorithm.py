@@ -40,6 +40,9 @@ class Algorithm(RecordsInitArgs, ABC):
     #: momentum, no Adam moments), e.g. FedNova's ``||a_i||_1``; empty when it does not. The loop then
     #: refuses ``reset_optimizer=False`` at fit start, with this reason (:func:`check_fresh_optimizer`).
     needs_fresh_optimizer: ClassVar[str] = ""
+    #: Whether this algorithm is a differential-privacy mechanism (DPFedAvg, DPFedBuff, LocalDP): a wrapper that
+    #: reads unnoised client values (:meth:`unnoised_client_values`) refuses to wrap one.
+    differentially_private: ClassVar[bool] = False
 
     federation: Federation
 
@@ -123,6 +126,23 @@ class Algorithm(RecordsInitArgs, ABC):
 
     def check_update_bound(self, bound: UpdateBound) -> None:
         """Raises ValueError, naming both, if this algorithm cannot run under the trainer's update ``bound``."""
+
+    def unnoised_client_values(self) -> str:
+        """What this algorithm itself (not one it wraps) reads of its clients besides their uploads' payloads, in
+        words: a sample or step count, a loss, a selection of its own (empty when nothing). No DP mechanism covers
+        these, so one refuses to wrap, or be wrapped by, an algorithm that reads any (``docs/privacy_robustness.md``)."""
+        return ""
+
+    @property
+    def hides_client_statistics(self) -> bool:
+        """Whether the round's logged row leaves out the unnoised client statistics
+        (:data:`~fl_lightning.loops.round_log.CLIENT_STATISTICS`): a DP mechanism's default."""
+        return False
+
+    def privacy_statement(self) -> str | None:
+        """The privacy spent so far, for the progress line and the fit summary (e.g.
+        ``"ε = 3.12 at δ = 1e-05 (RDP, add/remove-one)"``); None for an algorithm without a DP guarantee."""
+        return None
 
     @property
     def aggregates_empty_rounds(self) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
@@ -27,6 +28,7 @@ class AlgorithmWrapper(Algorithm):
 
     def __init__(self, algorithm: Algorithm | None = None) -> None:
         self.inner = algorithm if algorithm is not None else FedAvg()
+        refuse_over_dp(self)
 
     @override
     def setup(self, federation: Federation) -> None:
@@ -82,6 +84,15 @@ class AlgorithmWrapper(Algorithm):
     def aggregates_empty_rounds(self) -> bool:
         return self.inner.aggregates_empty_rounds
 
+    @property
+    @override
+    def hides_client_statistics(self) -> bool:
+        return self.inner.hides_client_statistics
+
+    @override
+    def privacy_statement(self) -> str | None:
+        return self.inner.privacy_statement()
+
     @override
     def decode_update(self, update: ClientUpdate) -> ClientUpdate:
         return self.inner.decode_update(update)
@@ -126,3 +137,24 @@ class AlgorithmWrapper(Algorithm):
     @override
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.inner.load_state_dict(state["inner"])
+
+
+def wrapped(algorithm: Algorithm) -> Iterator[Algorithm]:
+    """``algorithm`` and every algorithm it wraps, outermost first."""
+    layer: Algorithm | None = algorithm
+    while layer is not None:
+        yield layer
+        layer = layer.inner if isinstance(layer, AlgorithmWrapper) else None
+
+
+def refuse_over_dp(wrapper: AlgorithmWrapper) -> None:
+    """Raises ValueError, naming both, if ``wrapper`` reads unnoised client values
+    (:meth:`~Algorithm.unnoised_client_values`) and wraps a DP mechanism: its noise would not cover them."""
+    reads = wrapper.unnoised_client_values()
+    mechanism = next((layer for layer in wrapped(wrapper.inner) if layer.differentially_private), None)
+    if reads and mechanism is not None:
+        outer, dp = type(wrapper).__name__, type(mechanism).__name__
+        raise ValueError(
+            f"{outer} and {dp} cannot be combined: {outer} reads {reads}, which {dp}'s noise does not cover and its "
+            f"accountant does not count, so the reported epsilon would not bound what the run reveals."
+        )
