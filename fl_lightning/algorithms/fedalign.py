@@ -117,7 +117,7 @@ class FedALIGN(AlgorithmWrapper):
         self.epsilon = epsilon if isinstance(epsilon, EpsilonSchedule) else ConstantEpsilon(epsilon)
         super().__init__(algorithm)
         if self.inner.asynchronous:
-            raise ValueError(f"FedALIGN selects each round's clients; {type(self.inner).__name__} is asynchronous (no rounds).")
+            raise ValueError(f"{type(self).__name__} selects each round's clients; {type(self.inner).__name__} is asynchronous (no rounds).")
         self.warmup_fraction, self.strict, self.two_sided = warmup_fraction, strict, two_sided
         self.metric, self.evaluate_priority = metric, evaluate_priority
         self.evaluate_clients_spec = None if evaluate_clients is None else list(evaluate_clients)

@@ -88,7 +88,7 @@ class Byzantine(AlgorithmWrapper):
         super().__init__(algorithm)
         if attack.poisons_update and not uploads_plain_delta(self.inner):
             raise ValueError(
-                f"{type(attack).__name__} poisons the client's delta, but {type(self.inner).__name__} uploads something "
+                f"Byzantine's {type(attack).__name__} poisons the client's delta, but {type(self.inner).__name__} uploads something "
                 "else (a model, masks, a codec's payload) that the poisoned delta would not reach; use a data-poisoning "
                 "attack (LabelFlip) with it."
             )

@@ -86,7 +86,7 @@ class SecureAggregation(AlgorithmWrapper):
         super().__init__(algorithm)
         if not isinstance(self.inner, SummableAggregation) or not self.inner.summable:
             raise ValueError(
-                "Secure aggregation reveals only the sum of the clients' weighted deltas, so it needs an algorithm whose "
+                "SecureAggregation reveals only the sum of the clients' weighted deltas, so it needs an algorithm whose "
                 f"aggregation is that sum (SummableAggregation: FedAvg, FedProx, their server optimizers); "
                 f"{type(self.inner).__name__}'s payload is not a sum."
             )

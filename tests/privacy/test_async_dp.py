@@ -70,7 +70,7 @@ def test_the_buffer_noise_has_std_z_c_and_epsilon_composes_gaussians_without_sam
 def test_a_fast_client_s_repeats_are_dropped_in_a_fit_and_epsilon_is_logged():
     # Client 0 takes 1 virtual second, the others 10: the first buffers hold client 0 three times.
     fsw = FedStaleWeight(buffer_size=3, delays=ConstantDelay([1.0, 10.0, 10.0, 10.0]))
-    trainer = quadratic_trainer(max_epochs=2, algorithm=DPFedBuff(noise_multiplier=1.0, clip_norm=1.0, algorithm=fsw), local_steps=1)
+    trainer = quadratic_trainer(max_epochs=2, algorithm=DPFedBuff(noise_multiplier=1.0, clip_norm=1.0, log_client_statistics=True, algorithm=fsw), local_steps=1)
     trainer.fit(Quadratic(), datamodule=quadratic_data(CENTRES))
     metrics = trainer.callback_metrics
     assert metrics["round/dp_repeats_dropped"] == 2.0 and metrics["round/aggregated_clients"] == 3.0

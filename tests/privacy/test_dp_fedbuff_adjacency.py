@@ -28,7 +28,7 @@ def _fit(bad: float | None) -> tuple[dict[str, list[float]], DPFedBuff, list[lis
     if bad is not None:
         centres[1] = bad
     fedbuff = FedBuff(buffer_size=3, delays=ConstantDelay([1.0, 1.5, 2.0, 3.0]))
-    algorithm = DPFedBuff(noise_multiplier=1.0, clip_norm=1.0, algorithm=fedbuff)
+    algorithm = DPFedBuff(noise_multiplier=1.0, clip_norm=1.0, log_client_statistics=True, algorithm=fedbuff)
     logger = RecordingLogger()
     trainer = quadratic_trainer(max_epochs=ROUNDS, algorithm=algorithm, local_steps=2, logger=logger)
     trainer.fit(Quadratic(), datamodule=quadratic_data(centres))

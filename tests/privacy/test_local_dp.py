@@ -47,7 +47,7 @@ def test_epsilon_is_the_gaussian_mechanism_with_sensitivity_two_c(federation):
 
 
 def test_composes_with_delta_uploads_only():
-    for inner in (FedAvg(), CoordinateMedian(), FedALIGN(priority=1, epsilon=0.1)):
+    for inner in (FedAvg(weighting="uniform"), CoordinateMedian()):
         LocalDP(noise_multiplier=1.0, clip_norm=1.0, algorithm=inner)
     for inner in (
         FedSoft(num_clusters=2),
@@ -65,3 +65,31 @@ def test_composes_with_delta_uploads_only():
 def test_bad_input_is_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
         LocalDP(**{"noise_multiplier": 1.0, "clip_norm": 1.0, **kwargs})
+
+
+@pytest.mark.parametrize(
+    ("inner", "read"),
+    [(lambda: FedAvg(), "sample count"), (lambda: FedALIGN(priority=1, epsilon=0.1), "unnoised losses")],
+    ids=["fedavg-samples", "fedalign"],
+)
+def test_an_algorithm_that_reads_an_unnoised_client_value_is_refused_inside_or_around_it(inner, read):
+    """Nobody is trusted: the server reads nothing of a client but its noised payload (issue 38 item 5)."""
+    name = type(inner()).__name__
+    with pytest.raises(ValueError, match=rf"LocalDP and {name} cannot be combined: {name} reads .*{read}"):
+        LocalDP(noise_multiplier=1.0, clip_norm=1.0, algorithm=inner())
+    if name == "FedALIGN":
+        with pytest.raises(ValueError, match=rf"FedALIGN and LocalDP cannot be combined: FedALIGN reads .*{read}"):
+            FedALIGN(priority=1, algorithm=LocalDP(noise_multiplier=1.0, clip_norm=1.0))
+
+
+@pytest.mark.filterwarnings("ignore:.*secure_mode=False")
+@pytest.mark.parametrize("flag", [False, True])
+def test_the_default_weighting_is_uniform_and_clients_send_their_loss_only_when_asked(federation, flag):
+    algorithm = LocalDP(noise_multiplier=1.0, clip_norm=1.0, log_client_statistics=flag)
+    algorithm.setup(federation)
+    assert algorithm.inner.weighting == "uniform"
+    (update,) = updates_with_norms(global_state(federation), [1.0])
+    context = _context(0)
+    context.metrics = {"train_loss": 0.25}
+    sent = algorithm.client_update(context, federation.module, update.payload)
+    assert sent.metrics == ({"train_loss": 0.25} if flag else {})

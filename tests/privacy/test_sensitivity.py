@@ -88,7 +88,7 @@ def test_local_dp_epsilon_is_not_below_pld_under_replace_one():
 def test_a_round_with_no_usable_update_still_releases_noise_and_spends_budget():
     """Every client's update is NaN (lr = NaN) and dropped: the model still moves by the noise and ε grows, so a
     round's emptiness, which depends on the clients' data, is not released in the clear."""
-    algorithm = DPFedAvg(noise_multiplier=1.0, clip_norm=1.0)
+    algorithm = DPFedAvg(noise_multiplier=1.0, clip_norm=1.0, log_client_statistics=True)  # to read the count
     trainer = quadratic_trainer(max_epochs=2, algorithm=algorithm, clients_per_round=2)
     model = Quadratic(lr=math.nan)
     before = [p.detach().clone() for p in model.parameters()]
@@ -105,7 +105,9 @@ def test_a_round_with_no_usable_update_still_releases_noise_and_spends_budget():
 def test_dp_fedbuff_aggregates_a_non_finite_update_as_a_zero_update():
     """Zero-out adjacency: a NaN update becomes its neighbour, a zero update with its weight, so every buffer
     releases noise and no buffer's step depends on whether an update was finite."""
-    algorithm = DPFedBuff(noise_multiplier=1.0, clip_norm=1.0, algorithm=FedBuff(buffer_size=2, delays=ConstantDelay(1.0)))
+    algorithm = DPFedBuff(
+        noise_multiplier=1.0, clip_norm=1.0, log_client_statistics=True, algorithm=FedBuff(buffer_size=2, delays=ConstantDelay(1.0))
+    )
     logger = RecordingLogger()
     trainer = quadratic_trainer(max_epochs=3, algorithm=algorithm, local_steps=1, logger=logger)
     model = Quadratic(lr=math.nan)
