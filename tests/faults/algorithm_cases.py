@@ -141,7 +141,8 @@ CASES: dict[type[Algorithm], tuple[Callable[[], Algorithm], dict[str, Any]]] = {
             "fault": lambda: Poison({VICTIM}, float("nan"), limit=2),
         },
     ),
-    DPFedAvg: (lambda: DPFedAvg(noise_multiplier=0.5, clip_norm=1.0), dense()),
+    # Its client statistics logged: the fault tests read the counts of dropped and rejected clients.
+    DPFedAvg: (lambda: DPFedAvg(noise_multiplier=0.5, clip_norm=1.0, log_client_statistics=True), dense()),
     # Ditto's personal pass (inside client_update) ends first, with an empty upload: the second poisoning hits.
     Ditto: (lambda: Ditto(lam=0.1), {**dense(), "fault": lambda: Poison({VICTIM}, float("nan"), limit=2)}),
     # FedBN's frozen-base model: the base Linear frozen, the BatchNorm trained and kept on each client.

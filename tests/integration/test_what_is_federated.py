@@ -144,16 +144,17 @@ STATE_OF: dict[type, Callable[[Any], list[Mapping]]] = {
 }
 
 
-#: Wrappers that add noise: with a negligible learning rate, only their noise moves the global model.
+#: Wrappers that add noise: with a negligible learning rate, only their noise moves the global model (their
+#: client statistics logged, to read the upload bytes per client).
 NOISY: dict[str, tuple[Callable[[], Algorithm], dict[str, Any]]] = {
-    "DPFedAvg-fixed": (lambda: DPFedAvg(noise_multiplier=1.0, clip_norm=1.0), {}),
-    "DPFedAvg-poisson": (lambda: DPFedAvg(noise_multiplier=1.0, clip_norm=1.0, sampling="poisson"), {"clients_per_round": 2}),
-    "LocalDP": (lambda: LocalDP(noise_multiplier=1.0, clip_norm=1.0), {}),
+    "DPFedAvg-fixed": (lambda: DPFedAvg(noise_multiplier=1.0, clip_norm=1.0, log_client_statistics=True), {}),
+    "DPFedAvg-poisson": (lambda: DPFedAvg(noise_multiplier=1.0, clip_norm=1.0, log_client_statistics=True, sampling="poisson"), {"clients_per_round": 2}),
+    "LocalDP": (lambda: LocalDP(noise_multiplier=1.0, clip_norm=1.0, log_client_statistics=True), {}),
     "DPFedBuff": (
-        lambda: DPFedBuff(noise_multiplier=1.0, clip_norm=1.0, algorithm=FedBuff(buffer_size=2, delays=ConstantDelay(1.0))),
+        lambda: DPFedBuff(noise_multiplier=1.0, clip_norm=1.0, log_client_statistics=True, algorithm=FedBuff(buffer_size=2, delays=ConstantDelay(1.0))),
         {},
     ),
-    "LocalDP-CoordinateMedian": (lambda: LocalDP(noise_multiplier=1.0, clip_norm=1.0, algorithm=CoordinateMedian()), {}),
+    "LocalDP-CoordinateMedian": (lambda: LocalDP(noise_multiplier=1.0, clip_norm=1.0, log_client_statistics=True, algorithm=CoordinateMedian()), {}),
 }
 
 

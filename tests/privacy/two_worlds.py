@@ -21,7 +21,7 @@ from torch import nn
 from fl_lightning import LinearTermMixin, MaskedNoiseMixin, ProximalMixin
 from fl_lightning.algorithms import Algorithm, ClientContext, ClientUpdate
 from fl_lightning.algorithms.shared.wrapper import wrapped
-from fl_lightning.privacy import DPFedAvg, DPFedBuff, LocalDP
+from fl_lightning.privacy import DPFedAvg, DPFedBuff
 from fl_lightning.server.federation import Federation
 from fl_lightning.utils.seeding import derive_seed
 
