@@ -17,15 +17,15 @@ from fl_lightning.algorithms.shared.wrapper import AlgorithmWrapper, wrapped
 from fl_lightning.data._data_checks import check_bool
 from fl_lightning.server.federation import Federation
 from fl_lightning.server.model_state import State
-from fl_lightning.privacy.accountant import ACCOUNTANT, RoundAccountant, Sampling, check_delta
+from fl_lightning.privacy.accountant import RoundAccountant, Sampling, check_delta
 from fl_lightning.privacy.adaptive_clipping import AdaptiveClipping
 from fl_lightning.privacy.ledger import Entries, Ledger, check_count
 from fl_lightning.privacy.noise import NoiseSource, check_secure_mode, noise_source, start_noise
-from fl_lightning.privacy.statement import privacy_statement
+from fl_lightning.privacy.mechanism import DPMechanism
 from fl_lightning.robust.update_bounds import UpdateBound, positive_finite, update_norm
 
 
-class DPFedAvg(AlgorithmWrapper):
+class DPFedAvg(DPMechanism, AlgorithmWrapper):
     r"""DP-FedAvg (McMahan et al. 2018, "Learning Differentially Private Recurrent Language Models",
     Algorithm 1) around any synchronous weighted-sum algorithm (FedAvg, FedProx, their server optimizers).
 
@@ -101,7 +101,6 @@ class DPFedAvg(AlgorithmWrapper):
     """
 
     summary_metrics: ClassVar[dict[str, str]] = {"round/dp_epsilon": "final"}
-    differentially_private: ClassVar[bool] = True
 
     accountant: RoundAccountant
 
@@ -196,15 +195,9 @@ class DPFedAvg(AlgorithmWrapper):
         return True
 
     @property
-    @override
-    def hides_client_statistics(self) -> bool:
-        return not self.log_client_statistics
-
-    @override
-    def privacy_statement(self) -> str:
-        """ε at δ so far, by the RDP accountant, under add/remove-one (Poisson) or replace-one (fixed-size)."""
-        relation = "add/remove-one" if self.sampling == "poisson" else "replace-one"
-        return privacy_statement(self.epsilon(), self.delta, ACCOUNTANT, relation)
+    def neighbouring_relation(self) -> str:  # type: ignore[override]
+        """Add/remove-one under Poisson sampling, replace-one under fixed-size sampling."""
+        return "add/remove-one" if self.sampling == "poisson" else "replace-one"
 
     @property
     @override

@@ -16,15 +16,15 @@ from fl_lightning.algorithms.shared.wrapper import AlgorithmWrapper
 from fl_lightning.server.model_state import State
 from fl_lightning.server.federation import Federation
 from fl_lightning.data._data_checks import check_bool
-from fl_lightning.privacy.accountant import ACCOUNTANT, check_delta, composed_gaussian_epsilon
+from fl_lightning.privacy.accountant import check_delta, composed_gaussian_epsilon
 from fl_lightning.privacy.dp_fedavg import add_noise, clipped_sum, refuse_relative_bound
 from fl_lightning.privacy.ledger import Ledger, check_count
 from fl_lightning.privacy.noise import check_secure_mode, noise_source, start_noise
-from fl_lightning.privacy.statement import privacy_statement
+from fl_lightning.privacy.mechanism import DPMechanism
 from fl_lightning.robust.update_bounds import UpdateBound, positive_finite
 
 
-class DPFedBuff(AlgorithmWrapper):
+class DPFedBuff(DPMechanism, AlgorithmWrapper):
     r"""DP-FedAvg's Gaussian mechanism (McMahan et al. 2018, Algorithm 1) on every buffer of FedBuff
     (Nguyen et al. 2022) or FedStaleWeight.
 
@@ -75,7 +75,7 @@ class DPFedBuff(AlgorithmWrapper):
     """
 
     summary_metrics: ClassVar[dict[str, str]] = {"round/dp_epsilon": "final"}
-    differentially_private: ClassVar[bool] = True
+    neighbouring_relation = "zero-out"
 
     def __init__(
         self,
@@ -125,16 +125,6 @@ class DPFedBuff(AlgorithmWrapper):
         changing the buffer's count and step with the client's data. Its training loss is not carried over."""
         metrics = {k: v for k, v in update.metrics.items() if k != "train_loss"}
         return replace(update, payload={name: torch.zeros_like(t) for name, t in update.payload.items()}, metrics=metrics)
-
-    @property
-    @override
-    def hides_client_statistics(self) -> bool:
-        return not self.log_client_statistics
-
-    @override
-    def privacy_statement(self) -> str:
-        """ε at δ so far, by the RDP accountant, under zero-out adjacency."""
-        return privacy_statement(self.epsilon(), self.delta, ACCOUNTANT, "zero-out")
 
     @property
     def aggregations(self) -> int:

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
 from typing_extensions import override
-
-from dataclasses import replace
-from typing import ClassVar
 
 from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientContext, ClientUpdate
@@ -17,10 +15,10 @@ from fl_lightning.algorithms.shared.wrapper import AlgorithmWrapper, wrapped
 from fl_lightning.data._data_checks import check_bool
 from fl_lightning.server.model_state import State
 from fl_lightning.server.federation import Federation
-from fl_lightning.privacy.accountant import ACCOUNTANT, check_delta, composed_gaussian_epsilon
+from fl_lightning.privacy.accountant import check_delta, composed_gaussian_epsilon
 from fl_lightning.privacy.ledger import Ledger, check_count
 from fl_lightning.privacy.noise import check_secure_mode, noise_source, start_noise
-from fl_lightning.privacy.statement import privacy_statement
+from fl_lightning.privacy.mechanism import DPMechanism
 from fl_lightning.robust.update_bounds import positive_finite, update_norm
 
 
@@ -33,7 +31,7 @@ def uploads_plain_delta(algorithm: Algorithm) -> bool:
     return method is AlgorithmWrapper.client_update and uploads_plain_delta(algorithm.inner)  # type: ignore[attr-defined]
 
 
-class LocalDP(AlgorithmWrapper):
+class LocalDP(DPMechanism, AlgorithmWrapper):
     r"""Each client releases :math:`\Delta_k \min(1, C/\lVert\Delta_k\rVert) + \mathcal N(0, z^2C^2 I)`
     (the Gaussian mechanism, Dwork & Roth 2014, Thm. A.1, applied on the device); integer buffers are
     not released. The server and everything after it see only noised updates.
@@ -76,7 +74,7 @@ class LocalDP(AlgorithmWrapper):
         algorithm: the wrapped algorithm (default ``FedAvg(weighting="uniform")``).
     """
 
-    differentially_private: ClassVar[bool] = True
+    neighbouring_relation = "replace-one, per client"
 
     def __init__(
         self,
@@ -130,16 +128,10 @@ class LocalDP(AlgorithmWrapper):
         update = self.inner.client_update(client, module, noised)
         return update if self.log_client_statistics else replace(update, metrics={})
 
-    @property
     @override
-    def hides_client_statistics(self) -> bool:
-        return not self.log_client_statistics
-
-    @override
-    def privacy_statement(self) -> str:
-        """Each client's ε at δ so far, by the RDP accountant, under replace-one of its data."""
-        epsilon = composed_gaussian_epsilon(tuple(self.spent.entries), self.delta)
-        return privacy_statement(epsilon, self.delta, ACCOUNTANT, "replace-one, per client")
+    def epsilon(self) -> float:
+        """Each client's ε at δ so far (a bound for a client in every release)."""
+        return composed_gaussian_epsilon(tuple(self.spent.entries), self.delta)
 
     @override
     def aggregate(self, round_idx: int, global_state: State, updates: list[ClientUpdate]) -> dict[str, float]:
@@ -160,7 +152,7 @@ class LocalDP(AlgorithmWrapper):
         else:
             counted = self.spent.entries[-1][1] if self.spent.entries and self.spent.entries[-1][0] == setting else 0
             self.spent.spend(setting, max(self.uploads.values(), default=0) - counted)
-        return {**metrics, "local_dp_epsilon": composed_gaussian_epsilon(tuple(self.spent.entries), self.delta)}
+        return {**metrics, "local_dp_epsilon": self.epsilon()}
 
     @override
     def state_dict(self) -> dict[str, Any]:
