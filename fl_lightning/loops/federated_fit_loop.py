@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Sized
 from dataclasses import replace
@@ -36,6 +37,7 @@ from fl_lightning.mixins.regularized import TASK_LOSS
 from fl_lightning.server.client_tensors import ClientTensors
 from fl_lightning.server.federated_parameters import FederatedParameters, ParameterKinds, shared_tensors
 from fl_lightning.server.model_state import State, live_tensors, load_into, snapshot
+from fl_lightning.server.spill_folder import sweep_orphan_spill_folders
 from fl_lightning.models.schedulers import RoundStepSchedules
 from fl_lightning.secure.secure_aggregation import SecureAggregation
 from fl_lightning.trainer_arguments import batches_per_round
@@ -275,6 +277,7 @@ class FederatedFitLoop(compat.FitLoopBase):
         check_fresh_optimizer(self.algorithm, self.reset_optimizer)
         if trainer.is_global_zero:
             sweep_temp_files(trainer)
+            sweep_orphan_spill_folders(_spill_parent(trainer))
         self._frozen = None
         selection = self.federated_parameters
         algorithm_selection = self.algorithm.federated_parameters()
@@ -349,7 +352,7 @@ class FederatedFitLoop(compat.FitLoopBase):
 
     def _bind_client_stores(self) -> None:
         """Gives each of the algorithm's client stores its share of ``client_state_memory``, a spill folder in
-        the run folder and, under client sharding, the clients this rank owns."""
+        the experiment's folder and, under client sharding, the clients this rank owns."""
         stores = self.algorithm.client_stores()
         assert self.client_tensors is not None
         if self.client_tensors.local:
@@ -359,7 +362,7 @@ class FederatedFitLoop(compat.FitLoopBase):
         for store in stores.values():
             store.bind(
                 budget=None if budget is None else budget // len(stores),
-                folder=run_directory(self.trainer),
+                folder=_spill_parent(self.trainer),
                 owns=sharding.owns if sharding is not None else None,
                 gather=sharding.gather_entries if sharding is not None else None,
             )
@@ -717,3 +720,11 @@ class FederatedFitLoop(compat.FitLoopBase):
         self.history = [list(c) for c in federated["history"]]
         self.total_upload_bytes = int(federated["total_upload_bytes"])
         self.total_download_bytes = int(federated["total_download_bytes"])
+
+
+def _spill_parent(trainer: pl.Trainer) -> str:
+    """Where client stores spill: the experiment's folder, which a resumed run shares (so its start-up sweep finds
+    the folders of a killed one), or ``default_root_dir`` without a logger, never the system's temporary folder
+    (often memory-backed, which would defeat the budget)."""
+    run = run_directory(trainer)
+    return os.path.dirname(os.path.normpath(run)) if run is not None else trainer.default_root_dir
