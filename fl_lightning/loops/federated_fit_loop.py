@@ -31,6 +31,7 @@ from fl_lightning.loops.executor_choice import make_executor
 from fl_lightning.loops.hparams_session import log_federated_hparams
 from fl_lightning.loops.guards import aggregate_or_roll_back, apply_bound, bound_updates, decode_and_screen
 from fl_lightning.loops.round_log import log_round
+from fl_lightning.loops.frozen_heap import frozen_heap
 from fl_lightning.loops.loop_services import LoopServices
 from fl_lightning.loops.stop_reason import failure_reason, stop_reason
 from fl_lightning.mixins.regularized import TASK_LOSS
@@ -241,7 +242,8 @@ class FederatedFitLoop(compat.FitLoopBase):
             # Resumed with no round left (a finished run): the checkpoint must still be this run's.
             self._setup_federation()
         try:
-            super().run()
+            with frozen_heap():
+                super().run()
             self.stop_reason = stop_reason(self.trainer, self._rounds_done)
         except BaseException as error:
             self.stop_reason = failure_reason(error, self.epoch_progress.current.processed)
