@@ -359,6 +359,12 @@ class FederatedFitLoop(compat.FitLoopBase):
         assert self.client_tensors is not None
         if self.client_tensors.local:
             stores = {**stores, "local tensors": self.client_tensors.store}
+        if stores and self.algorithm.secret_sample:
+            raise ValueError(
+                f"{type(self.algorithm).__name__} draws each round's clients from a secret (secure_mode=True), but the "
+                f"per-client state ({', '.join(stores)}) is saved under the ids of the clients that trained, which would "
+                "reveal the sample: share every tensor (no federated_parameters local selection) or use secure_mode=False."
+            )
         budget = self.client_state_memory
         sharding = self._sharding
         for store in stores.values():
@@ -651,7 +657,8 @@ class FederatedFitLoop(compat.FitLoopBase):
             "fingerprint": dict(self._fingerprint),
             "rounds_done": self._rounds_done,
             "algorithm": self.algorithm.state_dict(),
-            "history": [list(c) for c in self.history],
+            # A secret sample's ids would undo its secrecy: only the number of rounds is kept.
+            "history": [[] if self.algorithm.secret_sample else list(c) for c in self.history],
             "total_upload_bytes": self.total_upload_bytes,
             "total_download_bytes": self.total_download_bytes,
         }
