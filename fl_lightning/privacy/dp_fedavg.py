@@ -321,12 +321,13 @@ def clipped_sum(payloads: list[State], clip_norm: float) -> tuple[State, int]:
     return total, sum(norm <= clip_norm for norm in norms)
 
 
-def add_noise(total: State, names: list[str], std: float, source: NoiseSource) -> None:
-    r"""Adds :math:`\mathcal N(0, \mathrm{std}^2)` to ``total[name]`` in place, for the ``names`` it holds, in their
-    order (so the draws are reproducible); nothing when ``std`` is 0."""
+def add_noise(total: State, names: list[str], std: float, source: NoiseSource, sign: float = 1.0) -> None:
+    r"""Adds ``sign`` times :math:`\mathcal N(0, \mathrm{std}^2)` to ``total[name]`` in place, for the ``names`` it
+    holds, in their order (so the draws are reproducible, and subtracting the same source's draws cancels them);
+    nothing when ``std`` is 0."""
     for name in names:
         if std > 0 and name in total:
-            total[name].add_(source.normal(total[name].shape).mul_(std).to(total[name]))
+            total[name].add_(source.normal(total[name].shape).mul_(std).to(total[name]), alpha=sign)
 
 
 def zero_sum(global_state: State) -> State:
