@@ -34,7 +34,7 @@ class FederatedProgressBar(ProgressBar, FederatedCallback):
     Under an asynchronous algorithm (FedBuff, FedStaleWeight, FedAsync) a Lightning epoch is one
     aggregation, and the bar counts ``aggregations`` instead of ``rounds``. Under a DP mechanism the line
     ends with the privacy spent (:meth:`~fl_lightning.Algorithm.privacy_statement`), e.g.
-    ``ε = 3.12 at δ = 1e-05 (RDP, add/remove-one)``; the round's mean training loss is then shown only
+    ``ε = 3.12 at δ = 1e-05 (PLD, add/remove-one)``; the round's mean training loss is then shown only
     when the mechanism logs client statistics (``log_client_statistics=True``).
 
     Installed by :class:`~fl_lightning.FederatedTrainer` unless ``enable_progress_bar=False`` or

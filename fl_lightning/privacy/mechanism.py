@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from fl_lightning.privacy.accountant import ACCOUNTANT
-
 
 def privacy_statement(epsilon: float, delta: float, accountant: str, relation: str) -> str:
     """E.g. ``"ε = 3.12 at δ = 1e-05 (RDP, add/remove-one)"``.
@@ -19,10 +17,12 @@ def privacy_statement(epsilon: float, delta: float, accountant: str, relation: s
 
 class DPMechanism:
     """Mixed into an :class:`~fl_lightning.algorithms.shared.wrapper.AlgorithmWrapper` that adds DP noise: it
-    states ε at ``delta`` so far (:meth:`epsilon`) under :attr:`neighbouring_relation`, and hides the round's
-    unnoised client statistics unless ``log_client_statistics``."""
+    states ε at ``delta`` so far (:meth:`epsilon`) by :attr:`accountant_name` under :attr:`neighbouring_relation`,
+    and hides the round's unnoised client statistics unless ``log_client_statistics``."""
 
     differentially_private: ClassVar[bool] = True
+    #: The accountant behind :meth:`epsilon`, as the privacy statement names it.
+    accountant_name: str = "RDP"
     #: The neighbouring relation the accountant assumes, as the privacy statement names it.
     neighbouring_relation: str
     delta: float
@@ -38,4 +38,4 @@ class DPMechanism:
 
     def privacy_statement(self) -> str:
         """ε at δ so far, the accountant and the neighbouring relation."""
-        return privacy_statement(self.epsilon(), self.delta, ACCOUNTANT, self.neighbouring_relation)
+        return privacy_statement(self.epsilon(), self.delta, self.accountant_name, self.neighbouring_relation)

@@ -19,6 +19,7 @@ from fl_lightning.server.federation import Federation
 from fl_lightning.server.model_state import State
 from fl_lightning.privacy.dp_fedavg import DPFedAvg
 from fl_lightning.privacy.dp_fedbuff import DPFedBuff
+from fl_lightning.privacy.dp_ftrl import DPFTRL
 from fl_lightning.robust import rules
 
 
@@ -97,10 +98,10 @@ class RobustAggregation(AlgorithmWrapper, ABC):
 
 
 def _refuse_central_dp(rule: str, algorithm: Algorithm) -> None:
-    """Raises ValueError if ``algorithm`` (or one it wraps) is DPFedAvg or DPFedBuff: a robust statistic of the
+    """Raises ValueError if ``algorithm`` (or one it wraps) is central DP (DPFedAvg, DPFedBuff, DPFTRL): a robust statistic of the
     unclipped updates in place of their clipped sum would release far more than the noise was scaled for."""
     for inner in wrapped(algorithm):
-        if isinstance(inner, (DPFedAvg, DPFedBuff)):
+        if isinstance(inner, (DPFedAvg, DPFedBuff, DPFTRL)):
             raise ValueError(
                 f"{rule} would replace {type(inner).__name__}'s clipped sum by a statistic that depends on every "
                 "client's update, so one client could move the release by more than the clip norm the noise is "

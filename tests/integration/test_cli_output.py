@@ -91,10 +91,10 @@ def test_a_dp_run_states_epsilon_at_delta_the_accountant_and_the_relation(
     main(["fit", "--config", str(ROOT / "configs" / "privacy" / "dp_fedavg_digits.yaml"), "--trainer.max_epochs", "2"]
          + ["--trainer.local_epochs", "1", "--data.init_args.num_clients", "40"])  # fmt: skip
     output = capsys.readouterr().out
-    statement = re.compile(r"ε = (\d+(\.\d+)?) at δ = 0\.001 \(RDP, add/remove-one\)")
+    statement = re.compile(r"ε = (\d+(\.\d+)?) at δ = 0\.001 \(PLD, add/remove-one\)")
     rounds = [line for line in output.splitlines() if line.startswith("rounds ")]
     epsilons = [float(statement.search(line).group(1)) for line in rounds if statement.search(line)]
     assert len(epsilons) == len(rounds) == 2 and 0 < epsilons[0] < epsilons[1], output
     summary = [line for line in output.splitlines() if "│ privacy" in line]
-    assert len(summary) == 1 and f"ε = {epsilons[1]:.4g} at δ = 0.001 (RDP, add/remove-one)" in summary[0], output
+    assert len(summary) == 1 and f"ε = {epsilons[1]:.4g} at δ = 0.001 (PLD, add/remove-one)" in summary[0], output
     assert "train_loss" not in output  # an unnoised client statistic, not shown by default (item 8)

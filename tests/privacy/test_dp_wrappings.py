@@ -13,7 +13,7 @@ import fl_lightning as fl
 from fl_lightning.algorithms import Algorithm
 from fl_lightning.algorithms.shared.wrapper import AlgorithmWrapper
 from fl_lightning.compression import TopKCodec
-from fl_lightning.privacy import DPFedAvg, DPFedBuff, LocalDP
+from fl_lightning.privacy import DPFTRL, DPFedAvg, DPFedBuff, LocalDP
 from fl_lightning.robust import Byzantine, SignFlip
 from fl_lightning.secure import SecureAggregation
 from tests.privacy import two_worlds
@@ -29,6 +29,7 @@ ALGORITHMS: dict[str, Callable[[Algorithm | None], Algorithm]] = {
     "CompressedFedAvg": lambda _: fl.CompressedFedAvg(codec=TopKCodec(density=0.5)),
     "CoordinateMedian": lambda inner: fl.CoordinateMedian(algorithm=inner),
     "DPFedAvg": lambda inner: DPFedAvg(noise_multiplier=0.0, clip_norm=CLIP, algorithm=inner),
+    "DPFTRL": lambda inner: DPFTRL(noise_multiplier=0.0, clip_norm=CLIP, algorithm=inner),
     "DPFedBuff": lambda inner: DPFedBuff(noise_multiplier=0.0, clip_norm=CLIP, algorithm=inner or fl.FedBuff(buffer_size=BUFFER)),
     "Ditto": lambda _: fl.Ditto(lam=0.1),
     "FedALIGN": lambda inner: fl.FedALIGN(priority=2, algorithm=inner),
@@ -67,6 +68,7 @@ MECHANISMS: dict[str, Callable[[Algorithm | None], Algorithm]] = {
     "DPFedAvg-fixed": lambda inner: DPFedAvg(noise_multiplier=0.0, clip_norm=CLIP, sampling="fixed", algorithm=inner),
     "DPFedAvg-poisson": lambda inner: DPFedAvg(noise_multiplier=0.0, clip_norm=CLIP, sampling="poisson", algorithm=inner),
     "DPFedBuff": ALGORITHMS["DPFedBuff"],
+    "DPFTRL": ALGORITHMS["DPFTRL"],
     "LocalDP": ALGORITHMS["LocalDP"],
 }
 

@@ -21,7 +21,7 @@ from torch import nn
 from fl_lightning import LinearTermMixin, MaskedNoiseMixin, ProximalMixin
 from fl_lightning.algorithms import Algorithm, ClientContext, ClientUpdate
 from fl_lightning.algorithms.shared.wrapper import wrapped
-from fl_lightning.privacy import DPFedAvg, DPFedBuff
+from fl_lightning.privacy import DPFTRL, DPFedAvg, DPFedBuff
 from fl_lightning.server.federation import Federation
 from fl_lightning.utils.seeding import derive_seed
 
@@ -115,15 +115,17 @@ def accounted_sensitivity(mechanism: Algorithm) -> float:
         return CLIP if mechanism.sampling == "poisson" else 2 * CLIP  # add/remove-one, replace-one
     if isinstance(mechanism, DPFedBuff):
         return CLIP / mechanism.inner.buffer_size  # zero-out, on the buffer's mean
+    if isinstance(mechanism, DPFTRL):
+        return CLIP  # replace-with-zero, on the round's clipped sum (the tree noise, off here, is added to it)
     return 2 * CLIP  # LocalDP: replace-one of one client's data, on its upload
 
 
 def _central_release(build, changed: int | None) -> tuple[list[int], torch.Tensor]:
-    """The round's selection and the noised sum (DPFedAvg) or buffer mean (DPFedBuff) released in a world."""
+    """The round's selection and the noised sum (DPFedAvg, DPFTRL) or buffer mean (DPFedBuff) released in a world."""
     algorithm, fed = build(), federation(changed)
     algorithm.setup(fed)
     mechanism, released = mechanism_of(algorithm), []
-    if isinstance(mechanism, DPFedAvg):
+    if isinstance(mechanism, (DPFedAvg, DPFTRL)):
         apply = mechanism.inner.apply_weighted_sum
         mechanism.inner.apply_weighted_sum = lambda r, g, total, w: released.append(_flat(total)) or apply(r, g, total, w)
     else:
@@ -134,7 +136,7 @@ def _central_release(build, changed: int | None) -> tuple[list[int], torch.Tenso
     updates = [_update(state, cid, changed) for cid in clients]
     if isinstance(mechanism, DPFedAvg) and mechanism.sampling == "poisson":
         updates = [u for u in updates if u.client_id != changed]  # add/remove-one: the client is absent
-    elif isinstance(mechanism, DPFedBuff):  # zero-out: the client's updates are zero
+    elif isinstance(mechanism, (DPFedBuff, DPFTRL)):  # zero-out / replace-with-zero: the client's updates are zero
         updates = [u if u.client_id != changed else replace(u, payload={k: torch.zeros_like(t) for k, t in u.payload.items()}) for u in updates]
     algorithm.aggregate(0, state, updates)
     return clients, released[0]

@@ -141,13 +141,19 @@ class Algorithm(RecordsInitArgs, ABC):
 
     def privacy_statement(self) -> str | None:
         """The privacy spent so far, for the progress line and the fit summary (e.g.
-        ``"ε = 3.12 at δ = 1e-05 (RDP, add/remove-one)"``); None for an algorithm without a DP guarantee."""
+        ``"ε = 3.12 at δ = 1e-05 (PLD, add/remove-one)"``); None for an algorithm without a DP guarantee."""
         return None
 
     @property
     def aggregates_empty_rounds(self) -> bool:
         """Whether :meth:`aggregate` runs (with no updates) when none survives the loop's checks: a DP
         mechanism must release its noise then too. Otherwise such a round leaves the model unchanged."""
+        return False
+
+    @property
+    def secret_sample(self) -> bool:
+        """Whether the clients of a round are drawn from a secret (``DPFedAvg(secure_mode=True)``): the loop then
+        neither checkpoints their ids nor keeps per-client state, which would reveal who took part."""
         return False
 
     @property
