@@ -4,7 +4,7 @@ objective is corrected by a linear term so that its stationary points agree with
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import lightning.pytorch as pl
 import torch
@@ -55,6 +55,8 @@ class FedDyn(Algorithm):
     Args:
         alpha: the regularisation coefficient :math:`\alpha > 0` (the paper: 0.01 to 0.1).
     """
+
+    configure_client_sets_terms: ClassVar[bool] = True
 
     def __init__(self, *, alpha: float = 0.01) -> None:
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < math.inf:

@@ -63,6 +63,7 @@ class SCAFFOLD(Algorithm):
         global_lr: the server step size :math:`\eta_g > 0` (the paper's experiments: 1).
     """
 
+    configure_client_sets_terms: ClassVar[bool] = True
     needs_fresh_optimizer: ClassVar[str] = "SCAFFOLD's option II, c_i+ = c_i - c + (x - y_i)/(K lr), reads the displacement of the client's own K steps"
 
     def __init__(self, *, global_lr: float = 1.0) -> None:
