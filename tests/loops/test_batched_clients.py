@@ -280,7 +280,7 @@ def test_a_stacked_weight_takes_its_gradients_memory_layout() -> None:
     model = TiedMLP()
     state = StackedState(dict(model.state_dict(keep_vars=True)), torch.optim.SGD(model.parameters(), lr=0.1), 3, {})
     step = batched_step(model, state.tied, tuple, padded=False)
-    grads, _ = step(state.trained, state.others, [torch.randn(3, 5, 12), torch.randint(0, 4, (3, 5))], 0)
+    grads, _ = step(state.trained, state.others, ({}, {}), [torch.randn(3, 5, 12), torch.randint(0, 4, (3, 5))], 0)
     transposed = [name for name, g in grads.items() if not g.is_contiguous()]
     assert transposed  # else this test would show nothing
     before = {name: t.clone() for name, t in state.by_name.items()}
