@@ -56,13 +56,14 @@ class SCAFFOLD(Algorithm):
     rank computes :math:`c` from all of them, and each stores the :math:`c_i^+` of the clients it owns (the
     client store's sharding: a client always trains on its owner rank). Not
     a weighted-sum aggregation, so DP and the robust rules refuse it; the trainer's ``update_bound`` is refused (the
-    client's :math:`c_i^+` comes from its own, unbounded :math:`y_i`), and the batched executor refuses it
-    (per-client ``configure_client``).
+    client's :math:`c_i^+` comes from its own, unbounded :math:`y_i`). The batched executor stacks each client's
+    :math:`c - c_i` (``configure_client`` sets only the linear term).
 
     Args:
         global_lr: the server step size :math:`\eta_g > 0` (the paper's experiments: 1).
     """
 
+    configure_client_sets_terms: ClassVar[bool] = True
     needs_fresh_optimizer: ClassVar[str] = "SCAFFOLD's option II, c_i+ = c_i - c + (x - y_i)/(K lr), reads the displacement of the client's own K steps"
 
     def __init__(self, *, global_lr: float = 1.0) -> None:

@@ -40,6 +40,11 @@ class Algorithm(RecordsInitArgs, ABC):
     #: momentum, no Adam moments), e.g. FedNova's ``||a_i||_1``; empty when it does not. The loop then
     #: refuses ``reset_optimizer=False`` at fit start, with this reason (:func:`check_fresh_optimizer`).
     needs_fresh_optimizer: ClassVar[str] = ""
+    #: Whether this class's :meth:`configure_client` at most sets the module's loss terms (``ProximalMixin``'s centre,
+    #: ``LinearTermMixin``'s direction) on the global weights, which the batched executor stacks per client
+    #: (:mod:`~fl_lightning.loops.batched_terms`). Read from the class that defines ``configure_client``, so a
+    #: subclass that overrides it again must declare it again; ``Algorithm``'s own does nothing.
+    configure_client_sets_terms: ClassVar[bool] = False
 
     federation: Federation
 
