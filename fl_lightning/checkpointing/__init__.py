@@ -248,13 +248,11 @@ def newest_intact_checkpoint(folder: str | os.PathLike[str]) -> str | None:
     paths = [os.path.join(folder, n) for n in names if os.path.isfile(os.path.join(folder, n))]
     lasts = sorted((p for p in paths if os.path.basename(p).startswith("last")), key=os.path.getmtime, reverse=True)
     others = sorted((p for p in paths if p not in lasts), key=_recency, reverse=True)
-    passed: list[str] = []
+    last = os.path.join(folder, "last.ckpt")
+    passed = [] if lasts or not others else [f"{last} is {'dangling' if os.path.islink(last) else 'missing'}"]
     for path in [*lasts, *others]:
         problem = integrity_problem(path)
         if problem is None:
-            last = os.path.join(folder, "last.ckpt")
-            if path not in lasts and not passed:
-                passed.append(f"{last} is {'dangling' if os.path.islink(last) else 'missing'}")
             if passed:
                 rank_zero_warn(f"{'; '.join(passed)}: resuming from {path}, the newest intact checkpoint.")
             return path

@@ -46,6 +46,7 @@ from fl_lightning.secure.secure_aggregation import SecureAggregation
 from fl_lightning.trainer_arguments import batches_per_round
 from fl_lightning.robust.update_bounds import UpdateBound, update_norm
 from fl_lightning.utils.init_args import RecordsInitArgs, flat_hparams
+from fl_lightning.utils.saved_state import InvalidStateError
 from fl_lightning.utils.seeding import derive_seed
 
 
@@ -744,6 +745,9 @@ class FederatedFitLoop(compat.FitLoopBase):
         validate_restored_state(federated, self.global_state, num_clients=self.federation.num_clients, path=path)
         try:
             self.algorithm.load_state_dict(federated["algorithm"])
+            self.algorithm.check_restored(federated["rounds_done"])
+        except InvalidStateError as err:
+            raise CheckpointError(f"Checkpoint {path}: {type(self.algorithm).__name__}'s saved state is invalid: {err}") from err
         except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as err:
             raise CheckpointError(
                 f"Checkpoint {self.trainer.ckpt_path}: {type(self.algorithm).__name__} cannot load the saved algorithm "

@@ -9,6 +9,8 @@ import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
 
+from fl_lightning.privacy.ledger_seal import check_seal, ledger_key, seal
+from fl_lightning.utils.saved_state import InvalidStateError
 from fl_lightning.algorithms.shared.aggregation import accumulator_dtype, weighted_sum
 from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientUpdate
 from fl_lightning.algorithms.fedavg import FedAvg
@@ -119,6 +121,7 @@ class DPFedAvg(AlgorithmWrapper):
         #: The rounds released so far, per setting :math:`(z, N, m)`.
         self.spent = Ledger()
         self._secret: bytes | None = None
+        self._ledger_key: bytes | None = None
 
     @property
     def rounds_spent(self) -> int:
@@ -162,6 +165,7 @@ class DPFedAvg(AlgorithmWrapper):
             )
         membership = " and Poisson membership" if self.sampling == "poisson" else ""
         self._secret = start_noise("DPFedAvg", self.secure_mode, membership)
+        self._ledger_key = ledger_key() if self.secure_mode else None
 
     @override
     def check_update_bound(self, bound: UpdateBound) -> None:
@@ -253,12 +257,21 @@ class DPFedAvg(AlgorithmWrapper):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "clip_norm": self.clip_norm, "sampling": self.sampling, "spent": self.spent.state_dict()}
+        """The wrapped algorithm's state, the clip norm, the sampling and the ledger; in secure mode with their
+        HMAC (``spent_seal``, :mod:`~fl_lightning.privacy.ledger_seal`)."""
+        state = {**super().state_dict(), "clip_norm": self.clip_norm, "sampling": self.sampling, "spent": self.spent.state_dict()}
+        if self._ledger_key is not None:
+            state["spent_seal"] = seal(_sealed(state), self._ledger_key)
+        return state
 
     @override
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restores the clip norm and the ledger, each checked (a tampered entry raises ValueError naming it);
-        a checkpoint from before the ledger holds ``rounds_spent`` only, accounted at the current setting."""
+        """Restores the clip norm and the ledger, each checked (a tampered entry raises ValueError naming it; in
+        secure mode, one whose HMAC does not verify); a checkpoint from before the ledger holds ``rounds_spent``
+        only, accounted at the current setting. Without adaptive clipping the clip norm never changes: the
+        configured one stays, whatever the state holds."""
+        if self._ledger_key is not None:
+            check_seal(_sealed(state), state.get("spent_seal"), self._ledger_key)
         super().load_state_dict(state)
         clip_norm = state["clip_norm"]
         if isinstance(clip_norm, bool) or not isinstance(clip_norm, (int, float)) or not clip_norm > 0:
@@ -275,7 +288,24 @@ class DPFedAvg(AlgorithmWrapper):
         else:
             rounds = check_count("rounds_spent", state["rounds_spent"])
             self.spent = Ledger(((self.accountant.setting, rounds),) if rounds else ())
-        self.clip_norm = float(clip_norm)
+        if self.adaptive_clipping is not None:
+            self.clip_norm = float(clip_norm)
+
+    @override
+    def check_restored(self, rounds_done: int) -> None:
+        """The ledger records at most one release per round done (fewer where a round was rolled back, or
+        released nothing once the budget was spent)."""
+        super().check_restored(rounds_done)
+        if self.spent.total > rounds_done:
+            raise InvalidStateError(
+                f"the privacy ledger `spent` records {self.spent.total} released rounds, but the checkpoint has only "
+                f"{rounds_done} rounds done."
+            )
+
+
+def _sealed(state: dict[str, Any]) -> dict[str, Any]:
+    """What a secure-mode checkpoint authenticates: the ledger and the settings it was spent at."""
+    return {key: state.get(key) for key in ("spent", "clip_norm", "sampling")}
 
 
 def clipped_sum(payloads: list[State], clip_norm: float) -> tuple[State, int]:
