@@ -245,8 +245,9 @@ class FedSoft(ClusteredAlgorithm):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        shape = (self.federation.num_clients, self.num_clusters)
-        self.u = check_tensor("u", state["u"], shape=shape, low=min(self.sigma, 1.0 / self.num_clusters), high=1.0).cpu().clone()
+        # Before set-up (a state loaded by hand) the number of clients is not known yet: the saved one stands.
+        clients = self.federation.num_clients if hasattr(self, "federation") else getattr(state["u"], "shape", (0,))[0]
+        self.u = check_tensor("u", state["u"], shape=(clients, self.num_clusters), low=self.sigma, high=1.0).cpu().clone()
         self.initial = {k: v.cpu() for k, v in state["initial"].items()}
         saved = {name: state[name] for name in ("models", "optimizer_states") if name in state}
         if "clients" in state:  # written before the client store: {"models": {cid: model}, "optimizers": {cid: [states]}}
@@ -262,4 +263,4 @@ class FedSoft(ClusteredAlgorithm):
             if len(selected) != self.num_clusters:
                 raise InvalidStateError(f"`selection_history[{r}]` must hold one selection per cluster ({self.num_clusters}), got {len(selected)}.")
             for cid in (c for cluster in selected for c in cluster):
-                check_client_id(f"selection_history[{r}]", cid, self.federation.num_clients)
+                check_client_id(f"selection_history[{r}]", cid, clients)

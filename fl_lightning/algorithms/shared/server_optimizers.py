@@ -80,7 +80,8 @@ class ServerOptimizer(RecordsInitArgs, ABC):
         for slot, tensors in state.items():
             for name, value in tensors.items():
                 check_tensor(f"server_optimizer.{slot}.{name}", value)
-        self._check_state(state)
+        if state:
+            self._check_state(state)
         self.state = {slot: dict(tensors) for slot, tensors in state.items()}
 
     def _check_state(self, state: Mapping[str, Mapping[str, Tensor]]) -> None:
