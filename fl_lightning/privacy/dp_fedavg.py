@@ -9,8 +9,7 @@ import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
 
-from fl_lightning.privacy.ledger_seal import check_seal, ledger_key, seal
-from fl_lightning.utils.saved_state import InvalidStateError
+from fl_lightning.privacy.ledger_seal import check_sealed, ledger_key, sealed
 from fl_lightning.algorithms.shared.aggregation import accumulator_dtype, weighted_sum
 from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientUpdate
 from fl_lightning.algorithms.fedavg import FedAvg
@@ -23,6 +22,10 @@ from fl_lightning.privacy.adaptive_clipping import AdaptiveClipping
 from fl_lightning.privacy.ledger import Entries, Ledger, check_count
 from fl_lightning.privacy.noise import NoiseSource, check_secure_mode, noise_source, start_noise
 from fl_lightning.robust.update_bounds import UpdateBound, positive_finite, update_norm
+
+
+#: What a secure-mode checkpoint authenticates (:mod:`~fl_lightning.privacy.ledger_seal`): the ledger and the settings it was spent at.
+_SEALED = ("spent", "clip_norm", "sampling")
 
 
 class DPFedAvg(AlgorithmWrapper):
@@ -260,9 +263,7 @@ class DPFedAvg(AlgorithmWrapper):
         """The wrapped algorithm's state, the clip norm, the sampling and the ledger; in secure mode with their
         HMAC (``spent_seal``, :mod:`~fl_lightning.privacy.ledger_seal`)."""
         state = {**super().state_dict(), "clip_norm": self.clip_norm, "sampling": self.sampling, "spent": self.spent.state_dict()}
-        if self._ledger_key is not None:
-            state["spent_seal"] = seal(_sealed(state), self._ledger_key)
-        return state
+        return sealed(state, self._ledger_key, _SEALED)
 
     @override
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -270,8 +271,7 @@ class DPFedAvg(AlgorithmWrapper):
         secure mode, one whose HMAC does not verify); a checkpoint from before the ledger holds ``rounds_spent``
         only, accounted at the current setting. Without adaptive clipping the clip norm never changes: the
         configured one stays, whatever the state holds."""
-        if self._ledger_key is not None:
-            check_seal(_sealed(state), state.get("spent_seal"), self._ledger_key)
+        check_sealed(state, self._ledger_key, _SEALED)
         super().load_state_dict(state)
         clip_norm = state["clip_norm"]
         if isinstance(clip_norm, bool) or not isinstance(clip_norm, (int, float)) or not clip_norm > 0:
@@ -296,16 +296,7 @@ class DPFedAvg(AlgorithmWrapper):
         """The ledger records at most one release per round done (fewer where a round was rolled back, or
         released nothing once the budget was spent)."""
         super().check_restored(rounds_done)
-        if self.spent.total > rounds_done:
-            raise InvalidStateError(
-                f"the privacy ledger `spent` records {self.spent.total} released rounds, but the checkpoint has only "
-                f"{rounds_done} rounds done."
-            )
-
-
-def _sealed(state: dict[str, Any]) -> dict[str, Any]:
-    """What a secure-mode checkpoint authenticates: the ledger and the settings it was spent at."""
-    return {key: state.get(key) for key in ("spent", "clip_norm", "sampling")}
+        self.spent.check_released(rounds_done)
 
 
 def clipped_sum(payloads: list[State], clip_norm: float) -> tuple[State, int]:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from fl_lightning.utils.saved_state import InvalidStateError
+
 #: A mechanism's parameters (the noise multiplier first) and how many times it was released, in order.
 Entries = tuple[tuple[tuple[float, ...], int], ...]
 
@@ -44,6 +46,15 @@ class Ledger:
         ahead = Ledger(tuple(self.entries))
         ahead.spend(setting, count)
         return tuple(ahead.entries)
+
+    def check_released(self, rounds_done: int) -> None:
+        """Raises :class:`~fl_lightning.utils.saved_state.InvalidStateError` when the ledger records more releases than
+        the ``rounds_done`` rounds (aggregations) of its checkpoint: one release per round at most (fewer where a
+        round was rolled back or the budget was spent)."""
+        if self.total > rounds_done:
+            raise InvalidStateError(
+                f"the privacy ledger `spent` records {self.total} releases, but the checkpoint has only {rounds_done} rounds done."
+            )
 
     def state_dict(self) -> list[list[Any]]:
         return [[list(setting), count] for setting, count in self.entries]

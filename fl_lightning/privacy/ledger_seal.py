@@ -61,6 +61,18 @@ def _key_file() -> bytes:
     return key
 
 
+def sealed(state: dict[str, Any], key: bytes | None, entries: tuple[str, ...]) -> dict[str, Any]:
+    """``state`` with ``spent_seal``, the seal of its ``entries`` (the ledger and the settings it was spent at),
+    when there is a ``key`` (secure mode); else ``state`` as it is."""
+    return state if key is None else {**state, "spent_seal": seal({name: state.get(name) for name in entries}, key)}
+
+
+def check_sealed(state: dict[str, Any], key: bytes | None, entries: tuple[str, ...]) -> None:
+    """With a ``key`` (secure mode), raises unless ``state``'s ``spent_seal`` is the seal of its ``entries``."""
+    if key is not None:
+        check_seal({name: state.get(name) for name in entries}, state.get("spent_seal"), key)
+
+
 def seal(content: Any, key: bytes) -> str:
     """The HMAC-SHA256 of ``content`` (JSON-serialisable: the ledger and its settings), in hex."""
     return hmac.new(key, json.dumps(content, sort_keys=True).encode(), hashlib.sha256).hexdigest()

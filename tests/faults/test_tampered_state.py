@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 import torch
 
-from fl_lightning import IFCA, DPFedAvg, FedAvg, FedBuff, FedSoft, ServerAdam
+from fl_lightning import IFCA, SCAFFOLD, DPFedAvg, FedAvg, FedBuff, FedSoft, ServerAdam
 from fl_lightning.checkpointing.checkpoint_io import CheckpointError
 from fl_lightning.participation import ConstantDelay
+from fl_lightning.privacy import DPFedBuff
 from fl_lightning.privacy.ledger_seal import KEY_ENV
 
 from .algorithm_cases import CASES
@@ -66,7 +67,7 @@ CASES_10: dict[str, tuple[Callable[[], Any], Callable[[dict], None], str]] = {
     "dp-ledger-more-rounds-than-done": (
         CASES[DPFedAvg][0],
         lambda s: _algorithm(s)["spent"][0].__setitem__(1, 7),
-        r"the privacy ledger `spent` records 7 released rounds, but the checkpoint has only 2 rounds done",
+        r"the privacy ledger `spent` records 7 releases, but the checkpoint has only 2 rounds done",
     ),
     "dp-secure-ledger-edited": (
         _secure_dp,
@@ -82,6 +83,21 @@ CASES_10: dict[str, tuple[Callable[[], Any], Callable[[dict], None], str]] = {
         _secure_dp,
         lambda s: _algorithm(s).pop("spent_seal"),
         r"`spent_seal` is missing",
+    ),
+    "dp-fedbuff-secure-ledger-edited": (
+        lambda: DPFedBuff(noise_multiplier=1.0, clip_norm=1.0, secure_mode=True, algorithm=FedBuff(buffer_size=2, delays=ConstantDelay(1.0))),
+        _scale_ledger,
+        r"the privacy ledger fails its authentication",
+    ),
+    "scaffold-client-control-huge": (
+        SCAFFOLD,
+        lambda s: next(iter(_algorithm(s)["client_controls"]["entries"].values()))["net.1.weight"].fill_(1e30),
+        r"`control\.net\.1\.weight` is not the mean of the clients' `client_controls`",
+    ),
+    "scaffold-server-control-huge": (
+        SCAFFOLD,
+        lambda s: _algorithm(s)["control"]["net.1.bias"].fill_(1e30),
+        r"`control\.net\.1\.bias` is not the mean of the clients' `client_controls`",
     ),
     "fedsoft-u-wrong-shape": (
         CASES[FedSoft][0],
