@@ -13,6 +13,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from fl_lightning import FederatedTrainer
+from fl_lightning.checkpointing.checkpoint_io import CheckpointError
 from fl_lightning.checkpointing.fingerprint import (
     FEDERATED_SETTINGS,
     NOT_IN_FINGERPRINT,
@@ -91,3 +92,12 @@ def test_another_model_size_is_the_fingerprint_error_before_any_weight_is_loaded
     with pytest.raises(ResumeMismatchError, match=r"\n  model\.hidden: \[4\] → \[8\]\n"):
         fit(tmp_path, rounds=2, net=wider, ckpt_path=checkpoint)
     assert all(torch.equal(before[k], v) for k, v in wider.state_dict().items())  # nothing restored
+
+
+def test_a_deliberate_change_of_the_model_size_is_one_error_not_a_traceback(checkpoint: Path, tmp_path: Path) -> None:
+    with pytest.warns(UserWarning, match="deliberate changes"), pytest.raises(CheckpointError) as raised:
+        fit(tmp_path, rounds=2, net=model(hidden=(8,)), ckpt_path=checkpoint, allow_resume_changes=True)
+    assert str(raised.value) == (
+        f"Checkpoint {checkpoint}: its `net.1.weight` has shape [4, 3], but the model's has [8, 3]: a resume cannot "
+        "change the model's shapes, even with allow_resume_changes=True."
+    )

@@ -204,8 +204,8 @@ class FederatedFitLoop(compat.FitLoopBase):
         self._schedules: RoundStepSchedules | None = None
         #: How the last fit ended (:mod:`~fl_lightning.loops.stop_reason`); ``None`` before one has.
         self.stop_reason: str | None = None
-        #: This run's fingerprint but for the optimizers' and schedulers', computed when a resume reads its checkpoint.
-        self._settings: dict[str, Any] | None = None
+        #: The checkpoint a resume read and this run's fingerprint but for the optimizers' and schedulers', then computed.
+        self._settings: tuple[Any, dict[str, Any]] | None = None
         #: This run's optimizer and scheduler settings, read before a resume restores the optimizer.
         self._optimization: dict[str, Any] | None = None
 
@@ -324,7 +324,8 @@ class FederatedFitLoop(compat.FitLoopBase):
         )
         # Checked before the algorithm's set-up, whose own errors a changed federation could trigger.
         optimization = self._optimization or optimization_fingerprint(trainer)
-        settings, self._settings = self._settings, None
+        read, self._settings = self._settings, None
+        settings = read[1] if read is not None and read[0] == trainer.ckpt_path else None  # else from another fit
         self._fingerprint = {**(settings or self._settings_fingerprint()), **optimization}
         self._optimization = None
         if self._loaded is not None:
@@ -378,7 +379,18 @@ class FederatedFitLoop(compat.FitLoopBase):
         validate_federated_state(federated, path=path, max_rounds=self.max_epochs)
         settings = self._settings_fingerprint()
         check_resume(federated.get("fingerprint"), settings, path=path, allow_changes=self.allow_resume_changes)
-        self._settings = settings
+        self._check_shapes(checkpoint.get("state_dict"), path)
+        self._settings = (path, settings)
+
+    def _check_shapes(self, saved: Any, path: Any) -> None:
+        """The checkpoint's weights fit the module (a deliberate change, ``allow_resume_changes``, cannot resize it)."""
+        module = live_tensors(self.trainer.lightning_module)
+        for name, value in (saved or {}).items():
+            if name in module and isinstance(value, torch.Tensor) and value.shape != module[name].shape:
+                raise CheckpointError(
+                    f"Checkpoint {path}: its `{name}` has shape {list(value.shape)}, but the model's has "
+                    f"{list(module[name].shape)}: a resume cannot change the model's shapes, even with allow_resume_changes=True."
+                )
 
     def _load_global_model(self) -> None:
         """The module holds the global model: the shared tensors' master copy, the initial local tensors and frozen buffers."""
