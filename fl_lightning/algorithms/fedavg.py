@@ -8,7 +8,6 @@ from fl_lightning.algorithms.shared.algorithm import ClientUpdate
 from fl_lightning.algorithms.shared.server_optimizers import ServerOptimizer, ServerSGD
 from fl_lightning.algorithms.shared.summable import SummableAggregation
 from fl_lightning.server.model_state import State
-from fl_lightning.utils.saved_state import InvalidStateError
 
 
 class FedAvg(SummableAggregation):
@@ -52,11 +51,4 @@ class FedAvg(SummableAggregation):
         self.server_optimizer.load_state_dict(state["server_optimizer"])
 
     def check_restored(self, rounds_done: int) -> None:
-        """A server optimizer that keeps moments has them once a round has stepped it (a run whose every round
-        so far had no update to apply has none, and is refused too: resume it from its first checkpoint)."""
-        optimizer = self.server_optimizer
-        if rounds_done and optimizer.slots and not optimizer.state:
-            raise InvalidStateError(
-                f"`server_optimizer` has no {' and '.join(optimizer.slots)} after {rounds_done} rounds: "
-                f"{type(optimizer).__name__}'s moments were removed."
-            )
+        self.server_optimizer.check_restored(rounds_done)

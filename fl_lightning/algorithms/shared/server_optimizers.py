@@ -87,6 +87,15 @@ class ServerOptimizer(RecordsInitArgs, ABC):
     def _check_state(self, state: Mapping[str, Mapping[str, Tensor]]) -> None:
         """Checks the ranges of a saved state whose slots and finiteness are checked."""
 
+    def check_restored(self, rounds_done: int) -> None:
+        """An optimizer that keeps moments has them once a round has stepped it (a run whose every round so far
+        had no update to apply has none, and is refused too: resume it from its first checkpoint)."""
+        if rounds_done and self.slots and not self.state:
+            raise InvalidStateError(
+                f"`server_optimizer` has no {' and '.join(self.slots)} after {rounds_done} rounds: "
+                f"{type(self).__name__}'s moments were removed."
+            )
+
 
 class ServerSGD(ServerOptimizer):
     r"""Server SGD, with momentum = FedAvgM (Hsu et al. 2019).
