@@ -44,7 +44,62 @@ def current_rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def measure(clients: int, budget: str, params: int, rounds: int, per_round: int, folder: str | None) -> dict[str, Any]:
+def rss_parts() -> tuple[int, int]:
+    """Anonymous and file-backed resident bytes (``RssAnon``, ``RssFile``): file-backed pages (a memory-mapped spill
+    file being read) are clean page cache that the kernel reclaims under pressure; anonymous ones are not."""
+    parts = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(("RssAnon:", "RssFile:")):
+                key, value, _ = line.split()
+                parts[key] = int(value) * 1024
+    return parts["RssAnon:"], parts["RssFile:"]
+
+
+def measure_save(store: Any, how: str, folder: str | None) -> dict[str, float]:
+    """Peak RSS growth, anonymous and file-backed (sampled every 2 ms), and seconds of one checkpoint of the store's
+    entries: ``streamed`` by :func:`~fl_lightning.checkpointing.checkpoint_io.atomic_save`, or ``buffered`` as it was
+    before issue 39 item 1 (serialised into an ``io.BytesIO``, then written)."""
+    import io
+    import tempfile
+    import threading
+
+    import torch
+
+    from fl_lightning.checkpointing.checkpoint_io import atomic_save
+
+    path = os.path.join(tempfile.mkdtemp(dir=folder), "round.ckpt")
+    before, peak, done = rss_parts(), [0, 0], threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[:] = [max(p, now) for p, now in zip(peak, rss_parts())]
+            time.sleep(0.002)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    started = time.perf_counter()
+    if how == "streamed":
+        atomic_save({"entries": store.state_dict()}, path)
+    else:
+        buffer = io.BytesIO()
+        torch.save({"entries": store.state_dict()}, buffer)
+        with open(path, "wb") as f:
+            f.write(buffer.getbuffer())
+            os.fsync(f.fileno())
+        del buffer
+    seconds = time.perf_counter() - started
+    done.set()
+    sampler.join()
+    size = os.path.getsize(path)
+    os.remove(path)
+    os.rmdir(os.path.dirname(path))
+    return {"anon": max(peak[0] - before[0], 0), "file": max(peak[1] - before[1], 0), "seconds": seconds, "bytes": size}
+
+
+def measure(
+    clients: int, budget: str, params: int, rounds: int, per_round: int, folder: str | None, save: bool = False
+) -> dict[str, Any]:
     """One configuration, in this process."""
     import torch
 
@@ -70,7 +125,9 @@ def measure(clients: int, budget: str, params: int, rounds: int, per_round: int,
         round_s.append(time.perf_counter() - started)
     spill = store.spill_folder
     disk = sum(e.stat().st_size for e in os.scandir(spill)) if spill else 0
+    saves = {how: measure_save(store, how, folder) for how in ("streamed", "buffered")} if save else {}
     return {
+        **saves,
         "clients": clients,
         "budget": budget,
         "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
@@ -85,7 +142,7 @@ def measure(clients: int, budget: str, params: int, rounds: int, per_round: int,
 
 def run_child(args: argparse.Namespace, clients: int, budget: str) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--child", str(clients), "--budget", budget, "--params", str(args.params),
-           "--rounds", str(args.rounds), "--per-round", str(args.per_round)] + (["--folder", args.folder] if args.folder else [])  # fmt: skip
+           "--rounds", str(args.rounds), "--per-round", str(args.per_round)] + (["--folder", args.folder] if args.folder else []) + (["--save"] if args.save else [])  # fmt: skip
     env = dict(os.environ)
     if args.malloc_mmap_threshold is not None:  # fixed: glibc then serves large blocks by mmap, unmapped on free
         env["MALLOC_MMAP_THRESHOLD_"] = str(args.malloc_mmap_threshold)
@@ -114,6 +171,25 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace, started: float,
             f"| {r['clients']:,} | {r['budget']} | {r['total'] / MIB:,.0f} | {r['resident'] / MIB:,.0f} | {r['disk'] / MIB:,.0f} "
             f"| {r['peak_rss'] / MIB:,.0f} | {(r['peak_rss'] - r['before']) / MIB:,.0f} | {r['fill_s']:.1f} | {r['round_s']:.2f} |"
         )
+    saved = [r for r in rows if "streamed" in r]
+    if saved:
+        lines += [
+            "",
+            "Checkpointing the store's entries (every entry inline), streamed to the file as `atomic_save` does now, "
+            "and serialised into memory first as before (issue 39 item 1):",
+            "",
+            "Growth of the resident memory during the save, anonymous (not reclaimable) and file-backed (pages of the "
+            "memory-mapped spill file as they are read: page cache, reclaimed under pressure):",
+            "",
+            "| clients | budget | checkpoint (MiB) | streamed: anon / file growth (MiB) | s | buffered: anon / file growth (MiB) | s |",
+            "|---:|---|---:|---:|---:|---:|---:|",
+        ]
+        for r in saved:
+            st, bu = r["streamed"], r["buffered"]
+            lines.append(
+                f"| {r['clients']:,} | {r['budget']} | {st['bytes'] / MIB:,.0f} | {st['anon'] / MIB:,.0f} / {st['file'] / MIB:,.0f} "
+                f"| {st['seconds']:.1f} | {bu['anon'] / MIB:,.0f} / {bu['file'] / MIB:,.0f} | {bu['seconds']:.1f} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -129,11 +205,12 @@ def main() -> None:
     parser.add_argument(
         "--malloc-mmap-threshold", type=int, help="set glibc's MALLOC_MMAP_THRESHOLD_ (bytes) in the child processes"
     )
+    parser.add_argument("--save", action="store_true", help="also checkpoint the store, streamed and buffered (issue 39)")
     parser.add_argument("--out", default=None)
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
-        print(json.dumps(measure(args.child, args.budget, args.params, args.rounds, args.per_round, args.folder)))
+        print(json.dumps(measure(args.child, args.budget, args.params, args.rounds, args.per_round, args.folder, args.save)))
         return
     started, load_before = time.perf_counter(), load()
     rows = [run_child(args, int(n), "none") for n in args.unbounded.split(",") if n]

@@ -5,7 +5,16 @@ The set-up of pfl-research's CIFAR-10 IID benchmark (apple/pfl-research,
 clients per round, batch 10, 1 local epoch (5 SGD steps, lr 0.1, no momentum), FedAvg with
 central lr 1, and their ``simple_cnn`` (:class:`fl_lightning.models.PflCNN`, 1.6 M parameters).
 The images are CIFAR-10's when ``--data-root`` holds the torchvision copy, else synthetic tensors
-of the same shape (throughput does not depend on pixel values). Four ways, side by side:
+of the same shape (throughput does not depend on pixel values).
+
+What it leaves out of pfl's benchmark, so its clients/s are of training alone: pfl's central
+evaluation every 10 rounds (about 20 % of pfl's forward work over a run), pfl's user sampling
+(with replacement across rounds, by its own sampler) — here clients are drawn without replacement
+per round by the library's seeded ``randperm`` — and pfl's fixed per-user sample order (here each
+client's batches are shuffled per round by its seeded generator). A run of pfl's own simulator
+side by side needs pfl-research in its own environment and is not part of this script.
+
+Four ways, side by side:
 
 (a) a plain PyTorch loop (``benchmarks/harness.py``): per client ``param.copy_`` of the
     global weights, a fresh SGD, the steps, ``delta = local - global``; FedAvg of the deltas;

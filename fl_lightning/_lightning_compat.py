@@ -50,7 +50,7 @@ __all__ = [
     "overridden_batch_hooks",
     "reload_validation_data",
     "run_client_epoch",
-    "start_batch",
+    "batch_starter",
     "training_step_scope",
     "run_server_validation",
     "run_test_during_fit",
@@ -212,7 +212,7 @@ class _OneStream:
 @contextmanager
 def training_step_scope(trainer: pl.Trainer) -> Iterator[None]:
     """Runs ``training_step`` calls outside Lightning's epoch loop as that loop would: ``self.log``
-    knows it is in ``training_step``; :func:`start_batch` readies the logger for each batch."""
+    knows it is in ``training_step``; :func:`batch_starter` readies the logger for each batch."""
     module = trainer.lightning_module
     previous, module._current_fx_name = module._current_fx_name, "training_step"
     try:
@@ -221,9 +221,19 @@ def training_step_scope(trainer: pl.Trainer) -> Iterator[None]:
         module._current_fx_name = previous
 
 
-def start_batch(trainer: pl.Trainer, batch: Any) -> None:
-    """What Lightning's logger connector does when a training batch starts (the batch size ``self.log`` infers)."""
-    trainer._logger_connector.on_batch_start(batch)
+def batch_starter(trainer: pl.Trainer) -> Callable[[Any], None]:
+    """What Lightning's logger connector does when a training batch starts (the batch size ``self.log`` infers),
+    as a function of the batch, for a client's steps (the result collection looked up once, not per step)."""
+    connector, results = trainer._logger_connector, trainer._results
+    assert results is not None
+
+    def start(batch: Any) -> None:  # LoggerConnector.on_batch_start, line for line
+        connector._first_loop_iter = connector._first_loop_iter is None
+        results.batch = batch
+        results.batch_size = None
+        results.dataloader_idx = None
+
+    return start
 
 
 def count_steps(trainer: pl.Trainer, steps: int) -> None:

@@ -48,14 +48,15 @@ def test_beyond_the_budget_the_least_recently_used_spill_and_come_back_bit_for_b
         store.put(cid, entry(cid))
         assert store.resident_nbytes() <= 3 * ENTRY_BYTES
     assert len(store) == 10 and store.ids() == list(range(10)) and store.nbytes() == 10 * ENTRY_BYTES
-    assert sorted(spill_files(tmp_path)) == sorted(f"{c}.pt" for c in range(7))  # 7, 8, 9 in memory
+    assert store.spilled_ids() == list(range(7))  # 7, 8, 9 in memory
+    assert sorted(spill_files(tmp_path)) == [".lock", "entries.bin"]  # one file for every spilled entry
     assert_same(store.get(0), entry(0))  # read back, now the most recently used: 7 spills
-    assert sorted(spill_files(tmp_path)) == sorted(f"{c}.pt" for c in range(1, 8))
+    assert store.spilled_ids() == list(range(1, 8))
     for cid, state in store.items():
         assert_same(state, entry(cid))
     assert 11 not in store and store.get(11) is None and 3 in store
-    store.put(3, entry(30))  # a spilled client's new state replaces its file
-    assert "3.pt" not in spill_files(tmp_path)
+    store.put(3, entry(30))  # a spilled client's new state replaces its entry
+    assert 3 not in store.spilled_ids()
     assert_same(store.get(3), entry(30))
 
 
@@ -63,7 +64,7 @@ def test_a_zero_budget_keeps_nothing_in_memory_and_an_unbound_store_spills_nothi
     store = ClientStore()
     store.bind(budget=0, folder=tmp_path)
     store.put(5, entry(5))
-    assert store.resident_nbytes() == 0 and spill_files(tmp_path) == ["5.pt"]
+    assert store.resident_nbytes() == 0 and store.spilled_ids() == [5]
     assert_same(store.get(5), entry(5))
     unbound = ClientStore()
     for cid in range(4):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import io
 import math
 import os
 import re
@@ -51,23 +50,27 @@ _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 def atomic_save(checkpoint: dict[str, Any], path: str | os.PathLike[str]) -> None:
     """Saves ``checkpoint`` to ``path`` so that a crash leaves the old file or the new one, whole.
 
-    The bytes go to a temporary file in the same folder (a rename across file systems would be a
-    copy), which is flushed to disk (``fsync``) and renamed over ``path``; the folder is then
-    synced so that the rename itself survives a power loss.
+    The bytes stream to a temporary file in the same folder (a rename across file systems would be a
+    copy), tensor by tensor, so that a save holds no serialised copy of the checkpoint in memory (client
+    stores' spilled entries go from their memory-mapped files to the checkpoint); the file is flushed to
+    disk (``fsync``) and renamed over ``path``, and the folder is then synced so that the rename itself
+    survives a power loss.
 
     Raises:
         CheckpointWriteError: one line naming the folder when the disk or quota is full.
     """
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    buffer = io.BytesIO()
-    torch.save(checkpoint, buffer)  # serialized first: a write error is then a plain OSError
     temp = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    written = 0
     try:
         with open(temp, "wb") as file:
-            file.write(buffer.getbuffer())
-            file.flush()
-            os.fsync(file.fileno())
+            try:
+                torch.save(checkpoint, file)
+                file.flush()
+                os.fsync(file.fileno())
+            finally:
+                written = file.tell()
         os.replace(temp, path)
     except BaseException as err:
         with contextlib.suppress(FileNotFoundError):
@@ -75,7 +78,7 @@ def atomic_save(checkpoint: dict[str, Any], path: str | os.PathLike[str]) -> Non
         if isinstance(err, OSError) and err.errno in _NO_SPACE:
             raise CheckpointWriteError(
                 f"Cannot write checkpoint {os.path.basename(path)}: no space left in {folder} "
-                f"({len(buffer.getbuffer())} bytes needed); the checkpoints written before are intact."
+                f"(it filled after {written} bytes); the checkpoints written before are intact."
             ) from err
         raise
     sync_folder(folder)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Mapping, Sized
 from dataclasses import replace
@@ -35,12 +36,14 @@ from fl_lightning.loops.executor_choice import make_executor
 from fl_lightning.loops.hparams_session import log_federated_hparams
 from fl_lightning.loops.guards import aggregate_or_roll_back, apply_bound, bound_updates, decode_and_screen
 from fl_lightning.loops.round_log import log_round
+from fl_lightning.loops.frozen_heap import frozen_heap
 from fl_lightning.loops.loop_services import LoopServices
 from fl_lightning.loops.stop_reason import failure_reason, stop_reason
 from fl_lightning.mixins.regularized import TASK_LOSS
 from fl_lightning.server.client_tensors import ClientTensors
 from fl_lightning.server.federated_parameters import FederatedParameters, ParameterKinds, shared_tensors
 from fl_lightning.server.model_state import State, live_tensors, load_into, snapshot
+from fl_lightning.server.spill_folder import sweep_orphan_spill_folders
 from fl_lightning.models.schedulers import RoundStepSchedules
 from fl_lightning.secure.secure_aggregation import SecureAggregation
 from fl_lightning.trainer_arguments import batches_per_round
@@ -247,7 +250,8 @@ class FederatedFitLoop(compat.FitLoopBase):
             # Resumed with no round left (a finished run): the checkpoint must still be this run's.
             self._setup_federation()
         try:
-            super().run()
+            with frozen_heap():
+                super().run()
             self.stop_reason = stop_reason(self.trainer, self._rounds_done)
         except BaseException as error:
             self.stop_reason = failure_reason(error, self.epoch_progress.current.processed)
@@ -283,6 +287,7 @@ class FederatedFitLoop(compat.FitLoopBase):
         check_fresh_optimizer(self.algorithm, self.reset_optimizer)
         if trainer.is_global_zero:
             sweep_temp_files(trainer)
+            sweep_orphan_spill_folders(_spill_parent(trainer))
         self._frozen = None
         self.kinds = self._resolve_kinds()
         every_tensor = live_tensors(module)
@@ -400,17 +405,23 @@ class FederatedFitLoop(compat.FitLoopBase):
 
     def _bind_client_stores(self) -> None:
         """Gives each of the algorithm's client stores its share of ``client_state_memory``, a spill folder in
-        the run folder and, under client sharding, the clients this rank owns."""
+        the experiment's folder and, under client sharding, the clients this rank owns."""
         stores = self.algorithm.client_stores()
         assert self.client_tensors is not None
         if self.client_tensors.local:
             stores = {**stores, "local tensors": self.client_tensors.store}
+        if stores and self.algorithm.secret_sample:
+            raise ValueError(
+                f"{type(self.algorithm).__name__} draws each round's clients from a secret (secure_mode=True), but the "
+                f"per-client state ({', '.join(stores)}) is saved under the ids of the clients that trained, which would "
+                "reveal the sample: share every tensor (no federated_parameters local selection) or use secure_mode=False."
+            )
         budget = self.client_state_memory
         sharding = self._sharding
         for store in stores.values():
             store.bind(
                 budget=None if budget is None else budget // len(stores),
-                folder=run_directory(self.trainer),
+                folder=_spill_parent(self.trainer),
                 owns=sharding.owns if sharding is not None else None,
                 gather=sharding.gather_entries if sharding is not None else None,
             )
@@ -697,7 +708,8 @@ class FederatedFitLoop(compat.FitLoopBase):
             "fingerprint": dict(self._fingerprint),
             "rounds_done": self._rounds_done,
             "algorithm": self.algorithm.state_dict(),
-            "history": [list(c) for c in self.history],
+            # A secret sample's ids would undo its secrecy: only the number of rounds is kept.
+            "history": [[] if self.algorithm.secret_sample else list(c) for c in self.history],
             "total_upload_bytes": self.total_upload_bytes,
             "total_download_bytes": self.total_download_bytes,
         }
@@ -771,3 +783,11 @@ class FederatedFitLoop(compat.FitLoopBase):
         self.history = [list(c) for c in federated["history"]]
         self.total_upload_bytes = int(federated["total_upload_bytes"])
         self.total_download_bytes = int(federated["total_download_bytes"])
+
+
+def _spill_parent(trainer: pl.Trainer) -> str:
+    """Where client stores spill: the experiment's folder, which a resumed run shares (so its start-up sweep finds
+    the folders of a killed one), or ``default_root_dir`` without a logger, never the system's temporary folder
+    (often memory-backed, which would defeat the budget)."""
+    run = run_directory(trainer)
+    return os.path.dirname(os.path.normpath(run)) if run is not None else trainer.default_root_dir

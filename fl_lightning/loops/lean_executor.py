@@ -13,6 +13,7 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+from torch import Tensor
 from typing_extensions import override
 
 from fl_lightning import _lightning_compat as compat
@@ -48,13 +49,13 @@ class LeanExecutor(SequentialExecutor):
         optimizer, precision, record = trainer.optimizers[0], trainer.precision_plugin, self.runtime.recorder.record
         # Stepped as Lightning's loop steps them: after each optimizer step, every `frequency` batches.
         schedulers = [c for c in trainer.lr_scheduler_configs if c.interval == "step" and not c.reduce_on_plateau]
-        to_device = self._to_device
+        to_device, start_batch = self._to_device, compat.batch_starter(trainer)
         takes_batch_idx = compat.step_takes_batch_idx(module)
         steps = 0
         with compat.training_step_scope(trainer):
             for batch_idx, batch in enumerate(batches):  # type: ignore[call-overload]
                 batch = to_device(precision.convert_input(batch))
-                compat.start_batch(trainer, batch)
+                start_batch(batch)
                 optimizer.zero_grad(set_to_none=True)
                 with precision.train_step_context():
                     output = module.training_step(batch, batch_idx) if takes_batch_idx else module.training_step(batch)
@@ -97,4 +98,11 @@ def batch_mover(trainer: pl.Trainer) -> Callable[[Any], Any]:
     if compat.overridden_batch_hooks(trainer, compat.BATCH_TRANSFER_HOOKS[1:]):
         return strategy.batch_to_device
     device = strategy.root_device
-    return lambda batch: move_data_to_device(batch, device)
+
+    def move(batch: Any) -> Any:
+        # A tuple of tensors already there (every CPU run) is what move_data_to_device would return, 5 us sooner.
+        if type(batch) is tuple and all(isinstance(t, Tensor) and t.device == device for t in batch):
+            return batch
+        return move_data_to_device(batch, device)
+
+    return move

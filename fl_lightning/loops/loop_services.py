@@ -10,6 +10,7 @@ from typing_extensions import override
 
 from fl_lightning import _lightning_compat as compat
 from fl_lightning.algorithms.shared.algorithm import ClientUpdate
+from fl_lightning.checkpointing import run_directory
 from fl_lightning.algorithms.shared.optimizer_state import load_optimizer_state, optimizer_state_to_cpu
 from fl_lightning.models.schedulers import restart_staircases
 from fl_lightning.server.services import OptimizerState, ServerServices
@@ -55,6 +56,10 @@ class LoopServices(ServerServices):
     @override
     def reload_evaluation_data(self) -> None:
         compat.reload_validation_data(self._loop.trainer)
+
+    @override
+    def run_folder(self) -> str | None:
+        return run_directory(self._loop.trainer) or self._loop.trainer.default_root_dir
 
     @property
     @override

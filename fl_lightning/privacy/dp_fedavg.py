@@ -17,15 +17,17 @@ from fl_lightning.algorithms.shared.summable import aggregate_weighted_sum, can_
 from fl_lightning.algorithms.shared.wrapper import AlgorithmWrapper
 from fl_lightning.server.federation import Federation
 from fl_lightning.server.model_state import State
-from fl_lightning.privacy.accountant import RoundAccountant, Sampling, check_delta
+from fl_lightning.privacy.accountant import Accounting, RoundAccountant, Sampling, check_accounting, check_delta
 from fl_lightning.privacy.adaptive_clipping import AdaptiveClipping
-from fl_lightning.privacy.ledger import Entries, Ledger, check_count
+from fl_lightning.privacy.ledger import Entries, Ledger, check_count, check_released
+from fl_lightning.privacy.release_log import ReleaseLog
 from fl_lightning.privacy.noise import NoiseSource, check_secure_mode, noise_source, start_noise
 from fl_lightning.robust.update_bounds import UpdateBound, positive_finite, update_norm
 
 
-#: What a secure-mode checkpoint authenticates (:mod:`~fl_lightning.privacy.ledger_seal`): the ledger and the settings it was spent at.
-_SEALED = ("spent", "clip_norm", "sampling")
+#: What a secure-mode checkpoint authenticates (:mod:`~fl_lightning.privacy.ledger_seal`): the ledger, the settings it
+#: was spent at and where its release log is.
+_SEALED = ("spent", "clip_norm", "sampling", "release_log")
 
 
 class DPFedAvg(AlgorithmWrapper):
@@ -52,7 +54,8 @@ class DPFedAvg(AlgorithmWrapper):
 
     Clients are sampled uniformly (``sampling="fixed"``: ``clients_per_round`` without replacement)
     or independently with probability :math:`q = m / N` (``"poisson"``), as the accountant
-    (:class:`~fl_lightning.privacy.RoundAccountant`, Google's ``dp-accounting``) assumes; ε at
+    (:class:`~fl_lightning.privacy.RoundAccountant`, Google's ``dp-accounting``; by default the PLD of
+    each sampling's dominating pair, :mod:`fl_lightning.privacy.pld`) assumes; ε at
     ``delta`` is logged every round as ``round/dp_epsilon``. With ``target_epsilon`` no round
     that would take ε past it runs: the trainer stops (``trainer.should_stop``) after the last
     affordable round.
@@ -65,12 +68,16 @@ class DPFedAvg(AlgorithmWrapper):
     the loop's checks still releases the noise and spends budget, so whether a client's update was
     usable is not revealed.
 
-    Noise: with ``secure_mode`` it comes from a secret no logged or saved value determines
-    (:mod:`fl_lightning.privacy.noise`), and so does Poisson membership; a resumed run draws a new
-    secret, so its noise (and Poisson sample) differ from an uninterrupted run's, while everything
-    else resumes bit-exact. Without it (research mode, with a warning) both derive from
-    ``(seed, "dp_noise", round)`` and ``(seed, "select", round)``, reproducible and bit-exact on
-    resume, but whoever knows the logged seed can strip the noise. Under client sharding each rank
+    Noise and sample: with ``secure_mode`` both come from a secret no logged or saved value determines
+    (:mod:`fl_lightning.privacy.noise`): the fixed-size sample is the :math:`m` clients with the smallest of
+    :math:`N` secret uniforms, Poisson membership a secret uniform below :math:`q`; the round's client ids are
+    not checkpointed (``secret_sample``), and per-client state, which would name them, is refused. A resumed
+    run draws a new secret, so its noise and samples differ from an uninterrupted run's (the checkpoint's
+    weights, ledger and clip norm resume bit-exact); every release is first recorded in a release log beside
+    the checkpoints (:mod:`fl_lightning.privacy.release_log`), so a run resumed from an older checkpoint
+    accounts the rounds it released after it. Without it (research mode, with a warning) noise and sample
+    derive from ``(seed, "dp_noise", round)`` and ``(seed, "select", round)``, reproducible and bit-exact on
+    resume, but whoever knows the logged seed can strip the noise and knows the sample. Under client sharding each rank
     clips and sums its own clients; the noise is drawn once after the all-reduce, the same draw on
     every rank (secure mode broadcasts rank 0's secret at set-up), so N processes release what one does.
 
@@ -85,7 +92,8 @@ class DPFedAvg(AlgorithmWrapper):
         target_epsilon: the ε budget (> 0); ``None`` trains for ``max_epochs`` rounds.
         sampling: ``"fixed"`` or ``"poisson"``.
         adaptive_clipping: adapts :math:`C` to a quantile of the update norms (Andrew et al. 2021).
-        secure_mode: draw the noise and Poisson membership from a secret instead of the run's seed.
+        secure_mode: draw the noise and the client sample from a secret instead of the run's seed.
+        accounting: ``"pld"`` (privacy loss distributions, the tightest) or ``"rdp"`` (Rényi DP).
         algorithm: the wrapped algorithm (default ``FedAvg(weighting="uniform")``); it must sum its
             clients' deltas (:class:`~fl_lightning.SummableAggregation`), or average its decoded deltas
             (FedMRN: each decoded masked-noise update :math:`G(s_k)\odot m_k` is what is clipped; no
@@ -106,6 +114,7 @@ class DPFedAvg(AlgorithmWrapper):
         sampling: Sampling = "fixed",
         adaptive_clipping: AdaptiveClipping | None = None,
         secure_mode: bool = False,
+        accounting: Accounting = "pld",
         algorithm: Algorithm | None = None,
     ) -> None:
         self.noise_multiplier = positive_finite("noise_multiplier", noise_multiplier, inclusive=True)
@@ -119,12 +128,16 @@ class DPFedAvg(AlgorithmWrapper):
         self.sampling = sampling
         self.adaptive_clipping = adaptive_clipping
         self.secure_mode = check_secure_mode(secure_mode)
+        self.accounting = check_accounting(accounting)
         super().__init__(algorithm if algorithm is not None else FedAvg(weighting="uniform"))
         self._check_inner(self.inner)
         #: The rounds released so far, per setting :math:`(z, N, m)`.
         self.spent = Ledger()
         self._secret: bytes | None = None
         self._ledger_key: bytes | None = None
+        self._release_log = ReleaseLog(None)
+        #: Releases in the ledger of the checkpoint a resume read (before a secure-mode run adopts its release log's).
+        self._restored_releases = 0
 
     @property
     def rounds_spent(self) -> int:
@@ -158,6 +171,7 @@ class DPFedAvg(AlgorithmWrapper):
             clients_per_round=federation.clients_per_round,
             sampling=self.sampling,
             delta=self.delta,
+            accounting=self.accounting,
         )
         if self.adaptive_clipping is not None:  # checks 2 sigma_b > z now rather than in round 0
             self.adaptive_clipping.update_noise_multiplier(self.noise_multiplier, federation.clients_per_round)
@@ -166,9 +180,10 @@ class DPFedAvg(AlgorithmWrapper):
                 f"One round already spends epsilon={self.accountant.epsilon(1):.4g} > target_epsilon={self.target_epsilon}: "
                 "raise noise_multiplier or target_epsilon, or lower clients_per_round."
             )
-        membership = " and Poisson membership" if self.sampling == "poisson" else ""
-        self._secret = start_noise("DPFedAvg", self.secure_mode, membership)
+        self._secret = start_noise("DPFedAvg", self.secure_mode, " and client sample")
         self._ledger_key = ledger_key() if self.secure_mode else None
+        if self.secure_mode:
+            self._release_log = ReleaseLog.fresh(federation.services.run_folder())
 
     @override
     def check_update_bound(self, bound: UpdateBound) -> None:
@@ -180,6 +195,12 @@ class DPFedAvg(AlgorithmWrapper):
     def aggregates_empty_rounds(self) -> bool:
         """Always: a round with no usable update still releases noise (else its absence reveals the round was empty)."""
         return True
+
+    @property
+    @override
+    def secret_sample(self) -> bool:
+        """In secure mode: the sample comes from the secret, so no id of it may be saved."""
+        return self.secure_mode
 
     @property
     @override
@@ -198,15 +219,18 @@ class DPFedAvg(AlgorithmWrapper):
 
     @override
     def select_clients(self, round_idx: int) -> list[int]:
-        """Uniform sampling as accounted for; no client once the budget is spent (nothing is released)."""
+        """Uniform sampling as accounted for, from the secret in secure mode; no client once the budget is
+        spent (nothing is released)."""
         if not self.budget_left:
             self.federation.services.request_stop()
             return []
-        if self.sampling == "fixed":
+        if self.sampling == "fixed" and self._secret is None:
             return super().select_clients(round_idx)
         fed = self.federation
-        joins = noise_source(self._secret, fed.seed, "select", round_idx).uniform(fed.num_clients)
-        return torch.nonzero(joins < fed.clients_per_round / fed.num_clients).flatten().tolist()
+        draws = noise_source(self._secret, fed.seed, "select", round_idx).uniform(fed.num_clients)
+        if self.sampling == "fixed":  # the m smallest of N i.i.d. uniforms: a uniform m-subset
+            return sorted(torch.argsort(draws)[: fed.clients_per_round].tolist())
+        return torch.nonzero(draws < fed.clients_per_round / fed.num_clients).flatten().tolist()
 
     @override
     def aggregate(self, round_idx: int, global_state: State, updates: list[ClientUpdate]) -> dict[str, float]:
@@ -236,8 +260,9 @@ class DPFedAvg(AlgorithmWrapper):
         released = [name for name, target in global_state.items() if target.is_floating_point()]  # the same draws on every rank
         seed = self.federation.seed
         add_noise(total, released, noise_std, noise_source(self._secret, seed, "dp_noise", round_idx))
-        metrics = self.inner.apply_weighted_sum(round_idx, global_state, total, expected)
         self.spent.spend(self.accountant.setting)
+        self._release_log.record(self.spent)  # durable before the model moves: a resume cannot forget it
+        metrics = self.inner.apply_weighted_sum(round_idx, global_state, total, expected)
         metrics.update(dp_epsilon=self.epsilon(), dp_clip_norm=clip_norm, dp_noise_std=noise_std)
         if self.adaptive_clipping is not None:
             count_noise = noise_source(self._secret, seed, "dp_count_noise", round_idx)
@@ -260,17 +285,21 @@ class DPFedAvg(AlgorithmWrapper):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        """The wrapped algorithm's state, the clip norm, the sampling and the ledger; in secure mode with their
-        HMAC (``spent_seal``, :mod:`~fl_lightning.privacy.ledger_seal`)."""
+        """The wrapped algorithm's state, the clip norm, the sampling and the ledger (and in secure mode the release
+        log's path), with, in secure mode, the HMAC of the ledger and the settings it was spent at (``spent_seal``,
+        :mod:`~fl_lightning.privacy.ledger_seal`)."""
         state = {**super().state_dict(), "clip_norm": self.clip_norm, "sampling": self.sampling, "spent": self.spent.state_dict()}
+        if self._release_log.path is not None:
+            state["release_log"] = self._release_log.path
         return sealed(state, self._ledger_key, _SEALED)
 
     @override
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restores the clip norm and the ledger, each checked (a tampered entry raises ValueError naming it; in
-        secure mode, one whose HMAC does not verify); a checkpoint from before the ledger holds ``rounds_spent``
-        only, accounted at the current setting. Without adaptive clipping the clip norm never changes: the
-        configured one stays, whatever the state holds."""
+        secure mode, a ledger whose HMAC does not verify); a checkpoint from before the ledger holds ``rounds_spent``
+        only, accounted at the current setting. In secure mode the ledger is then the checkpoint's release log's
+        (:meth:`ReleaseLog.resume`): every release of the run, those after this checkpoint included. Without
+        adaptive clipping the clip norm never changes: the configured one stays, whatever the state holds."""
         check_sealed(state, self._ledger_key, _SEALED)
         super().load_state_dict(state)
         clip_norm = state["clip_norm"]
@@ -288,15 +317,21 @@ class DPFedAvg(AlgorithmWrapper):
         else:
             rounds = check_count("rounds_spent", state["rounds_spent"])
             self.spent = Ledger(((self.accountant.setting, rounds),) if rounds else ())
+        self._restored_releases = self.spent.total
+        if self.secure_mode and "release_log" in state:
+            if not isinstance(state["release_log"], str):
+                raise ValueError(f"`release_log` must be the path of the run's release log, got {state['release_log']!r}.")
+            self._release_log = ReleaseLog(state["release_log"])
+            self.spent = self._release_log.resume(self.spent)
         if self.adaptive_clipping is not None:
             self.clip_norm = float(clip_norm)
 
     @override
     def check_restored(self, rounds_done: int) -> None:
-        """The ledger records at most one release per round done (fewer where a round was rolled back, or
-        released nothing once the budget was spent)."""
+        """The checkpoint's ledger records at most one release per round done (fewer where a round was rolled back,
+        or released nothing once the budget was spent); a release log may hold more, released after it."""
         super().check_restored(rounds_done)
-        self.spent.check_released(rounds_done)
+        check_released(self._restored_releases, rounds_done)
 
 
 def clipped_sum(payloads: list[State], clip_norm: float) -> tuple[State, int]:
@@ -310,12 +345,13 @@ def clipped_sum(payloads: list[State], clip_norm: float) -> tuple[State, int]:
     return total, sum(norm <= clip_norm for norm in norms)
 
 
-def add_noise(total: State, names: list[str], std: float, source: NoiseSource) -> None:
-    r"""Adds :math:`\mathcal N(0, \mathrm{std}^2)` to ``total[name]`` in place, for the ``names`` it holds, in their
-    order (so the draws are reproducible); nothing when ``std`` is 0."""
+def add_noise(total: State, names: list[str], std: float, source: NoiseSource, sign: float = 1.0) -> None:
+    r"""Adds ``sign`` times :math:`\mathcal N(0, \mathrm{std}^2)` to ``total[name]`` in place, for the ``names`` it
+    holds, in their order (so the draws are reproducible, and subtracting the same source's draws cancels them);
+    nothing when ``std`` is 0."""
     for name in names:
         if std > 0 and name in total:
-            total[name].add_(source.normal(total[name].shape).mul_(std).to(total[name]))
+            total[name].add_(source.normal(total[name].shape).mul_(std).to(total[name]), alpha=sign)
 
 
 def zero_sum(global_state: State) -> State:

@@ -17,7 +17,7 @@ from fl_lightning.server.model_state import State
 from fl_lightning.server.federation import Federation
 from fl_lightning.privacy.accountant import check_delta, composed_gaussian_epsilon
 from fl_lightning.privacy.dp_fedavg import add_noise, clipped_sum, refuse_relative_bound
-from fl_lightning.privacy.ledger import Ledger, check_count
+from fl_lightning.privacy.ledger import Ledger, check_count, check_released
 from fl_lightning.privacy.ledger_seal import check_sealed, ledger_key, sealed
 from fl_lightning.privacy.noise import check_secure_mode, noise_source, start_noise
 from fl_lightning.robust.update_bounds import UpdateBound, positive_finite
@@ -189,4 +189,4 @@ class DPFedBuff(AlgorithmWrapper):
     def check_restored(self, rounds_done: int) -> None:
         """At most one release per aggregation done."""
         super().check_restored(rounds_done)
-        self.spent.check_released(rounds_done)
+        check_released(self.spent.total, rounds_done)

@@ -47,15 +47,6 @@ class Ledger:
         ahead.spend(setting, count)
         return tuple(ahead.entries)
 
-    def check_released(self, rounds_done: int) -> None:
-        """Raises :class:`~fl_lightning.utils.saved_state.InvalidStateError` when the ledger records more releases than
-        the ``rounds_done`` rounds (aggregations) of its checkpoint: one release per round at most (fewer where a
-        round was rolled back or the budget was spent)."""
-        if self.total > rounds_done:
-            raise InvalidStateError(
-                f"the privacy ledger `spent` records {self.total} releases, but the checkpoint has only {rounds_done} rounds done."
-            )
-
     def state_dict(self) -> list[list[Any]]:
         return [[list(setting), count] for setting, count in self.entries]
 
@@ -78,3 +69,13 @@ class Ledger:
                 raise ValueError(f"`{name}` must be {allowed}, got the entry {entry!r}.")
             entries.append((setting, count))
         return cls(tuple(entries))
+
+
+def check_released(releases: int, rounds_done: int) -> None:
+    """Raises :class:`~fl_lightning.utils.saved_state.InvalidStateError` when a checkpoint's ledger records more
+    ``releases`` than its ``rounds_done`` rounds (aggregations): one release per round at most (fewer where a round
+    was rolled back or the budget was spent)."""
+    if releases > rounds_done:
+        raise InvalidStateError(
+            f"the privacy ledger `spent` records {releases} releases, but the checkpoint has only {rounds_done} rounds done."
+        )

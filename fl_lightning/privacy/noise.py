@@ -19,6 +19,7 @@ import hashlib
 import math
 import secrets
 from abc import ABC, abstractmethod
+from typing import Any
 
 import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
@@ -117,9 +118,13 @@ def check_secure_mode(secure_mode: bool) -> bool:
 
 def draw_secret() -> bytes:
     """256 bits from the OS's CSPRNG; under ``torch.distributed`` rank 0's, broadcast to every rank."""
-    secret = secrets.token_bytes(32)
+    return rank_zero_value(secrets.token_bytes(32))
+
+
+def rank_zero_value(value: Any) -> Any:
+    """``value`` as rank 0 has it, broadcast to every rank under ``torch.distributed`` (else ``value``)."""
     if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-        shared = [secret]
+        shared = [value]
         torch.distributed.broadcast_object_list(shared, src=0)
-        secret = shared[0]
-    return secret
+        return shared[0]
+    return value

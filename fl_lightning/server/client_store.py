@@ -9,8 +9,9 @@ otherwise grow with the number of clients.
 
 Memory: beyond its budget (:meth:`ClientStore.bind`, set by the loop from
 ``FederatedTrainer(client_state_memory=...)``) the store writes its least recently used entries to
-disk, one file per client in a folder of its own in the run folder, removed with the store; a
-spilled entry is read back bit for bit when asked for. Checkpoints hold every entry inline
+disk, into one file (:class:`~fl_lightning.server.spill_arena.SpillArena`) in a folder of its own
+(:mod:`~fl_lightning.server.spill_folder`), removed with the store, or by the next fit's start-up sweep after a
+kill; a spilled entry is read back bit for bit when asked for. Checkpoints hold every entry inline
 (:meth:`ClientStore.state_dict`), so a checkpoint never depends on a spill file.
 """
 
@@ -19,8 +20,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-import shutil
-import tempfile
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -30,6 +29,8 @@ import torch
 from torch import Tensor
 
 from fl_lightning.server.model_state import State
+from fl_lightning.server.spill_arena import SpillArena
+from fl_lightning.server.spill_folder import make_spill_folder, release_spill_folder
 
 #: Entries of every rank, gathered for a checkpoint (client sharding: :meth:`ClientSharding.gather_entries`).
 Gather = Callable[[dict[int, State]], dict[int, State]]
@@ -44,6 +45,8 @@ def _malloc_trim() -> Callable[[int], int] | None:
 
 
 _MALLOC_TRIM = _malloc_trim()
+#: The heap is trimmed each time this fraction (1 / it) of the budget has been spilled.
+_TRIM_EVERY = 8
 
 
 def cpu_copy(tensors: Mapping[str, Tensor]) -> State:
@@ -79,6 +82,8 @@ class ClientStore:
         self._budget: int | None = None
         self._parent: str | None = None
         self._folder: str | None = None
+        self._arena: SpillArena | None = None
+        self._untrimmed = 0  # bytes spilled since the last malloc_trim
         self._owns: Callable[[int], bool] | None = None
         self._gather: Gather | None = None
         #: While recording (:meth:`record_changes`): each changed client's entry before the first change (None: none).
@@ -98,7 +103,7 @@ class ClientStore:
         Args:
             budget: bytes of entries kept in memory; beyond it the least recently used spill to disk
                 (``None``: no limit).
-            folder: where the spill folder is made (the run folder); ``None``: the system's temporary folder.
+            folder: where the spill folder is made (the experiment's folder); ``None``: the system's temporary folder.
             owns: under client sharding, whether this rank trains a client: the store then holds only those
                 clients (others are dropped, and reading or writing one is an error).
             gather: under client sharding, the collective that gives rank 0 every rank's entries for a checkpoint.
@@ -122,7 +127,8 @@ class ClientStore:
             return self._memory[cid]
         if cid not in self._spilled:
             return None
-        state = self._read(cid, mmap=False)
+        assert self._arena is not None
+        state = self._arena.read(cid)
         self._discard(cid)
         self._keep(cid, state)
         return state
@@ -146,10 +152,15 @@ class ClientStore:
         return sorted(self._sizes)
 
     def items(self) -> Iterator[tuple[int, State]]:
-        """``(client_id, state)`` pairs in ascending client order; spilled entries are memory-mapped from their
-        files (read-only views, not brought back into memory)."""
+        """``(client_id, state)`` pairs in ascending client order; spilled entries are views of the memory-mapped
+        spill file (not brought back into memory), valid until the store next changes: copy what is kept longer."""
+        mapped = self._arena.map() if self._arena is not None else None
         for cid in self.ids():
-            yield cid, self._memory[cid] if cid in self._memory else self._read(cid, mmap=True)
+            yield cid, self._memory[cid] if cid in self._memory else self._arena.view(cid, mapped)  # type: ignore[union-attr,arg-type]
+
+    def spilled_ids(self) -> list[int]:
+        """The clients whose entry is on disk, in ascending order."""
+        return sorted(self._spilled)
 
     def nbytes(self) -> int:
         """Bytes of every entry, in memory and spilled."""
@@ -223,49 +234,47 @@ class ClientStore:
             self._resident -= self._sizes[cid]
         elif cid in self._spilled:
             self._spilled.remove(cid)
-            os.unlink(self._path(cid))
+            self._arena.free(cid)  # type: ignore[union-attr]
         self._sizes.pop(cid, None)
 
     def _fit_budget(self) -> None:
-        spilled = False
         while self._budget is not None and self._resident > self._budget and self._memory:
             self._spill_oldest()
-            spilled = True
-        if spilled and _MALLOC_TRIM is not None:
+        if _MALLOC_TRIM is not None and self._budget is not None and self._untrimmed > max(self._budget // _TRIM_EVERY, 1):
             # glibc keeps freed multi-MB blocks on its heap once its mmap threshold has grown: without this the
-            # resident memory measured 2-3 times the budget (benchmarks/results/client_store.md).
+            # resident memory measured 2-3 times the budget (benchmarks/results/client_store.md). A trim costs
+            # ~1 ms, so it runs once an eighth of the budget has been spilled since the last, not at every spill.
             _MALLOC_TRIM(0)
+            self._untrimmed = 0
 
     def _spill_oldest(self) -> None:
         cid, state = self._memory.popitem(last=False)
         self._resident -= self._sizes[cid]
-        path = self._path(cid)
-        torch.save(state, path + ".tmp")
-        os.replace(path + ".tmp", path)  # never a half-written entry under the client's name
+        self._untrimmed += self._sizes[cid]
+        if self._arena is None:
+            self._folder, lock = make_spill_folder(self._parent)
+            self._arena = SpillArena(os.path.join(self._folder, "entries.bin"))
+            weakref.finalize(self, _release, self._arena, self._folder, lock)
+        self._arena.write(cid, state)
         self._spilled.add(cid)
-
-    def _read(self, cid: int, *, mmap: bool) -> State:
-        return torch.load(self._path(cid), map_location="cpu", weights_only=True, mmap=mmap)
-
-    def _path(self, cid: int) -> str:
-        if self._folder is None:
-            if self._parent is not None:
-                os.makedirs(self._parent, exist_ok=True)
-            self._folder = tempfile.mkdtemp(prefix="client_state-", dir=self._parent)
-            weakref.finalize(self, shutil.rmtree, self._folder, ignore_errors=True)
-        return os.path.join(self._folder, f"{cid}.pt")
 
     def __getstate__(self) -> dict[str, Any]:
         # A copy (deepcopy, pickling for spawned processes) holds every entry in memory, keeps the budget and
         # parent folder, and is bound to no process (its own spill folder, no sharding).
         state = dict(self.__dict__)
-        state.update(_memory=OrderedDict(self.items()), _spilled=set(), _resident=self.nbytes(), _folder=None)
+        state.update(_memory=OrderedDict(self.items()), _spilled=set(), _resident=self.nbytes(), _folder=None, _arena=None)
         state.update(_owns=None, _gather=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._fit_budget()
+
+
+def _release(arena: SpillArena, folder: str, lock: int | None) -> None:
+    """A store's finaliser: closes its arena and deletes its spill folder."""
+    arena.close()
+    release_spill_folder(folder, lock)
 
 
 @contextlib.contextmanager

@@ -63,6 +63,11 @@ class ServerServices:
         """Batches per optimizer step (the trainer's gradient accumulation factor)."""
         raise self._needs_loop("accumulate_grad_batches")
 
+    def run_folder(self) -> str | None:
+        """This run's own folder (its logger's, else the trainer's ``default_root_dir``), where a file that must
+        outlive a checkpoint is kept; ``None`` outside a fit."""
+        return None
+
     def request_stop(self) -> None:
         """Asks the run to stop after this round (e.g. a privacy budget is spent); outside a fit
         there is nothing to stop."""

@@ -78,7 +78,7 @@ def test_a_full_disk_is_one_error_line_naming_the_folder(
     errors = [line for line in err.splitlines() if line.startswith("error: ")]
     assert exit_info.value.code == 1 and "Traceback" not in err, err
     assert len(errors) == 1 and errors[0].startswith(f"error: Cannot write checkpoint round_0.ckpt: no space left in {folder} (")
-    assert errors[0].endswith("bytes needed); the checkpoints written before are intact.")
+    assert errors[0].endswith(" bytes); the checkpoints written before are intact.")
     assert not list(folder.iterdir())
 
 

@@ -42,8 +42,13 @@ def test_a_stateful_algorithm_gives_the_same_weights_and_state_under_every_execu
             assert int(a["count"]) == int(b["count"]), cid
 
 
-def test_entries_spill_into_the_run_folder(tmp_path):
+def test_entries_spill_into_the_experiment_folder_which_a_resumed_run_shares(tmp_path):
     _, trainer = fit(RunningMeanFedAvg(), "lean", client_state_memory=0, logger=CSVLogger(tmp_path, name="run"))
     folder = trainer.algorithm.sums.spill_folder
-    assert folder is not None and folder.startswith(str(tmp_path / "run" / "version_0" / "client_state-"))
-    assert sorted(os.listdir(folder)) == sorted(f"{cid}.pt" for cid in trainer.algorithm.sums.ids())
+    assert folder is not None and folder.startswith(str(tmp_path / "run" / "client_state-"))
+    assert sorted(os.listdir(folder)) == [".lock", "entries.bin"]
+
+
+def test_without_a_logger_entries_spill_under_the_root_folder_not_the_system_temporary_one(tmp_path):
+    _, trainer = fit(RunningMeanFedAvg(), "lean", client_state_memory=0, logger=False, default_root_dir=tmp_path)
+    assert trainer.algorithm.sums.spill_folder.startswith(str(tmp_path / "client_state-"))

@@ -47,7 +47,7 @@ def test_the_released_count_moves_by_a_half_per_client_added_and_one_per_client_
 
 @pytest.mark.parametrize("sampling", ["fixed", "poisson"])
 def test_epsilon_covers_the_update_and_the_count_release(sampling):
-    """ε after 3 rounds is at least dp-accounting's for the pair (clipped sum, centred count) with the stds
+    """ε after 3 rounds (PLD) is at least dp-accounting's lower PLD bound for the pair (clipped sum, centred count) with the stds
     actually drawn: per round one Gaussian mechanism whose std over sensitivity combines both releases."""
     federation = make_federation(clients_per_round=2)
     z, clip_norm, count_std = 1.0, 2.0, 0.8
@@ -61,10 +61,10 @@ def test_epsilon_covers_the_update_and_the_count_release(sampling):
         update_std = metrics["dp_noise_std"] / metrics["dp_clip_norm"]  # z_Delta, relative to this round's C
     if sampling == "poisson":  # add/remove: the sum moves by C, the centred count by 1/2
         combined = (update_std**-2 + (0.5 / count_std) ** 2) ** -0.5
-        expected = reference.poisson(2 / 4, combined, 3, 1e-5)
+        expected = reference.poisson_pld_lower(2 / 4, combined, 3, 1e-5)
     else:  # replace-one: the sum moves by 2C, the count by 1
         combined = ((2 / update_std) ** 2 + (1 / count_std) ** 2) ** -0.5
-        expected = reference.fixed_size_rdp(4, 2, combined, 3, 1e-5)
+        expected = reference.fixed_size_pld(2 / 4, 2 * combined, 3, 1e-5, pessimistic=False)  # std over C: shift 2
     assert metrics["dp_epsilon"] >= expected * (1 - 1e-9)
 
 

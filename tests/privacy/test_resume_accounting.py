@@ -41,7 +41,7 @@ def _resumed(build, z_before, z_after, rounds_before):
 def test_dp_fedavg_resumed_with_more_noise_keeps_the_rounds_spent_at_the_old_noise():
     """The audit's case: z 0.5 for 5 rounds, then 2.0. Recomputing all 6 rounds at z = 2 made ε fall from
     13.9 to 1.7; the composition of both settings is at least dp-accounting's for the rounds really run."""
-    _, resumed, before = _resumed(lambda z: DPFedAvg(noise_multiplier=z, clip_norm=1.0), 0.5, 2.0, 5)
+    _, resumed, before = _resumed(lambda z: DPFedAvg(noise_multiplier=z, clip_norm=1.0, accounting="rdp"), 0.5, 2.0, 5)
     after = _rounds(resumed, 1, first=5)["dp_epsilon"]
 
     def sampled(z: float) -> dp.DpEvent:  # replace-one: std zC over a 2C shift

@@ -131,6 +131,12 @@ class Algorithm(RecordsInitArgs, ABC):
         return False
 
     @property
+    def secret_sample(self) -> bool:
+        """Whether the clients of a round are drawn from a secret (``DPFedAvg(secure_mode=True)``): the loop then
+        neither checkpoints their ids nor keeps per-client state, which would reveal who took part."""
+        return False
+
+    @property
     def gathers_updates(self) -> bool:
         """Whether :meth:`aggregate` needs every update of the round at once but may still shard its
         clients over processes: the ranks then gather the round's decoded updates and each runs

@@ -73,6 +73,11 @@ class AlgorithmWrapper(Algorithm):
     def gathers_updates(self) -> bool:
         return self.inner.gathers_updates
 
+    @property
+    @override
+    def secret_sample(self) -> bool:
+        return self.inner.secret_sample
+
     @override
     def check_update_bound(self, bound: UpdateBound) -> None:
         self.inner.check_update_bound(bound)
