@@ -25,9 +25,9 @@ from fl_lightning.privacy.noise import NoiseSource, check_secure_mode, noise_sou
 from fl_lightning.robust.update_bounds import UpdateBound, positive_finite, update_norm
 
 
-#: What a secure-mode checkpoint authenticates (:mod:`~fl_lightning.privacy.ledger_seal`): the ledger, the settings it
-#: was spent at and where its release log is.
-_SEALED = ("spent", "clip_norm", "sampling", "release_log")
+#: What a secure-mode checkpoint authenticates (:mod:`~fl_lightning.privacy.ledger_seal`): the ledger and the settings it
+#: was spent at (the release log it names must extend that ledger, :class:`ReleaseLog`).
+_SEALED = ("spent", "clip_norm", "sampling")
 
 
 class DPFedAvg(AlgorithmWrapper):
@@ -136,8 +136,6 @@ class DPFedAvg(AlgorithmWrapper):
         self._secret: bytes | None = None
         self._ledger_key: bytes | None = None
         self._release_log = ReleaseLog(None)
-        #: Releases in the ledger of the checkpoint a resume read (before a secure-mode run adopts its release log's).
-        self._restored_releases = 0
 
     @property
     def rounds_spent(self) -> int:
@@ -285,8 +283,8 @@ class DPFedAvg(AlgorithmWrapper):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        """The wrapped algorithm's state, the clip norm, the sampling and the ledger (and in secure mode the release
-        log's path), with, in secure mode, the HMAC of the ledger and the settings it was spent at (``spent_seal``,
+        """The wrapped algorithm's state, the clip norm, the sampling and the ledger; in secure mode also the release
+        log's path and the HMAC of the ledger and the settings it was spent at (``spent_seal``,
         :mod:`~fl_lightning.privacy.ledger_seal`)."""
         state = {**super().state_dict(), "clip_norm": self.clip_norm, "sampling": self.sampling, "spent": self.spent.state_dict()}
         if self._release_log.path is not None:
@@ -317,7 +315,6 @@ class DPFedAvg(AlgorithmWrapper):
         else:
             rounds = check_count("rounds_spent", state["rounds_spent"])
             self.spent = Ledger(((self.accountant.setting, rounds),) if rounds else ())
-        self._restored_releases = self.spent.total
         if self.secure_mode and "release_log" in state:
             if not isinstance(state["release_log"], str):
                 raise ValueError(f"`release_log` must be the path of the run's release log, got {state['release_log']!r}.")
@@ -328,10 +325,12 @@ class DPFedAvg(AlgorithmWrapper):
 
     @override
     def check_restored(self, rounds_done: int) -> None:
-        """The checkpoint's ledger records at most one release per round done (fewer where a round was rolled back,
-        or released nothing once the budget was spent); a release log may hold more, released after it."""
+        """In research mode the ledger records at most one release per round done (fewer where a round was rolled
+        back, or released nothing once the budget was spent: a re-run round repeats its release). In secure mode a
+        re-run round is a new release, so the ledger (the release log's) may hold more; its seal protects it."""
         super().check_restored(rounds_done)
-        check_released(self._restored_releases, rounds_done)
+        if not self.secure_mode:
+            check_released(self.spent.total, rounds_done)
 
 
 def clipped_sum(payloads: list[State], clip_norm: float) -> tuple[State, int]:
