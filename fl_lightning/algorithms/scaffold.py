@@ -11,6 +11,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
+from fl_lightning.utils.saved_state import InvalidStateError
 from fl_lightning.algorithms.shared.aggregation import weighted_average
 from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientContext, ClientUpdate
 from fl_lightning.algorithms.shared.parameter_state import state_norm, zero_parameter_state
@@ -134,6 +135,32 @@ class SCAFFOLD(Algorithm):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.control = cpu_copy(state["control"])
         self.load_client_store(self.client_controls, state["client_controls"], "client_controls")
+
+    def check_restored(self, rounds_done: int) -> None:
+        r"""Algorithm 1 keeps :math:`c = rac1N \sum_i c_i` (lines 12 and 17: :math:`c` moves by :math:`rac1N` of
+        every :math:`\Delta c_i`), so a control variate off that mean by more than round-off (relative
+        :data:`_CONTROL_RTOL` of :math:`rac1N\sum_i |c_i| + |c|`, in float64) was edited. Under client sharding,
+        where each process holds a share of the :math:`c_i`, it is not checked."""
+        n = self.federation.num_clients
+        if not all(self.client_controls.owns(cid) for cid in range(n)):
+            return
+        total = {name: torch.zeros_like(c, dtype=torch.float64) for name, c in self.control.items()}
+        magnitude = {name: torch.zeros_like(c, dtype=torch.float64) for name, c in self.control.items()}
+        for _, c_i in self.client_controls.items():
+            for name in total:
+                total[name].add_(c_i[name].double())
+                magnitude[name].add_(c_i[name].double().abs())
+        for name, c in self.control.items():
+            gap = (c.double() - total[name] / n).abs()
+            if bool((gap > _CONTROL_RTOL * (magnitude[name] / n + c.double().abs())).any()):
+                raise InvalidStateError(
+                    f"`control.{name}` is not the mean of the clients' `client_controls` (Algorithm 1 keeps c = (1/N) sum_i c_i): "
+                    f"off by up to {float(gap.max()):.4g}."
+                )
+
+
+#: The round-off :meth:`SCAFFOLD.check_restored` allows between :math:`c` and the mean of the :math:`c_i`, relative.
+_CONTROL_RTOL = 1e-3
 
 
 def _check_local_steps(services: ServerServices) -> None:

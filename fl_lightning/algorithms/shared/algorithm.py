@@ -187,7 +187,13 @@ class Algorithm(RecordsInitArgs, ABC):
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restores :meth:`state_dict`."""
+        """Restores :meth:`state_dict`; raises :class:`~fl_lightning.utils.saved_state.InvalidStateError` naming
+        the entry when the state holds a value no run can produce."""
+
+    def check_restored(self, rounds_done: int) -> None:
+        """After :meth:`load_state_dict` on a resume: checks the restored state against the ``rounds_done``
+        rounds (aggregations) the checkpoint records, raising
+        :class:`~fl_lightning.utils.saved_state.InvalidStateError` naming what does not match."""
 
 
 def check_fresh_optimizer(algorithm: Algorithm, reset_optimizer: bool) -> None:

@@ -131,3 +131,7 @@ class AlgorithmWrapper(Algorithm):
     @override
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.inner.load_state_dict(state["inner"])
+
+    @override
+    def check_restored(self, rounds_done: int) -> None:
+        self.inner.check_restored(rounds_done)
