@@ -9,6 +9,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, Timer
 from lightning.pytorch.callbacks.progress import ProgressBar
 from lightning.pytorch.strategies import DDPStrategy, Strategy
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
@@ -249,8 +250,9 @@ class FederatedTrainer(pl.Trainer):
             super().__init__(callbacks=callbacks, use_distributed_sampler=False, **kwargs)
         except MisconfigurationException as err:  # a configuration error like any other: one ValueError
             raise ValueError(str(err)) from None
-        # A truncated or foreign checkpoint then fails with one error naming the file.
-        self.strategy.checkpoint_io = CheckedCheckpointIO(self.strategy.checkpoint_io)
+        # A truncated, corrupt or foreign checkpoint then fails with one error naming the file, and a resume's
+        # checkpoint is checked against this run before Lightning loads anything from it.
+        self.strategy.checkpoint_io = CheckedCheckpointIO(self.strategy.checkpoint_io, before_restore=self._before_restore)
 
         previous = self.fit_loop
         loop_class = AsyncFitLoop if algorithm.asynchronous else FederatedFitLoop
@@ -318,6 +320,12 @@ class FederatedTrainer(pl.Trainer):
             ckpt_path = find_last_checkpoint(self) or ckpt_path
         with one_tensorboard_session(self):  # TensorBoard's HPARAMS tab shows a run's first session only
             super().fit(model, train_dataloaders, val_dataloaders, datamodule, ckpt_path, weights_only)
+
+    def _before_restore(self, checkpoint: dict[str, Any], path: Any) -> None:
+        """A checkpoint ``fit`` resumes from, checked by the federated loop (state and fingerprint) before
+        Lightning loads its weights into the module; ``validate``/``test``/``predict`` read weights only."""
+        if self.state.fn == TrainerFn.FITTING and isinstance(self.fit_loop, FederatedFitLoop):
+            self.fit_loop.check_checkpoint(checkpoint, path)
 
     def _federated(self, datamodule: pl.LightningDataModule | None) -> pl.LightningDataModule | None:
         """``datamodule`` if it is federated, else federated with ``num_clients`` and ``partitioner``."""

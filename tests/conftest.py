@@ -13,6 +13,19 @@ os.environ.setdefault("WANDB_SILENT", "true")
 
 
 @pytest.fixture(autouse=True, scope="session")
+def private_config_home(tmp_path_factory: pytest.TempPathFactory):
+    """Secure-mode runs write their ledger key under ``$XDG_CONFIG_HOME`` (:mod:`fl_lightning.privacy.ledger_seal`):
+    the suite's, not the user's."""
+    previous = os.environ.get("XDG_CONFIG_HOME")
+    os.environ["XDG_CONFIG_HOME"] = str(tmp_path_factory.mktemp("config"))
+    yield
+    if previous is None:
+        del os.environ["XDG_CONFIG_HOME"]
+    else:
+        os.environ["XDG_CONFIG_HOME"] = previous
+
+
+@pytest.fixture(autouse=True, scope="session")
 def one_thread_per_worker():
     """One intra-op thread per test process: pytest-xdist already runs one process per core,
     and torch's extra threads on tiny tensors only contend (a 16x10 cross-entropy took ~5 ms

@@ -39,7 +39,7 @@ def _fit(tmp_path: Path, rounds: int, *, model: MLP | None = None, ckpt_path: st
 
 def test_the_default_checkpoint_is_named_by_round_and_linked_as_last(tmp_path: Path) -> None:
     _, checkpoints = _fit(tmp_path, rounds=3)
-    assert sorted(p.name for p in checkpoints.iterdir()) == ["last.ckpt", "round_2.ckpt"]
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["last.ckpt", "round_1.ckpt", "round_2.ckpt"]
     saved = torch.load(checkpoints / "last.ckpt", weights_only=False)
     assert saved["loops"]["fit_loop"]["state_dict"]["federated"]["rounds_done"] == 3
     # Saved under ModelCheckpoint's key, as before RoundCheckpoint: older checkpoints resume alike.
@@ -105,7 +105,7 @@ def test_every_round_is_checkpointed_when_validation_is_less_frequent(tmp_path: 
     checkpoints = tmp_path / "exp" / "version_0" / "checkpoints"
     _, folder = _fit(tmp_path, rounds=7, check_val_every_n_epoch=5, callbacks=[Rounds()])
     assert folder == checkpoints
-    assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt", "round_6.ckpt"]
+    assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt", "round_5.ckpt", "round_6.ckpt"]
     assert seen == list(range(6))
 
 
@@ -140,7 +140,7 @@ def test_ckpt_path_last_falls_back_to_the_newest_intact_round(tmp_path: Path) ->
             (folder / "last.ckpt").unlink()
             (folder / "last.ckpt").write_bytes(b"PK\x03\x04 cut short")
         resumed = _model()
-        with pytest.warns(UserWarning, match=rf"last\.ckpt is {state}: resuming from .*round_5\.ckpt"):
+        with pytest.warns(UserWarning, match=rf"last\.ckpt is {state}.*: resuming from .*round_5\.ckpt"):
             _fit(tmp_path / "b", rounds=3, ckpt_path="last", model=resumed)
         for name, value in uninterrupted.state_dict().items():
             torch.testing.assert_close(resumed.state_dict()[name], value, rtol=0, atol=0, msg=name)
@@ -151,7 +151,8 @@ def test_ckpt_path_last_refuses_a_run_with_other_model_settings(tmp_path: Path) 
     other = MLP(in_features=64, hidden=[16], lr=0.2)
     with pytest.raises(ResumeMismatchError, match=r"model\.lr: 0\.05 → 0\.2") as raised:
         _fit(tmp_path, rounds=2, ckpt_path="last", model=other)
-    assert "optimizer.0.group.0.lr: 0.05 → 0.2" in str(raised.value)
+    # Refused when the checkpoint is read, before the optimizers (whose settings are compared later) exist.
+    assert "optimizer.0" not in str(raised.value)
     assert "max_epochs" not in str(raised.value)  # a finished run may be extended
 
 
@@ -177,7 +178,7 @@ def test_a_full_disk_is_one_error_naming_the_folder_and_keeps_the_last_round(tmp
         _fit(tmp_path, rounds=3, ckpt_path="last")
     assert "\n" not in str(raised.value)
     assert not list(resumed.iterdir())  # no temp file left
-    assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt", "round_1.ckpt"]
+    assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt", "round_0.ckpt", "round_1.ckpt"]
     assert (folder / "last.ckpt").read_bytes() == before
 
 

@@ -55,3 +55,6 @@ class FedAvg(SummableAggregation):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.server_optimizer.load_state_dict(state["server_optimizer"])
+
+    def check_restored(self, rounds_done: int) -> None:
+        self.server_optimizer.check_restored(rounds_done)

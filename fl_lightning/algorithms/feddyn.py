@@ -4,7 +4,7 @@ objective is corrected by a linear term so that its stationary points agree with
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import lightning.pytorch as pl
 import torch
@@ -49,12 +49,14 @@ class FedDyn(Algorithm):
     rank updates :math:`h` from all of them, and each stores the gradient terms of the clients it owns (the
     client store's sharding: a client always trains on its owner rank).
     Not a weighted-sum aggregation, so DP and the robust rules refuse it; the trainer's ``update_bound`` is refused
-    (it would change the delta the term is read from), and the batched executor refuses it (per-client
-    ``configure_client``).
+    (it would change the delta the term is read from). The batched executor stacks each client's terms
+    (``configure_client`` sets only the proximal and linear terms).
 
     Args:
         alpha: the regularisation coefficient :math:`\alpha > 0` (the paper: 0.01 to 0.1).
     """
+
+    configure_client_sets_terms: ClassVar[bool] = True
 
     def __init__(self, *, alpha: float = 0.01) -> None:
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < math.inf:

@@ -166,3 +166,6 @@ class FedNova(Algorithm):
         self.server_optimizer.load_state_dict(state["server_optimizer"])
         if self.participation is not None:
             self.participation.load_state_dict(state["participation"])
+
+    def check_restored(self, rounds_done: int) -> None:
+        self.server_optimizer.check_restored(rounds_done)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import lightning.pytorch as pl
 
 from fl_lightning.algorithms.shared.algorithm import ClientContext
@@ -23,6 +25,8 @@ class FedProx(FedAvg):
     Args:
         mu: proximal coefficient :math:`\mu \ge 0`; ``mu=0`` is FedAvg.
     """
+
+    configure_client_sets_terms: ClassVar[bool] = True
 
     def __init__(
         self,

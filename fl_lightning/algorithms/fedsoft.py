@@ -10,6 +10,7 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor
 
+from fl_lightning.utils.saved_state import InvalidStateError, check_client_id, check_tensor
 from fl_lightning.algorithms.shared.algorithm import ClientContext, ClientUpdate
 from fl_lightning.algorithms.shared.clustered_algorithm import ClusteredAlgorithm
 from fl_lightning.algorithms.shared.combinable import Combine
@@ -244,7 +245,9 @@ class FedSoft(ClusteredAlgorithm):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        self.u = state["u"].cpu().clone()
+        # Before set-up (a state loaded by hand) the number of clients is not known yet: the saved one stands.
+        clients = self.federation.num_clients if hasattr(self, "federation") else getattr(state["u"], "shape", (0,))[0]
+        self.u = check_tensor("u", state["u"], shape=(clients, self.num_clusters), low=self.sigma, high=1.0).cpu().clone()
         self.initial = {k: v.cpu() for k, v in state["initial"].items()}
         saved = {name: state[name] for name in ("models", "optimizer_states") if name in state}
         if "clients" in state:  # written before the client store: {"models": {cid: model}, "optimizers": {cid: [states]}}
@@ -256,3 +259,8 @@ class FedSoft(ClusteredAlgorithm):
         for name, store in {"models": self.models, "optimizer_states": self.optimizer_states}.items():
             self.load_client_store(store, saved[name], name)
         self.selection_history = [[list(s) for s in r] for r in state["selection_history"]]
+        for r, selected in enumerate(self.selection_history):
+            if len(selected) != self.num_clusters:
+                raise InvalidStateError(f"`selection_history[{r}]` must hold one selection per cluster ({self.num_clusters}), got {len(selected)}.")
+            for cid in (c for cluster in selected for c in cluster):
+                check_client_id(f"selection_history[{r}]", cid, clients)

@@ -11,6 +11,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
+from fl_lightning.utils.saved_state import InvalidStateError
 from fl_lightning.algorithms.shared.aggregation import weighted_average
 from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientContext, ClientUpdate
 from fl_lightning.algorithms.shared.parameter_state import state_norm, zero_parameter_state
@@ -56,13 +57,14 @@ class SCAFFOLD(Algorithm):
     rank computes :math:`c` from all of them, and each stores the :math:`c_i^+` of the clients it owns (the
     client store's sharding: a client always trains on its owner rank). Not
     a weighted-sum aggregation, so DP and the robust rules refuse it; the trainer's ``update_bound`` is refused (the
-    client's :math:`c_i^+` comes from its own, unbounded :math:`y_i`), and the batched executor refuses it
-    (per-client ``configure_client``).
+    client's :math:`c_i^+` comes from its own, unbounded :math:`y_i`). The batched executor stacks each client's
+    :math:`c - c_i` (``configure_client`` sets only the linear term).
 
     Args:
         global_lr: the server step size :math:`\eta_g > 0` (the paper's experiments: 1).
     """
 
+    configure_client_sets_terms: ClassVar[bool] = True
     needs_fresh_optimizer: ClassVar[str] = "SCAFFOLD's option II, c_i+ = c_i - c + (x - y_i)/(K lr), reads the displacement of the client's own K steps"
 
     def __init__(self, *, global_lr: float = 1.0) -> None:
@@ -133,6 +135,32 @@ class SCAFFOLD(Algorithm):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.control = cpu_copy(state["control"])
         self.load_client_store(self.client_controls, state["client_controls"], "client_controls")
+
+    def check_restored(self, rounds_done: int) -> None:
+        r"""Algorithm 1 keeps :math:`c = rac1N \sum_i c_i` (lines 12 and 17: :math:`c` moves by :math:`rac1N` of
+        every :math:`\Delta c_i`), so a control variate off that mean by more than round-off (relative
+        :data:`_CONTROL_RTOL` of :math:`rac1N\sum_i |c_i| + |c|`, in float64) was edited. Under client sharding,
+        where each process holds a share of the :math:`c_i`, it is not checked."""
+        n = self.federation.num_clients
+        if not all(self.client_controls.owns(cid) for cid in range(n)):
+            return
+        total = {name: torch.zeros_like(c, dtype=torch.float64) for name, c in self.control.items()}
+        magnitude = {name: torch.zeros_like(c, dtype=torch.float64) for name, c in self.control.items()}
+        for _, c_i in self.client_controls.items():
+            for name in total:
+                total[name].add_(c_i[name].double())
+                magnitude[name].add_(c_i[name].double().abs())
+        for name, c in self.control.items():
+            gap = (c.double() - total[name] / n).abs()
+            if bool((gap > _CONTROL_RTOL * (magnitude[name] / n + c.double().abs())).any()):
+                raise InvalidStateError(
+                    f"`control.{name}` is not the mean of the clients' `client_controls` (Algorithm 1 keeps c = (1/N) sum_i c_i): "
+                    f"off by up to {float(gap.max()):.4g}."
+                )
+
+
+#: The round-off :meth:`SCAFFOLD.check_restored` allows between :math:`c` and the mean of the :math:`c_i`, relative.
+_CONTROL_RTOL = 1e-3
 
 
 def _check_local_steps(services: ServerServices) -> None:

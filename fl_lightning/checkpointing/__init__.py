@@ -6,11 +6,12 @@
   :data:`ASYNC_EVERY_S` after the previous save, and after the last), whatever
   ``check_val_every_n_epoch``, it writes ``round_<r>.ckpt``
   (``r`` the 0-based round, as in the logs' ``round`` column) atomically, links ``last.ckpt`` to
-  it, and only then removes the previous round's file: a crash at any point leaves an intact one.
+  it, and only then removes the file of the round before the previous one: a crash at any point leaves
+  an intact one, and a corrupt newest file leaves the previous round to resume from.
 * :func:`find_last_checkpoint` resolves ``ckpt_path="last"``: this run's own folder, else the
   experiment's newest run (each run of a logger gets a new version folder, where Lightning alone
-  would look); in it ``last.ckpt``, or when that is missing, dangling or truncated the newest
-  intact ``round_<r>.ckpt`` (:func:`newest_intact_checkpoint`).
+  would look); in it ``last.ckpt``, or when that is missing, dangling, truncated or corrupt the newest
+  intact checkpoint of any name (:func:`newest_intact_checkpoint`); a folder of corrupt files only is an error.
 * :func:`run_directory` is the run's own folder of its first logger, which holds ``checkpoints/``.
 * :class:`GlobalModelCheckpoint` makes every checkpoint's ``state_dict`` the global model, also
   when it is saved mid-round (the module then holds a client's weights, which go into the
@@ -25,7 +26,6 @@ import math
 import os
 import re
 import time
-import zipfile
 from typing import Any
 
 import lightning.pytorch as pl
@@ -34,7 +34,8 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
 
-from fl_lightning.checkpointing.checkpoint_io import sweep_orphan_temp_files, sync_folder
+from fl_lightning.checkpointing.checkpoint_io import CheckpointError, sweep_orphan_temp_files, sync_folder
+from fl_lightning.checkpointing.integrity import integrity_problem
 
 #: The file name of each round's checkpoint (``round_3.ckpt``: the model after 0-based round 3).
 ROUND_FILENAME = "round_{epoch}"
@@ -51,19 +52,26 @@ class RoundCheckpoint(ModelCheckpoint):
 
     Unlike ``ModelCheckpoint``, which removes the previous round's file before it relinks
     ``last.ckpt`` (a crash in between leaves ``last.ckpt`` dangling), it swaps the link atomically
-    and removes superseded files only once ``last.ckpt`` points to the new one.
+    and removes superseded files only once ``last.ckpt`` points to the new one. Without a monitor it keeps
+    the ``keep`` newest round files, so that a resume from a corrupt newest one falls back to the round
+    before (:func:`newest_intact_checkpoint`) instead of starting again; its state records them, so a run
+    resumed into the same folder removes them in turn.
 
     Args:
         every_s: save at the end of a round only once this many seconds have passed since the
             previous save (and always after the first and the last round); ``0``: every round.
+        keep: how many of the newest round files stay on disk (without a monitor and with ``save_top_k=1``,
+            the default); at least 1.
         **kwargs: ``ModelCheckpoint``'s arguments; by default the file is ``round_<r>.ckpt``, saved
             at the end of the round (not at validation, which ``check_val_every_n_epoch`` may skip),
             with ``last.ckpt`` linked to it.
     """
 
-    def __init__(self, *, every_s: float = 0.0, **kwargs: Any) -> None:
+    def __init__(self, *, every_s: float = 0.0, keep: int = 2, **kwargs: Any) -> None:
         if isinstance(every_s, bool) or not isinstance(every_s, (int, float)) or not 0 <= every_s < math.inf:
             raise ValueError(f"`every_s` must be a finite number of seconds >= 0, got {every_s!r}.")
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+            raise ValueError(f"`keep` must be a count of round files >= 1, got {keep!r}.")
         defaults = {
             "filename": ROUND_FILENAME,
             "auto_insert_metric_name": False,
@@ -73,8 +81,12 @@ class RoundCheckpoint(ModelCheckpoint):
         }
         super().__init__(**{**defaults, **kwargs})
         self.every_s = float(every_s)
+        self.keep = keep
         self._saved_at: float | None = None
         self._superseded: list[str] = []
+        #: The round files on disk that this callback wrote and keeps by count, the newest last.
+        self._kept: list[str] = []
+        self._saving_last = False
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -94,14 +106,32 @@ class RoundCheckpoint(ModelCheckpoint):
         return super().state_key.replace(type(self).__qualname__, ModelCheckpoint.__qualname__, 1)
 
     @override
+    def state_dict(self) -> dict[str, Any]:
+        """``ModelCheckpoint``'s state and the round files kept once the save under way is done."""
+        return {**super().state_dict(), "kept": self._kept[-self.keep :]}
+
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if self.monitor is None and state_dict.get("dirpath", self.dirpath) != self.dirpath:
             self.best_model_path = state_dict["best_model_path"]
         else:
             super().load_state_dict(state_dict)
+            self._kept = list(state_dict.get("kept", []))
+
+    @property
+    def _keeps_by_count(self) -> bool:
+        return self.monitor is None and self.save_top_k == 1
+
+    @override
+    def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
+        if self._keeps_by_count and not self._saving_last:  # recorded first: the state saved in it lists it
+            self._kept = [*(path for path in self._kept if path != filepath), filepath]
+        super()._save_checkpoint(trainer, filepath)
 
     @override
     def _remove_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
+        if filepath in self._kept:  # removed by count (_save_last_checkpoint)
+            return
         if self.save_last:  # removed once last.ckpt links the new file (_save_last_checkpoint)
             self._superseded.append(filepath)
         else:
@@ -109,9 +139,14 @@ class RoundCheckpoint(ModelCheckpoint):
 
     @override
     def _save_last_checkpoint(self, trainer: pl.Trainer, monitor_candidates: dict[str, Any]) -> None:
-        super()._save_last_checkpoint(trainer, monitor_candidates)
+        self._saving_last = True
+        try:
+            super()._save_last_checkpoint(trainer, monitor_candidates)
+        finally:
+            self._saving_last = False
         superseded, self._superseded = self._superseded, []
-        for filepath in superseded:
+        excess, self._kept = self._kept[: -self.keep], self._kept[-self.keep :]
+        for filepath in [*superseded, *excess]:
             super()._remove_checkpoint(trainer, filepath)
 
     @staticmethod
@@ -158,8 +193,10 @@ def find_last_checkpoint(trainer: pl.Trainer) -> str | None:
     trainer's checkpoint callbacks. A callback's fixed ``dirpath`` is its folder; without one, this
     run's own ``<run>/checkpoints`` comes first, then those of the experiment's other runs
     (``<save_dir>/<name>/*/checkpoints``, Lightning's layout), the most recently written first;
-    without a logger, ``<default_root_dir>/checkpoints``. The fingerprint check then refuses a
-    checkpoint of another configuration (:mod:`fl_lightning.checkpointing.fingerprint`)."""
+    without a logger, ``<default_root_dir>/checkpoints``. A folder whose checkpoints are all corrupt ends the
+    search with :class:`~fl_lightning.checkpointing.checkpoint_io.CheckpointError`, not an older run's or a
+    fresh start. The fingerprint check then refuses a checkpoint of another configuration
+    (:mod:`fl_lightning.checkpointing.fingerprint`)."""
     for folder in _checkpoint_folders(trainer):
         path = newest_intact_checkpoint(folder)
         if path is not None:
@@ -189,26 +226,56 @@ def _checkpoint_folders(trainer: pl.Trainer) -> list[str]:
 
 
 _ROUND = re.compile(r"round_(\d+)\.ckpt")
+#: ``ModelCheckpoint``'s default file name, ``epoch=3-step=544.ckpt``.
+_EPOCH, _STEP = re.compile(r"epoch=(\d+)"), re.compile(r"step=(\d+)")
 
 
 def newest_intact_checkpoint(folder: str | os.PathLike[str]) -> str | None:
-    """``last*.ckpt`` in ``folder`` (the newest, if there are several) when it is a whole file, else
-    the ``round_<r>.ckpt`` of the highest round that is, with a warning naming both; ``None`` if none is.
+    """The checkpoint ``ckpt_path="last"`` resumes in ``folder``: ``last*.ckpt`` (the newest, if there are
+    several) when it is whole (:func:`~fl_lightning.checkpointing.integrity.integrity_problem`), else the most
+    advanced whole ``*.ckpt`` of any name (``round_<r>.ckpt``, a user ``ModelCheckpoint``'s
+    ``epoch=3-step=544.ckpt``; by the round, epoch and step its name gives, then by when it was written), with a
+    warning naming each one passed over; ``None`` when the folder holds no checkpoint.
 
-    A kill between a round's write and the link swap, or a disk that filled up, can leave
-    ``last.ckpt`` missing, dangling or truncated while the round's own file is intact.
+    A kill between a round's write and the link swap, a disk that filled up or a flipped bit can leave
+    ``last.ckpt`` missing, dangling, truncated or corrupt while an earlier checkpoint is whole.
+
+    Raises:
+        CheckpointError: when the folder holds checkpoints but none is whole, naming each and what is wrong:
+            starting again from round 0 is a decision, not a fallback.
     """
-    lasts = sorted(
-        (p for p in glob.glob(os.path.join(folder, "last*.ckpt")) if os.path.exists(p)), key=os.path.getmtime, reverse=True
-    )
-    rounds = {int(m.group(1)): os.path.join(folder, m.group(0)) for m in map(_ROUND.fullmatch, _names(folder)) if m}
-    candidates = [*lasts, *(rounds[r] for r in sorted(rounds, reverse=True))]
-    intact = next((path for path in candidates if is_intact(path)), None)
-    if intact is not None and intact not in lasts:
-        last = os.path.join(folder, "last.ckpt")
-        state = "truncated" if os.path.exists(last) else "dangling" if os.path.islink(last) else "missing"
-        rank_zero_warn(f"{last} is {state}: resuming from {intact}, the newest intact round checkpoint.")
-    return intact
+    names = [n for n in _names(folder) if n.endswith(".ckpt") and not n.startswith(".")]
+    paths = [os.path.join(folder, n) for n in names if os.path.isfile(os.path.join(folder, n))]
+    lasts = sorted((p for p in paths if os.path.basename(p).startswith("last")), key=os.path.getmtime, reverse=True)
+    others = sorted((p for p in paths if p not in lasts), key=_recency, reverse=True)
+    last = os.path.join(folder, "last.ckpt")
+    passed = [] if lasts or not others else [f"{last} is {'dangling' if os.path.islink(last) else 'missing'}"]
+    for path in [*lasts, *others]:
+        problem = integrity_problem(path)
+        if problem is None:
+            if passed:
+                rank_zero_warn(f"{'; '.join(passed)}: resuming from {path}, the newest intact checkpoint.")
+            return path
+        passed.append(f"{path} is {_state(problem)} ({problem})")
+    if passed:
+        raise CheckpointError(
+            f"No intact checkpoint to resume from in {folder}: {'; '.join(passed)}. Resume from a copy of an intact "
+            "checkpoint, or remove these files (or pass no ckpt_path) to start from round 0."
+        )
+    return None
+
+
+def _recency(path: str) -> tuple[int, int, float]:
+    """How far the run had come when it wrote ``path``, as its name says (``round_<r>``, ``epoch=<e>``, ``step=<s>``;
+    ``-1`` where it does not), then when it was written: a copied or restored file's time says less than its name."""
+    name = os.path.basename(path)
+    epoch = _ROUND.fullmatch(name) or _EPOCH.search(name)
+    step = _STEP.search(name)
+    return int(epoch.group(1)) if epoch else -1, int(step.group(1)) if step else -1, os.path.getmtime(path)
+
+
+def _state(problem: str) -> str:
+    return "truncated or corrupt" if "zip directory" in problem else "corrupt"
 
 
 def _names(folder: str | os.PathLike[str]) -> list[str]:
@@ -216,16 +283,6 @@ def _names(folder: str | os.PathLike[str]) -> list[str]:
         return os.listdir(folder)
     except (FileNotFoundError, NotADirectoryError):
         return []
-
-
-def is_intact(path: str | os.PathLike[str]) -> bool:
-    """Whether ``path`` is a whole ``torch.save`` file: a zip archive whose every member's CRC
-    matches (a truncated file loses the archive's directory, written last)."""
-    try:
-        with zipfile.ZipFile(path) as archive:
-            return archive.testzip() is None
-    except (OSError, zipfile.BadZipFile):
-        return False
 
 
 class GlobalModelCheckpoint(Callback):

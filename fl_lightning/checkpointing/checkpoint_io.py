@@ -2,8 +2,9 @@
 
 * Writing is atomic (:func:`atomic_save`): a crash at any point leaves either the old file or the
   new one, never a truncated one, and a full disk is one :class:`CheckpointWriteError` naming the folder.
-* Reading a file that cannot be read, or holds no federated run, fails with one clear error naming
-  it instead of a raw ``OSError``, ``KeyError`` or unpickling error.
+* Reading checks the file whole first (every zip member's CRC-32, :mod:`~fl_lightning.checkpointing.integrity`);
+  a file that is not, cannot be read, or holds no federated run fails with one clear line naming it instead
+  of a silently corrupt tensor, a raw ``OSError``, ``KeyError`` or unpickling error.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import errno
 import math
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -22,6 +23,7 @@ from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from typing_extensions import override
 
 from fl_lightning.checkpointing.frozen_base import base_path, frozen_digest, reference_of, split_frozen
+from fl_lightning.checkpointing.integrity import integrity_problem, one_line
 
 #: Entries of the federated loop state that every checkpoint has, and their types.
 _REQUIRED: dict[str, type] = {
@@ -124,15 +126,20 @@ def sync_folder(folder: str) -> None:
 
 class CheckedCheckpointIO(CheckpointIO):
     """Delegates to ``inner``, except that Lightning's own IO saves local files with
-    :func:`atomic_save`; loading raises :class:`CheckpointError` naming the file when it cannot
-    be read or is not a Lightning checkpoint. :class:`~fl_lightning.FederatedTrainer` installs it.
+    :func:`atomic_save`; loading raises :class:`CheckpointError` naming the file when a local file is not
+    whole (:func:`~fl_lightning.checkpointing.integrity.integrity_problem`, checked before it is unpickled),
+    cannot be read or is not a Lightning checkpoint; ``before_restore`` then sees it before anything in it is
+    restored. :class:`~fl_lightning.FederatedTrainer` installs it.
 
     Args:
         inner: the strategy's checkpoint IO (by default Lightning's ``TorchCheckpointIO``).
+        before_restore: called with each checkpoint read and its path (a resume's checks that must come before
+            Lightning loads its weights into the module).
     """
 
-    def __init__(self, inner: CheckpointIO) -> None:
+    def __init__(self, inner: CheckpointIO, before_restore: Callable[[dict[str, Any], Any], None] | None = None) -> None:
         self.inner = inner
+        self.before_restore = before_restore
 
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
@@ -153,6 +160,9 @@ class CheckedCheckpointIO(CheckpointIO):
         kwargs: dict[str, Any] = {"weights_only": weights_only}
         if map_location is not None:
             kwargs["map_location"] = map_location
+        problem = integrity_problem(path) if _is_local_file_protocol(path) and os.path.exists(path) else None
+        if problem is not None:
+            raise CheckpointError(f"Cannot read checkpoint {path}: the file is truncated, corrupt or not a checkpoint ({problem}).")
         try:
             checkpoint = self.inner.load_checkpoint(path, **kwargs)
         except FileNotFoundError:
@@ -160,12 +170,15 @@ class CheckedCheckpointIO(CheckpointIO):
         except Exception as err:  # torch.load's errors differ by where the file is cut
             raise CheckpointError(
                 f"Cannot read checkpoint {path}: the file is truncated, corrupt or not a checkpoint "
-                f"({type(err).__name__}: {err})."
+                f"({type(err).__name__}: {one_line(str(err))})."
             ) from err
         if not isinstance(checkpoint, Mapping) or "state_dict" not in checkpoint or "pytorch-lightning_version" not in checkpoint:
             found = sorted(map(str, checkpoint))[:8] if isinstance(checkpoint, Mapping) else type(checkpoint).__name__
             raise CheckpointError(f"{path} is not a Lightning checkpoint (found {found}).")
-        return with_frozen_base(dict(checkpoint), path, map_location)
+        checkpoint = with_frozen_base(dict(checkpoint), path, map_location)
+        if self.before_restore is not None:
+            self.before_restore(checkpoint, path)
+        return checkpoint
 
     @override
     def remove_checkpoint(self, path: Any) -> None:
@@ -191,7 +204,9 @@ def with_frozen_base(checkpoint: dict[str, Any], path: Any, map_location: Any | 
             f"{base}, which is missing: copy that file beside the checkpoint."
         ) from None
     except Exception as err:
-        raise CheckpointError(f"Cannot read the frozen tensors of checkpoint {path} from {base} ({type(err).__name__}: {err}).") from err
+        raise CheckpointError(
+            f"Cannot read the frozen tensors of checkpoint {path} from {base} ({type(err).__name__}: {one_line(str(err))})."
+        ) from err
     if not isinstance(frozen, Mapping) or set(frozen) != set(reference["names"]) or frozen_digest(frozen) != reference["digest"]:
         raise CheckpointError(
             f"{base} does not hold the frozen tensors checkpoint {path} was written with (digest {reference['digest']}): "

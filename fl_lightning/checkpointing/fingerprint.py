@@ -1,17 +1,29 @@
 """A checkpoint's record of the federation it belongs to, checked when a run resumes from it.
 
 Resuming a run with other clients, another partition, another algorithm configuration, other
-local work, another model, optimizer, LR schedule or data setting would silently continue a
+local work, another model, optimizer, LR schedule, data or trainer setting would silently continue a
 different experiment. The fingerprint is a flat mapping of ``name -> value``
-(:func:`federation_fingerprint` and :func:`training_fingerprint`); a resume whose fingerprint
-differs is refused with every difference listed, unless ``FederatedTrainer(allow_resume_changes=True)``
-says the change is deliberate. ``max_epochs`` is not part of it: a finished run may be extended.
+(:func:`federation_fingerprint`, :func:`settings_fingerprint` and :func:`optimization_fingerprint`); a resume
+whose fingerprint differs is refused with every difference listed, unless
+``FederatedTrainer(allow_resume_changes=True)`` says the change is deliberate. ``max_epochs`` is not part of
+it: a finished run may be extended.
+
+Which ``Trainer`` and ``FederatedTrainer`` arguments are in it is one table: :data:`TRAINER_SETTINGS` and
+:data:`FEDERATED_SETTINGS` change the numbers, :data:`NOT_IN_FINGERPRINT` says why each other one does not;
+``tests/test_fingerprint_arguments.py`` checks that the three cover both signatures, so a new argument
+cannot be forgotten.
+
+Everything but the optimizers' and LR schedulers' settings is checked as soon as the checkpoint is read,
+before Lightning loads any of it into the module (a model of another size is one mismatch error, not a
+size-mismatch traceback); those two exist only once ``configure_optimizers`` has run, and are checked then,
+before the federated state is restored.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
+from enum import Enum
 from typing import Any
 
 import lightning.pytorch as pl
@@ -19,17 +31,100 @@ import numpy as np
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from fl_lightning.algorithms.shared.algorithm import Algorithm
-from fl_lightning.server.federation import Federation
+from fl_lightning.server.federated_parameters import ParameterKinds
+from fl_lightning.server.federation import FederatedDataSource
 from fl_lightning.robust.update_bounds import UpdateBound
 from fl_lightning.utils.init_args import RecordsInitArgs, flat_hparams
 
 _ABSENT = "<absent>"
-#: Present in fingerprints that cover the model, optimizer, scheduler and data (:func:`training_fingerprint`).
+#: Present in fingerprints that cover the model, optimizer, scheduler and data (version 2) and the trainer's
+#: settings (version 3).
 _VERSION_KEY = "fingerprint_version"
+_VERSION = 3
+#: What a checkpoint of each older fingerprint version was written without.
+_UNCHECKED = {
+    1: "model, optimizer, LR scheduler, data and trainer settings",
+    2: "trainer settings (precision, gradient clipping, accumulation, batch limits)",
+}
 #: Constructor arguments that say where data lives or how it is loaded, not which numbers it gives.
 _NOT_NUMERIC = frozenset({"root", "download", "num_workers", "partition_file", "dataloader_kwargs"})
 #: A scheduler's progress, restored from the checkpoint, rather than its settings.
 _SCHEDULER_PROGRESS = frozenset({"last_epoch", "base_lrs"})
+
+#: ``Trainer`` arguments that change what a fit computes or reports, recorded as ``trainer.<name>`` with the value
+#: the trainer resolved (``precision=32`` is ``"32-true"``; a precision plugin shows as its precision).
+TRAINER_SETTINGS = (
+    "precision",
+    "accumulate_grad_batches",
+    "gradient_clip_val",
+    "gradient_clip_algorithm",
+    "limit_train_batches",
+    "overfit_batches",
+    "limit_val_batches",  # the validation metrics, which EarlyStopping and ReduceLROnPlateau read
+    "check_val_every_n_epoch",  # when they are read
+)
+#: ``FederatedTrainer`` arguments and the fingerprint entry (or entries under ``<entry>.``) that records each
+#: (:func:`federation_fingerprint`; the partition as a hash of every client's sample indices).
+FEDERATED_SETTINGS = {
+    "algorithm": "algorithm",
+    "clients_per_round": "clients_per_round",
+    "local_epochs": "local_epochs",
+    "local_steps": "local_steps",
+    "seed": "seed",
+    "num_clients": "num_clients",
+    "partitioner": "partition",
+    "reset_optimizer": "reset_optimizer",
+    "update_bound": "update_bound",
+    "federated_parameters": "parameters",  # only where a tensor is frozen or local (kinds_fingerprint)
+}
+#: Every other ``Trainer`` / ``FederatedTrainer`` argument, and why a resume may change it.
+NOT_IN_FINGERPRINT = {
+    # When to stop, not what a round computes: a resumed run may be extended, as with max_epochs.
+    "max_epochs": "when to stop",
+    "min_epochs": "when to stop",
+    "max_steps": "when to stop",
+    "min_steps": "when to stop",
+    "max_time": "when to stop",
+    "fast_dev_run": "writes no checkpoint to resume from",
+    # Where and on how many processes it runs: N processes give 1's numbers (docs/distributed.md); another
+    # accelerator differs by float round-off only, and moving a run to one is a legitimate resume.
+    "accelerator": "where it runs",
+    "strategy": "where it runs",
+    "devices": "where it runs",
+    "num_nodes": "where it runs",
+    "deterministic": "kernel choice: the same computation, reproducible or not",
+    "benchmark": "kernel choice: the same computation",
+    "detect_anomaly": "a check, no change to the values",
+    "inference_mode": "how evaluation disables autograd, not its values",
+    "plugins": "a precision plugin shows as `precision`; environments and IO plugins compute nothing",
+    # Output, logging and bookkeeping.
+    "logger": "output only",
+    "callbacks": "each callback's state is its own, restored from the checkpoint",
+    "profiler": "output only",
+    "log_every_n_steps": "output only",
+    "enable_checkpointing": "output only",
+    "enable_progress_bar": "output only",
+    "enable_model_summary": "output only",
+    "enable_autolog_hparams": "output only",
+    "default_root_dir": "output only",
+    "model_registry": "output only",
+    "num_sanity_val_steps": "its results are discarded",
+    "limit_test_batches": "read by test, not fit",
+    "limit_predict_batches": "read by predict, not fit",
+    # Refused by FederatedTrainer except for one value (fl_lightning.trainer_arguments).
+    "val_check_interval": "refused except 1.0",
+    "use_distributed_sampler": "refused except False",
+    "barebones": "refused except False",
+    "sync_batchnorm": "refused except False",
+    "reload_dataloaders_every_n_epochs": "refused except 0",
+    # FederatedTrainer's own: how clients are executed and stored gives the same weights (docs/executors.md,
+    # docs/client_state.md), and the opt-out of this check.
+    "client_executor": "the same weights by every executor",
+    "max_batched_clients": "the same weights by every executor",
+    "compile_batched_steps": "the same weights by every executor",
+    "client_state_memory": "spilled client state reads back bit-exact",
+    "allow_resume_changes": "the opt-out of this check",
+}
 
 
 class ResumeMismatchError(ValueError):
@@ -37,29 +132,37 @@ class ResumeMismatchError(ValueError):
 
 
 def federation_fingerprint(
-    federation: Federation, algorithm: Algorithm, *, update_bound: UpdateBound | None, reset_optimizer: bool
+    data: FederatedDataSource,
+    kinds: ParameterKinds | None,
+    algorithm: Algorithm,
+    *,
+    clients_per_round: int,
+    seed: int,
+    local_epochs: int | None,
+    local_steps: int | None,
+    update_bound: UpdateBound | None,
+    reset_optimizer: bool,
 ) -> dict[str, Any]:
     """What must match for a resume to continue the same run: the clients and their data, the
     algorithm's class and constructor arguments (nested, :func:`~fl_lightning.utils.init_args.flat_hparams`),
-    the update bound, clients per round, seed, local work, and which tensors are frozen or local."""
+    the update bound, clients per round (resolved to a count), seed, local work, and which tensors are frozen or local."""
     return {
-        "num_clients": federation.num_clients,
-        "partition": partition_hash(federation),
-        "clients_per_round": federation.clients_per_round,
-        "seed": federation.seed,
-        "local_epochs": federation.local_epochs,
-        "local_steps": federation.local_steps,
+        "num_clients": data.num_clients,
+        "partition": partition_hash(data),
+        "clients_per_round": clients_per_round,
+        "seed": seed,
+        "local_epochs": local_epochs,
+        "local_steps": local_steps,
         "reset_optimizer": reset_optimizer,
         **flat_hparams("algorithm", algorithm),
         **flat_hparams("update_bound", update_bound),
-        **kinds_fingerprint(federation),
+        **kinds_fingerprint(kinds),
     }
 
 
-def kinds_fingerprint(federation: Federation) -> dict[str, str]:
+def kinds_fingerprint(kinds: ParameterKinds | None) -> dict[str, str]:
     """``parameters.frozen`` / ``parameters.local``: the count and a hash of the names of each kind that is not
     empty (a run whose tensors are all shared, every run before the kinds existed, adds nothing)."""
-    kinds = federation.kinds
     if kinds is None:
         return {}
     entries = {}
@@ -70,16 +173,28 @@ def kinds_fingerprint(federation: Federation) -> dict[str, str]:
     return entries
 
 
-def training_fingerprint(trainer: pl.Trainer) -> dict[str, Any]:
-    """What else changes the numbers: the module's class and saved hyper-parameters (its ``__init__``
-    arguments, ``model.lr``, ...), each optimizer's class and parameter-group settings, each LR
-    scheduler's class and settings, and the datamodule's constructor arguments (those that name a
-    folder or a loading detail left out).
-
-    Read before the checkpoint's optimizer state is restored, which would overwrite the settings."""
+def settings_fingerprint(trainer: pl.Trainer) -> dict[str, Any]:
+    """What else changes the numbers and is known before a checkpoint is restored: the module's class and saved
+    hyper-parameters (its ``__init__`` arguments, ``model.lr``, ...), the datamodule's constructor arguments
+    (those that name a folder or a loading detail left out) and the trainer's :data:`TRAINER_SETTINGS`."""
     module = trainer.lightning_module
     hparams = {k: v for k, v in module.hparams.items() if not str(k).startswith("_")}  # LightningCLI's _instantiator
-    entries: dict[str, Any] = {_VERSION_KEY: 2, "model": type(module).__qualname__, **flat_hparams("model", hparams)}
+    entries: dict[str, Any] = {_VERSION_KEY: _VERSION, "model": type(module).__qualname__, **flat_hparams("model", hparams)}
+    data = trainer.datamodule
+    if isinstance(data, RecordsInitArgs):
+        numeric = flat_hparams("data", data)
+        entries.update({k: v for k, v in numeric.items() if not _NOT_NUMERIC.intersection(k.split("."))})
+    for name in TRAINER_SETTINGS:
+        value = getattr(trainer, name)
+        entries[f"trainer.{name}"] = value.value if isinstance(value, Enum) else value
+    return entries
+
+
+def optimization_fingerprint(trainer: pl.Trainer) -> dict[str, Any]:
+    """Each optimizer's class and parameter-group settings and each LR scheduler's class and settings: known
+    once ``configure_optimizers`` has run, and read before the checkpoint's optimizer state is restored, which
+    would overwrite them."""
+    entries: dict[str, Any] = {}
     for i, optimizer in enumerate(trainer.optimizers):
         entries[f"optimizer.{i}"] = type(optimizer).__qualname__
         for j, group in enumerate(optimizer.param_groups):
@@ -91,26 +206,28 @@ def training_fingerprint(trainer: pl.Trainer) -> dict[str, Any]:
         entries[f"lr_scheduler.{i}"] = type(config.scheduler).__qualname__
         settings.update(interval=config.interval, frequency=config.frequency)
         entries.update(flat_hparams(f"lr_scheduler.{i}", settings))
-    data = trainer.datamodule
-    if isinstance(data, RecordsInitArgs):
-        numeric = flat_hparams("data", data)
-        entries.update({k: v for k, v in numeric.items() if not _NOT_NUMERIC.intersection(k.split("."))})
     return entries
 
 
-def partition_hash(federation: Federation) -> str:
+def is_optimization_entry(name: str) -> bool:
+    """Whether fingerprint entry ``name`` is one of :func:`optimization_fingerprint`'s."""
+    return name.startswith(("optimizer.", "lr_scheduler."))
+
+
+def partition_hash(data: FederatedDataSource) -> str:
     """A hash of every client's training-sample indices (``"indices:..."``) when the data provides
     them (``client_indices(cid)``, as :class:`~fl_lightning.data.FederatedDataModule` does), else of
     the clients' sample counts (``"sizes:..."``)."""
     digest = hashlib.sha256()
-    client_indices = getattr(federation.data, "client_indices", None)
+    client_indices = getattr(data, "client_indices", None)
     if callable(client_indices):
-        for cid in range(federation.num_clients):
+        for cid in range(data.num_clients):
             indices = np.ascontiguousarray(client_indices(cid), dtype=np.int64)
             digest.update(np.int64(len(indices)).tobytes())
             digest.update(indices.tobytes())
         return f"indices:{digest.hexdigest()[:16]}"
-    digest.update(np.ascontiguousarray(federation.num_samples, dtype=np.int64).tobytes())
+    sizes = [data.client_num_samples(cid) for cid in range(data.num_clients)]
+    digest.update(np.ascontiguousarray(sizes, dtype=np.int64).tobytes())
     return f"sizes:{digest.hexdigest()[:16]}"
 
 
@@ -124,24 +241,33 @@ def fingerprint_differences(saved: Mapping[str, Any], now: Mapping[str, Any]) ->
     ]
 
 
-def check_resume(saved: Mapping[str, Any] | None, now: Mapping[str, Any], *, path: Any, allow_changes: bool) -> None:
-    """Refuses a resume from checkpoint ``path`` whose fingerprint ``saved`` differs from ``now``.
+def check_resume(
+    saved: Mapping[str, Any] | None, now: Mapping[str, Any], *, path: Any, allow_changes: bool, optimization: bool = False
+) -> None:
+    """Refuses a resume from checkpoint ``path`` whose fingerprint ``saved`` differs from ``now`` in the entries
+    of one stage: all but the optimizers' and schedulers' (``optimization=False``, when the checkpoint is read),
+    or only theirs (``optimization=True``, once they exist). ``now`` holds that stage's entries.
 
     Raises:
         ResumeMismatchError: listing every difference, unless ``allow_changes`` (then a warning lists them).
     """
     if saved is None:
-        rank_zero_warn(
-            f"Checkpoint {path} has no federation fingerprint (written by an older fl_lightning): resuming "
-            "without checking that its clients, partition and algorithm match this run's."
-        )
+        if not optimization:
+            rank_zero_warn(
+                f"Checkpoint {path} has no federation fingerprint (written by an older fl_lightning): resuming "
+                "without checking that its clients, partition and algorithm match this run's."
+            )
         return
-    if _VERSION_KEY not in saved:
-        rank_zero_warn(
-            f"Checkpoint {path} was written by an older fl_lightning: resuming without checking that its model, "
-            "optimizer, LR scheduler and data settings match this run's."
-        )
-        now = {name: value for name, value in now.items() if name in saved}
+    version = saved.get(_VERSION_KEY, 1)
+    saved = {name: value for name, value in saved.items() if is_optimization_entry(name) == optimization}
+    if version < _VERSION:
+        if not optimization:
+            rank_zero_warn(
+                f"Checkpoint {path} was written by an older fl_lightning: resuming without checking that its "
+                f"{_UNCHECKED[version]} match this run's."
+            )
+        now = {name: value for name, value in now.items() if name in saved and name != _VERSION_KEY}
+        saved = {name: value for name, value in saved.items() if name != _VERSION_KEY}
     differences = fingerprint_differences(saved, now)
     if not differences:
         return

@@ -11,6 +11,9 @@ from typing import Any
 import torch
 from typing_extensions import override
 
+from fl_lightning.checkpointing.checkpoint_io import CheckpointError
+from fl_lightning.loops.async_state import check_async_state
+from fl_lightning.utils.saved_state import InvalidStateError
 from fl_lightning.algorithms.shared.asynchronous import AsyncAlgorithm
 from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientUpdate
 from fl_lightning.algorithms.shared.wrapper import AlgorithmWrapper
@@ -207,7 +210,11 @@ class AsyncFitLoop(FederatedFitLoop):
     @override
     def _restore(self, federated: dict[str, Any]) -> None:
         super()._restore(federated)
-        state = federated["async"]
+        state = federated.get("async")
+        try:
+            check_async_state(state, num_clients=self.federation.num_clients, version=federated["rounds_done"])
+        except InvalidStateError as err:
+            raise CheckpointError(f"Checkpoint {self.trainer.ckpt_path}: {err}") from err
         self.clock, self._seq, self._started = float(state["clock"]), int(state["seq"]), bool(state["started"])
         self._queue = [tuple(e) for e in state["queue"]]  # type: ignore[misc]
         heapq.heapify(self._queue)

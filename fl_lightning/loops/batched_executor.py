@@ -46,9 +46,9 @@ from typing_extensions import override
 
 from fl_lightning import _lightning_compat as compat
 from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientContext, ClientUpdate
+from fl_lightning.loops.batched_adam import adam_step
 from fl_lightning.loops.batched_group_size import free_memory, group_size
 from fl_lightning.loops.batched_sgd import (
-    SGD_OPTIONS,
     BatchedStep,
     StackedState,
     batched_step,
@@ -58,41 +58,49 @@ from fl_lightning.loops.batched_sgd import (
     step_count_reads,
     unflatten,
 )
+from fl_lightning.loops.batched_terms import GroupTerms, TermInputs
 from fl_lightning.loops.client_executor import ClientExecutor, ClientRuntime
-from fl_lightning.mixins.applied_term import set_terms
+from fl_lightning.loops.lean_executor import StepSchedulers
 from fl_lightning.server.model_state import State, load_into
 
 __all__ = [
     "BatchedExecutor", "check_batched_support", "check_compile_backend", "check_mean_step", "flatten_stream", "group_clients",
-    "check_no_term", "warn_rounding",
+    "warn_rounding",
 ]
 
 PREFIX = "client_executor='batched'"
 
 
-def check_batched_support(runtime: ClientRuntime) -> torch.optim.SGD:
-    """Raises a ``ValueError`` naming what the batched executor cannot reproduce; returns the SGD optimizer."""
+#: The optimizers the batched executor steps (options: ``batched_sgd.SGD_OPTIONS``, ``batched_adam.ADAM_OPTIONS``).
+OPTIMIZERS = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)
+
+
+def check_batched_support(runtime: ClientRuntime) -> torch.optim.Optimizer:
+    """Raises a ``ValueError`` naming what the batched executor cannot reproduce; returns the optimizer."""
     trainer, module, algorithm = runtime.trainer, runtime.module, runtime.algorithm
-    if type(algorithm).configure_client is not Algorithm.configure_client:
+    definer = next(cls for cls in type(algorithm).__mro__ if "configure_client" in vars(cls))
+    if definer is not Algorithm and not vars(definer).get("configure_client_sets_terms", False):
         raise ValueError(
-            f"{PREFIX} runs algorithms whose local work is plain SGD from the global weights "
-            f"(configure_client not overridden, e.g. FedAvg, FedAvg with a server optimizer, CompressedFedAvg); "
-            f"{type(algorithm).__name__} overrides configure_client. Use client_executor='lightning' or 'lean'."
+            f"{PREFIX} runs algorithms whose configure_client at most sets the module's loss terms (FedAvg, FedProx, "
+            f"SCAFFOLD, FedDyn, CompressedFedAvg, ...: Algorithm.configure_client_sets_terms); "
+            f"{type(algorithm).__name__} overrides configure_client ({definer.__name__}.configure_client) with more than "
+            "that. Use client_executor='lightning' or 'lean'."
         )
     if not runtime.reset_optimizer:
         raise ValueError(f"{PREFIX} needs reset_optimizer=True (fresh optimizer state per client).")
     if not module.automatic_optimization or len(trainer.optimizers) != 1:
         raise ValueError(f"{PREFIX} needs automatic optimization with exactly one optimizer.")
     optimizer = trainer.optimizers[0]
-    if type(optimizer) is not torch.optim.SGD:
+    if type(optimizer) not in OPTIMIZERS:
         raise ValueError(
-            f"{PREFIX} needs a torch.optim.SGD optimizer (options {', '.join(SGD_OPTIONS)}); got {type(optimizer).__name__}."
+            f"{PREFIX} steps torch.optim.SGD, Adam and AdamW only; got {type(optimizer).__module__}."
+            f"{type(optimizer).__qualname__}. Use client_executor='lightning' (or 'lean')."
         )
     unsupported = {
         "gradient_clip_val": trainer.gradient_clip_val or None,
         "accumulate_grad_batches": trainer.accumulate_grad_batches if trainer.accumulate_grad_batches != 1 else None,
-        "an interval='step' LR scheduler": next(
-            (c.scheduler for c in trainer.lr_scheduler_configs if c.interval == "step"), None
+        "an interval='step' ReduceLROnPlateau scheduler": next(
+            (c.scheduler for c in trainer.lr_scheduler_configs if c.interval == "step" and c.reduce_on_plateau), None
         ),
         "gradient scaling": getattr(trainer.precision_plugin, "scaler", None),
         # Batches are moved to the device stacked (leading client dimension); a user's hook would see that.
@@ -227,20 +235,6 @@ def check_mean_step(module: pl.LightningModule, leaves: list[Tensor], structure:
         )
 
 
-def check_no_term(module: pl.LightningModule, client: ClientContext) -> None:
-    """Refuses a client for which a mixin's term is set (e.g. by a callback's ``on_client_start``).
-
-    The term would add no gradient: a mixin keeps references to the module's parameters, which
-    ``functional_call`` replaces by the stacked weights it differentiates, so the term is a constant there.
-    """
-    if terms := set_terms(module):
-        raise ValueError(
-            f"{PREFIX} cannot apply the term of {', '.join(terms)} set for client {client.client_id}: under "
-            "torch.func.functional_call it is a constant of the stacked weights and adds no gradient. "
-            "Use client_executor='lightning' or 'lean'."
-        )
-
-
 class BatchedExecutor(ClientExecutor):
     """Trains a round's clients in groups of at most ``max_clients`` (``None``: as many as the
     device's free memory allows, :mod:`~fl_lightning.loops.batched_group_size`).
@@ -272,12 +266,15 @@ class BatchedExecutor(ClientExecutor):
             free = free_memory(self.runtime.trainer.strategy.root_device)
             self._memory_cap = group_size(self.runtime.live.values(), free, clients=sys.maxsize)
         for members in group_clients([len(stream) for stream in streams], self.max_clients or self._memory_cap):
+            terms = GroupTerms()
             for i in sorted(members):
                 self.start_client(clients[i], global_state)
-                check_no_term(self.runtime.module, clients[i])
+                terms.add(self.runtime.module, clients[i].client_id)
+            started = sorted(members)
+            inputs = terms.inputs([started.index(i) for i in members], self.runtime.trainer.strategy.root_device)
             # The group's steps, mean-step check included.
             with logging_skipped(self.runtime.module) as logged, step_count_reads(self.runtime.module) as reads:
-                state, loss_sums = self._train_group(optimizer, [streams[i] for i in members])
+                state, loss_sums = self._train_group(optimizer, [streams[i] for i in members], inputs)
             self._warn_skipped_logging(logged)
             self._warn_step_count_read(reads.read)
             for j, i in sorted(enumerate(members), key=lambda member: member[1]):
@@ -285,14 +282,21 @@ class BatchedExecutor(ClientExecutor):
                 client.completed_steps = len(streams[i])
                 compat.count_steps(self.runtime.trainer, client.completed_steps)  # the step axis the other executors give
                 if client.completed_steps:
-                    client.metrics["train_loss"] = loss_sums[j] / client.completed_steps
+                    # In float32, as the loss recorder averages the other executors' losses.
+                    task, regularizer, regularized = (loss_sums[j] / client.completed_steps).tolist()
+                    client.metrics["train_loss"] = task
+                    if regularized:
+                        client.metrics["train_regularizer"] = regularizer
                 load_into(self.runtime.live, state.local_state(j))
                 updates[i] = self.finish_client(client, global_state)
         return [updates[i] for i in range(len(clients))]
 
-    def _train_group(self, optimizer: torch.optim.SGD, streams: Sequence[FlatStream]) -> tuple[StackedState, list[float]]:
+    def _train_group(
+        self, optimizer: torch.optim.Optimizer, streams: Sequence[FlatStream], terms: TermInputs
+    ) -> tuple[StackedState, Tensor]:
         """Trains one group of clients, sorted by their number of steps (most first), from the module's
-        weights. Returns their stacked local state and each one's summed step loss."""
+        weights, with their loss terms. Returns their stacked local state and each one's summed step
+        ``(task loss, regularizer, steps with one)``."""
         trainer = self.runtime.trainer
         kinds = self.runtime.algorithm.federation.kinds
         # Each client gets its own copy of the frozen buffers too (a frozen BatchNorm in training mode updates its
@@ -300,9 +304,12 @@ class BatchedExecutor(ClientExecutor):
         frozen = self.runtime.client_tensors.frozen_buffers if self.runtime.client_tensors else {}
         tensors = {**self.runtime.live, **frozen}
         state = StackedState(tensors, optimizer, len(streams), kinds.aliases if kinds is not None else {})
-        momenta: dict[str, Tensor] = {}
+        # Momentum buffers (SGD) or moments (Adam, AdamW), stacked like the weights, by tensor name.
+        optimizer_state: dict[str, Any] = {}
+        adam = type(optimizer) is not torch.optim.SGD
+        schedulers = StepSchedulers(trainer)
         precision = trainer.precision_plugin
-        loss_sums = torch.zeros(len(streams), device=trainer.strategy.root_device)
+        loss_sums = torch.zeros(len(streams), 3, device=trainer.strategy.root_device)
         # Compiled: one shape for the whole group (every client, the largest batch), so it compiles once.
         rows = None
         if self.compile_backend:
@@ -315,17 +322,24 @@ class BatchedExecutor(ClientExecutor):
             inputs, mask = self._stack([leaves for leaves, _ in batches], structure, rows, width)
             trained = {name: t[:width] for name, t in state.trained.items()}
             others = {name: t[:width] for name, t in state.others.items()}
+            step_terms = ({m: {n: t[:width] for n, t in ts.items()} for m, ts in terms[0].items()}, terms[1])
             step = self._step(state.tied, structure, padded=mask is not None)
             with precision.train_step_context():
-                grads, losses = self._run(step, trained, others, inputs, batch_idx, *(() if mask is None else (mask,)))
+                grads, parts = self._run(
+                    step, trained, others, step_terms, inputs, batch_idx, *(() if mask is None else (mask,))
+                )
             if width > active:  # the finished clients' padding-only steps are dropped
-                grads, losses = {name: g[:active] for name, g in grads.items()}, losses[:active]
+                grads, parts = {name: g[:active] for name, g in grads.items()}, parts[:active]
             if batch_idx == 0:
                 state.match_layout(grads)
             for group, params in state.groups:
-                sgd_step(params, grads, momenta, group, active)
-            loss_sums[:active] += losses.detach().float()
-        return state, loss_sums.tolist()
+                if adam:
+                    adam_step(params, grads, optimizer_state, group, active, batch_idx + 1)
+                else:
+                    sgd_step(params, grads, optimizer_state, group, active)
+            schedulers.step(batch_idx)
+            loss_sums[:active] += parts.float()
+        return state, loss_sums.cpu()
 
     def _stack(
         self, batches: list[list[Tensor]], structure: type | TreeSpec, rows: int | None, clients: int

@@ -13,6 +13,8 @@ from torch.func import functional_call, grad_and_value, vmap
 from torch.utils._pytree import TreeSpec, tree_unflatten
 
 from fl_lightning import _lightning_compat as compat
+from fl_lightning.loops.batched_terms import TermInputs, bound
+from fl_lightning.mixins.regularized import split_losses
 
 #: ``torch.optim.SGD`` options the functional update reproduces exactly.
 SGD_OPTIONS = ("lr", "momentum", "dampening", "nesterov", "weight_decay", "maximize")
@@ -25,11 +27,14 @@ def sgd_step(
     """One ``torch.optim.SGD`` step of the first ``active`` stacked clients, in place, with torch's
     arithmetic (``grad += weight_decay * param``; ``buf = momentum * buf + (1 - dampening) * grad``;
     ``param -= lr * (grad + momentum * buf if nesterov else buf)``). The other clients' weights and
-    momentum buffers are not touched. ``grads`` hold the active clients' gradients only.
+    momentum buffers are not touched. ``grads`` hold the active clients' gradients of the tensors that got
+    one (a tensor without one is skipped, as torch skips a parameter whose ``grad`` is ``None``).
 
     One ``torch._foreach_*`` call per operation over the group's tensors (the kernels, hence the
     rounding, of the per-tensor ops, without a Python loop over the tensors)."""
-    names = list(params)
+    names = [name for name in params if name in grads]
+    if not names:
+        return
     weights = [params[name][:active] for name in names]
     update = [grads[name] for name in names]
     if group["maximize"]:
@@ -116,17 +121,27 @@ def call_training_step(module: pl.LightningModule, batch: Any, batch_idx: int) -
 
 
 class _TrainingStep(nn.Module):
-    """Lets ``functional_call`` run ``module.training_step`` instead of ``forward``."""
+    """Lets ``functional_call`` run ``module.training_step`` instead of ``forward``: returns the loss and its
+    parts, ``(task loss, regularizer, 1 if there is one else 0)``
+    (:func:`~fl_lightning.mixins.regularized.split_losses`)."""
 
     def __init__(self, module: pl.LightningModule) -> None:
         super().__init__()
         self.module = module
 
-    def forward(self, batch: Any, batch_idx: int) -> Tensor:
-        return call_training_step(self.module, batch, batch_idx)
+    def forward(self, batch: Any, batch_idx: int) -> tuple[Tensor, Tensor]:
+        step = self.module.training_step
+        output = step(batch, batch_idx) if compat.step_takes_batch_idx(self.module) else step(batch)
+        loss = step_loss(output)
+        task, regularizer = split_losses(output)
+        parts = (task, torch.zeros_like(task), torch.zeros_like(task)) if regularizer is None else (
+            task, regularizer.to(task), torch.ones_like(task)
+        )
+        return loss, torch.stack(parts).detach()
 
 
-#: ``(trained, others, leaves, batch_idx[, mask]) -> (grads, losses)`` over stacked clients.
+#: ``(trained, others, terms, leaves, batch_idx[, mask]) -> (grads, parts)`` over stacked clients: the gradients of
+#: the tensors that got one, and each client's loss parts (:class:`_TrainingStep`).
 BatchedStep = Callable[..., tuple[dict[str, Tensor], Tensor]]
 
 
@@ -139,6 +154,8 @@ def batched_step(
     sample alone (an inner ``vmap``), the client's loss being ``sum(mask * losses) / sum(mask)``,
     the mean over its real samples, for a ``mask`` argument of the real samples.
     ``tied``: the module has tied tensors (only the first name of each is passed).
+    ``terms``: the group's loss terms (:mod:`~fl_lightning.loops.batched_terms`), bound to each client's weights
+    and tensors while its ``training_step`` runs.
     ``compile_backend``: the step is ``vmap(grad_and_value(loss))`` under ``torch.compile`` with
     this backend, forward and backward in one graph, as issue 30's compiled hand-written loop;
     ``None``: eagerly, as below.
@@ -149,32 +166,46 @@ def batched_step(
     """
     wrapper = _TrainingStep(module)
 
-    def loss(trained: dict[str, Tensor], others: dict[str, Tensor], leaves: list[Tensor], batch_idx: int) -> Tensor:
+    def loss(
+        trained: dict[str, Tensor], others: dict[str, Tensor], terms: TermInputs, leaves: list[Tensor], batch_idx: int
+    ) -> tuple[Tensor, Tensor]:
         state = {f"module.{name}": tensor for name, tensor in (*trained.items(), *others.items())}
-        return functional_call(wrapper, state, (unflatten(leaves, structure), batch_idx), tie_weights=tied)
+        with bound(module, {**others, **trained}, *terms):
+            return functional_call(wrapper, state, (unflatten(leaves, structure), batch_idx), tie_weights=tied)
 
     def masked_mean(
-        trained: dict[str, Tensor], others: dict[str, Tensor], leaves: list[Tensor], batch_idx: int, mask: Tensor
-    ) -> Tensor:
-        def one(sample: list[Tensor]) -> Tensor:
-            return loss(trained, others, [t.unsqueeze(0) for t in sample], batch_idx)
+        trained: dict[str, Tensor], others: dict[str, Tensor], terms: TermInputs, leaves: list[Tensor], batch_idx: int,
+        mask: Tensor,
+    ) -> tuple[Tensor, Tensor]:
+        def one(sample: list[Tensor]) -> tuple[Tensor, Tensor]:
+            return loss(trained, others, terms, [t.unsqueeze(0) for t in sample], batch_idx)
 
-        losses = vmap(one, randomness="different")(leaves)
-        return torch.where(mask, losses, 0).sum() / mask.sum().clamp(min=1)  # a client without a sample: 0
+        losses, parts = vmap(one, randomness="different")(leaves)
+        count = mask.sum().clamp(min=1)  # a client without a sample: 0
+        return torch.where(mask, losses, 0).sum() / count, torch.where(mask.unsqueeze(1), parts, 0).sum(0) / count
 
     # "different": each client draws its own random numbers (dropout masks), as if trained alone.
-    in_dims = (0, 0, 0, None, 0) if padded else (0, 0, 0, None)
+    # Terms: (per-client tensors, shared tensors).
+    in_dims = (0, 0, (0, None), 0, None, 0) if padded else (0, 0, (0, None), 0, None)
     client_loss = masked_mean if padded else loss
     if compile_backend is not None:
-        return torch.compile(vmap(grad_and_value(client_loss), in_dims=in_dims, randomness="different"), backend=compile_backend)
+        compiled = torch.compile(
+            vmap(grad_and_value(client_loss, has_aux=True), in_dims=in_dims, randomness="different"), backend=compile_backend
+        )
+
+        def compiled_step(*args: Any) -> tuple[dict[str, Tensor], Tensor]:
+            grads, (_, parts) = compiled(*args)
+            return grads, parts
+
+        return compiled_step
     forward = vmap(client_loss, in_dims=in_dims, randomness="different")
 
     def step(trained: dict[str, Tensor], others: dict[str, Tensor], *args: Any) -> tuple[dict[str, Tensor], Tensor]:
         leaves = {name: t.detach().requires_grad_() for name, t in trained.items()}
         with torch.enable_grad():
-            losses = forward(leaves, others, *args)
+            losses, parts = forward(leaves, others, *args)
         grads = torch.autograd.grad(losses.sum(), list(leaves.values()), allow_unused=True)
-        return {name: torch.zeros_like(t) if g is None else g for (name, t), g in zip(leaves.items(), grads)}, losses.detach()
+        return {name: g for name, g in zip(leaves, grads) if g is not None}, parts
 
     return step
 

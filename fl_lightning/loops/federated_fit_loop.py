@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Sized
+from collections.abc import Mapping, Sized
 from dataclasses import replace
 from typing import Any
 
@@ -25,7 +25,12 @@ from fl_lightning.checkpointing.checkpoint_io import CheckpointError, validate_f
 from fl_lightning.distributed.sharding import ClientSharding
 from fl_lightning.distributed.strategy import FederatedDDPStrategy
 from fl_lightning.server.federation import FederatedDataSource, Federation, require_federated_data
-from fl_lightning.checkpointing.fingerprint import check_resume, federation_fingerprint, training_fingerprint
+from fl_lightning.checkpointing.fingerprint import (
+    check_resume,
+    federation_fingerprint,
+    optimization_fingerprint,
+    settings_fingerprint,
+)
 from fl_lightning.loops.client_executor import ClientExecutor, ClientRuntime
 from fl_lightning.loops.executor_choice import make_executor
 from fl_lightning.loops.hparams_session import log_federated_hparams
@@ -44,6 +49,7 @@ from fl_lightning.secure.secure_aggregation import SecureAggregation
 from fl_lightning.trainer_arguments import batches_per_round
 from fl_lightning.robust.update_bounds import UpdateBound, update_norm
 from fl_lightning.utils.init_args import RecordsInitArgs, flat_hparams
+from fl_lightning.utils.saved_state import InvalidStateError
 from fl_lightning.utils.seeding import derive_seed
 
 
@@ -201,8 +207,10 @@ class FederatedFitLoop(compat.FitLoopBase):
         self._schedules: RoundStepSchedules | None = None
         #: How the last fit ended (:mod:`~fl_lightning.loops.stop_reason`); ``None`` before one has.
         self.stop_reason: str | None = None
-        #: This run's model, optimizer, scheduler and data settings, read before a resume restores the optimizer.
-        self._training_fingerprint: dict[str, Any] | None = None
+        #: The checkpoint a resume read and this run's fingerprint but for the optimizers' and schedulers', then computed.
+        self._settings: tuple[Any, dict[str, Any]] | None = None
+        #: This run's optimizer and scheduler settings, read before a resume restores the optimizer.
+        self._optimization: dict[str, Any] | None = None
 
     @property
     def federation(self) -> Federation:
@@ -281,11 +289,7 @@ class FederatedFitLoop(compat.FitLoopBase):
             sweep_temp_files(trainer)
             sweep_orphan_spill_folders(_spill_parent(trainer))
         self._frozen = None
-        selection = self.federated_parameters
-        algorithm_selection = self.algorithm.federated_parameters()
-        if algorithm_selection is not None:
-            selection = selection.merged(algorithm_selection, origin=type(self.algorithm).__name__)
-        self.kinds = selection.resolve(module)
+        self.kinds = self._resolve_kinds()
         every_tensor = live_tensors(module)
         self._live = shared_tensors(self.kinds, every_tensor)
         self.client_tensors = ClientTensors(self.kinds, every_tensor)
@@ -324,16 +328,16 @@ class FederatedFitLoop(compat.FitLoopBase):
             client_tensors=self.client_tensors,
         )
         # Checked before the algorithm's set-up, whose own errors a changed federation could trigger.
-        self._fingerprint = {
-            **federation_fingerprint(
-                federation, self.algorithm, update_bound=self.update_bound, reset_optimizer=self.reset_optimizer
-            ),
-            **(self._training_fingerprint or training_fingerprint(trainer)),
-        }
-        self._training_fingerprint = None
+        optimization = self._optimization or optimization_fingerprint(trainer)
+        read, self._settings = self._settings, None
+        settings = read[1] if read is not None and read[0] == trainer.ckpt_path else None  # else from another fit
+        self._fingerprint = {**(settings or self._settings_fingerprint()), **optimization}
+        self._optimization = None
         if self._loaded is not None:
-            saved = self._loaded.get("fingerprint")
-            check_resume(saved, self._fingerprint, path=trainer.ckpt_path, allow_changes=self.allow_resume_changes)
+            saved, path, allow = self._loaded.get("fingerprint"), trainer.ckpt_path, self.allow_resume_changes
+            if settings is None:  # read past CheckedCheckpointIO (a strategy's own IO): checked here instead
+                check_resume(saved, self._fingerprint, path=path, allow_changes=allow)
+            check_resume(saved, optimization, path=path, allow_changes=allow, optimization=True)
         self.algorithm.setup(federation)
         self._bind_client_stores()
         for setting, instead in self.algorithm.overridden_settings().items():
@@ -345,6 +349,53 @@ class FederatedFitLoop(compat.FitLoopBase):
         if self._loaded is not None:
             self._restore(self._loaded)
             self._loaded = None
+
+    def _resolve_kinds(self) -> ParameterKinds:
+        """The module's tensors by kind: the trainer's selection merged with the algorithm's."""
+        selection = self.federated_parameters
+        algorithm_selection = self.algorithm.federated_parameters()
+        if algorithm_selection is not None:
+            selection = selection.merged(algorithm_selection, origin=type(self.algorithm).__name__)
+        return selection.resolve(self.trainer.lightning_module)
+
+    def _settings_fingerprint(self) -> dict[str, Any]:
+        """Every fingerprint entry known before the optimizers exist (:mod:`~fl_lightning.checkpointing.fingerprint`)."""
+        data = require_federated_data(self.trainer.datamodule)
+        federation = federation_fingerprint(
+            data,
+            self._resolve_kinds(),
+            self.algorithm,
+            clients_per_round=resolve_clients_per_round(self.clients_per_round, data.num_clients),
+            seed=self.seed,
+            local_epochs=self.local_epochs,
+            local_steps=self.local_steps,
+            update_bound=self.update_bound,
+            reset_optimizer=self.reset_optimizer,
+        )
+        return {**federation, **settings_fingerprint(self.trainer)}
+
+    def check_checkpoint(self, checkpoint: Mapping[str, Any], path: Any) -> None:
+        """Checks a checkpoint a resume has read, before Lightning restores anything from it: its federated state
+        is there and well-formed, and its fingerprint's entries but the optimizers' and schedulers' match this
+        run's (those are checked once they exist, in set-up)."""
+        federated: Any = checkpoint
+        for key in ("loops", "fit_loop", "state_dict", "federated"):
+            federated = federated.get(key) if isinstance(federated, Mapping) else None
+        validate_federated_state(federated, path=path, max_rounds=self.max_epochs)
+        settings = self._settings_fingerprint()
+        check_resume(federated.get("fingerprint"), settings, path=path, allow_changes=self.allow_resume_changes)
+        self._check_shapes(checkpoint.get("state_dict"), path)
+        self._settings = (path, settings)
+
+    def _check_shapes(self, saved: Any, path: Any) -> None:
+        """The checkpoint's weights fit the module (a deliberate change, ``allow_resume_changes``, cannot resize it)."""
+        module = live_tensors(self.trainer.lightning_module)
+        for name, value in (saved or {}).items():
+            if name in module and isinstance(value, torch.Tensor) and value.shape != module[name].shape:
+                raise CheckpointError(
+                    f"Checkpoint {path}: its `{name}` has shape {list(value.shape)}, but the model's has "
+                    f"{list(module[name].shape)}: a resume cannot change the model's shapes, even with allow_resume_changes=True."
+                )
 
     def _load_global_model(self) -> None:
         """The module holds the global model: the shared tensors' master copy, the initial local tensors and frozen buffers."""
@@ -707,7 +758,7 @@ class FederatedFitLoop(compat.FitLoopBase):
         self._rounds_done = federated["rounds_done"]
         self._loaded = federated
         # Lightning restores the loops before the optimizers, whose settings the checkpoint's would replace.
-        self._training_fingerprint = training_fingerprint(self.trainer)
+        self._optimization = optimization_fingerprint(self.trainer)
 
     def _restore(self, federated: dict[str, Any]) -> None:
         if "global_state" in federated:
@@ -720,6 +771,9 @@ class FederatedFitLoop(compat.FitLoopBase):
         validate_restored_state(federated, self.global_state, num_clients=self.federation.num_clients, path=path)
         try:
             self.algorithm.load_state_dict(federated["algorithm"])
+            self.algorithm.check_restored(federated["rounds_done"])
+        except InvalidStateError as err:
+            raise CheckpointError(f"Checkpoint {path}: {type(self.algorithm).__name__}'s saved state is invalid: {err}") from err
         except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as err:
             raise CheckpointError(
                 f"Checkpoint {self.trainer.ckpt_path}: {type(self.algorithm).__name__} cannot load the saved algorithm "

@@ -47,8 +47,7 @@ class LeanExecutor(SequentialExecutor):
         if getattr(trainer.precision_plugin, "scaler", None) is not None:
             raise ValueError(f"The lean client executor does not scale gradients: precision={trainer.precision!r} is not supported.")
         optimizer, precision, record = trainer.optimizers[0], trainer.precision_plugin, self.runtime.recorder.record
-        # Stepped as Lightning's loop steps them: after each optimizer step, every `frequency` batches.
-        schedulers = [c for c in trainer.lr_scheduler_configs if c.interval == "step" and not c.reduce_on_plateau]
+        schedulers = StepSchedulers(trainer)
         to_device, start_batch = self._to_device, compat.batch_starter(trainer)
         takes_batch_idx = compat.step_takes_batch_idx(module)
         steps = 0
@@ -66,9 +65,7 @@ class LeanExecutor(SequentialExecutor):
                     loss.backward()
                     record(output)
                 optimizer.step()
-                for config in schedulers:
-                    if (batch_idx + 1) % config.frequency == 0:
-                        module.lr_scheduler_step(config.scheduler, None)
+                schedulers.step(batch_idx)
                 # Counted per step, as Lightning's loop does: the next training_step reads the new global_step.
                 compat.count_steps(trainer, 1)
                 steps += 1
@@ -89,6 +86,21 @@ class LeanExecutor(SequentialExecutor):
                 f"{', '.join(repr(n) for n in new)} with on_step=True, whose step values are skipped (on_epoch=True "
                 "values still reach the round's row). Pass client_executor='lightning' to log every step."
             )
+
+
+class StepSchedulers:
+    """The trainer's ``interval="step"`` LR schedulers, stepped as Lightning's loop steps them: after each
+    optimizer step, every ``frequency`` batches (the round's start is :class:`~fl_lightning.models.schedulers.RoundStepSchedules`')."""
+
+    def __init__(self, trainer: pl.Trainer) -> None:
+        self._module = trainer.lightning_module
+        self._configs = [c for c in trainer.lr_scheduler_configs if c.interval == "step" and not c.reduce_on_plateau]
+
+    def step(self, batch_idx: int) -> None:
+        """After the optimizer step of batch ``batch_idx`` (0-based)."""
+        for config in self._configs:
+            if (batch_idx + 1) % config.frequency == 0:
+                self._module.lr_scheduler_step(config.scheduler, None)
 
 
 def batch_mover(trainer: pl.Trainer) -> Callable[[Any], Any]:

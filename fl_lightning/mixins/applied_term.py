@@ -7,6 +7,26 @@ resolution order), so the term is never added and the algorithm silently degrade
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class ClientTerm:
+    """One client's set term as the batched executor stacks it (:mod:`~fl_lightning.loops.batched_terms`).
+
+    Attributes:
+        tensors: the term's per-parameter tensors by parameter name (a proximal centre, a linear direction).
+        settings: the term's scalars (a coefficient), which every client of a batched group must share.
+    """
+
+    tensors: dict[str, Tensor]
+    settings: tuple[float, ...] = ()
+
 
 class AppliedTermMixin:
     """Shared base of the mixins whose ``training_step`` adds a term: which terms are set, and the
@@ -23,6 +43,17 @@ class AppliedTermMixin:
     def _count_term_step(self, mixin: type) -> None:
         """Records that a training step applied ``mixin``'s term."""
         self._applied_term_steps[mixin] += 1
+
+    def client_term(self) -> ClientTerm | None:
+        """The set term of this mixin for the client being configured; ``None``: the batched executor cannot stack
+        it. Called through the mixin's class (``ProximalMixin.client_term(module)``): each mixin defines its own."""
+        return None
+
+    def term_bound_to(self, params: Mapping[str, Tensor], tensors: Mapping[str, Tensor]) -> AbstractContextManager[None]:
+        """A context within which this mixin's term reads the weights ``params`` and the term tensors ``tensors`` (one
+        client's slices under ``torch.vmap``) by parameter name. Called through the mixin's class, as :meth:`client_term`;
+        only for a mixin whose :meth:`client_term` gives one."""
+        raise NotImplementedError(f"{type(self).__name__} has no term the batched executor can stack")
 
     @property
     def applied_term_steps(self) -> dict[type, int]:
@@ -51,3 +82,14 @@ def check_terms_applied(module: object, steps: int, algorithm: object) -> None:
             f"in a base class and put the mixin first among the bases, e.g. class Fixed({', '.join(bypassed)}, {name}), "
             "or call super().training_step() from it."
         )
+
+
+@contextmanager
+def attribute_set(owner: object, name: str, value: Any) -> Iterator[None]:
+    """``owner.<name>`` is ``value`` within the block, and back to what it was after."""
+    previous = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, previous)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from fl_lightning.mixins.applied_term import AppliedTermMixin
+from fl_lightning.mixins.applied_term import AppliedTermMixin, ClientTerm, attribute_set
 from fl_lightning.mixins.regularized import add_regularizer
 
 
@@ -31,6 +32,8 @@ class ProximalMixin(AppliedTermMixin):
 
     _proximal_mu: float = 0.0
     _proximal_pairs: list[tuple[Tensor, Tensor]] = []
+    #: The parameter names of :attr:`_proximal_pairs`, in order.
+    _proximal_names: list[str] = []
     #: Constant part of a multi-centre term (0 for a single centre); it carries no gradient.
     _proximal_offset: Tensor | None = None
 
@@ -41,11 +44,9 @@ class ProximalMixin(AppliedTermMixin):
         self._proximal_mu = float(mu)
         self._proximal_offset = None
         # The centre holds the shared tensors: a client's local parameters (federated_parameters) have none.
-        self._proximal_pairs = [
-            (param, center[name].detach())
-            for name, param in self.named_parameters()  # type: ignore[attr-defined]
-            if param.requires_grad and name in center
-        ]
+        named = [(name, p) for name, p in self.named_parameters() if p.requires_grad and name in center]  # type: ignore[attr-defined]
+        self._proximal_names = [name for name, _ in named]
+        self._proximal_pairs = [(param, center[name].detach()) for name, param in named]
         self._set_term(ProximalMixin, self._proximal_mu != 0.0)
 
     @torch.no_grad()
@@ -92,6 +93,14 @@ class ProximalMixin(AppliedTermMixin):
         sq = sum(((p - c.to(p.dtype)) ** 2).sum() for p, c in self._proximal_pairs)
         term = 0.5 * self._proximal_mu * torch.as_tensor(sq)
         return term if self._proximal_offset is None else term + self._proximal_offset
+
+    def client_term(self) -> ClientTerm | None:
+        r"""The centre by parameter name; :math:`\mu` and the multi-centre constant as settings."""
+        offset = () if self._proximal_offset is None else (float(self._proximal_offset),)
+        return ClientTerm(dict(zip(self._proximal_names, (c for _, c in self._proximal_pairs))), (self._proximal_mu, *offset))
+
+    def term_bound_to(self, params: Mapping[str, Tensor], tensors: Mapping[str, Tensor]) -> AbstractContextManager[None]:
+        return attribute_set(self, "_proximal_pairs", [(params[name], tensors[name]) for name in self._proximal_names])
 
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
         output = super().training_step(*args, **kwargs)  # type: ignore[misc]

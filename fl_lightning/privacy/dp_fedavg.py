@@ -9,6 +9,7 @@ import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
 
+from fl_lightning.privacy.ledger_seal import check_sealed, ledger_key, sealed
 from fl_lightning.algorithms.shared.aggregation import accumulator_dtype, weighted_sum
 from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientUpdate
 from fl_lightning.algorithms.fedavg import FedAvg
@@ -19,11 +20,16 @@ from fl_lightning.server.federation import Federation
 from fl_lightning.server.model_state import State
 from fl_lightning.privacy.accountant import Accounting, RoundAccountant, Sampling, check_accounting, check_delta
 from fl_lightning.privacy.adaptive_clipping import AdaptiveClipping
-from fl_lightning.privacy.ledger import Entries, Ledger, check_count
+from fl_lightning.privacy.ledger import Entries, Ledger, check_count, check_released
 from fl_lightning.privacy.release_log import ReleaseLog
 from fl_lightning.privacy.noise import NoiseSource, check_secure_mode, noise_source, start_noise
 from fl_lightning.privacy.mechanism import DPMechanism
 from fl_lightning.robust.update_bounds import UpdateBound, positive_finite, update_norm
+
+
+#: What a secure-mode checkpoint authenticates (:mod:`~fl_lightning.privacy.ledger_seal`): the ledger and the settings it
+#: was spent at (the release log it names must extend that ledger, :class:`ReleaseLog`).
+_SEALED = ("spent", "clip_norm", "sampling")
 
 
 class DPFedAvg(DPMechanism, AlgorithmWrapper):
@@ -143,6 +149,7 @@ class DPFedAvg(DPMechanism, AlgorithmWrapper):
         #: The rounds released so far, per setting :math:`(z, N, m)`.
         self.spent = Ledger()
         self._secret: bytes | None = None
+        self._ledger_key: bytes | None = None
         self._release_log = ReleaseLog(None)
 
     @property
@@ -192,6 +199,7 @@ class DPFedAvg(DPMechanism, AlgorithmWrapper):
                 "raise noise_multiplier or target_epsilon, or lower clients_per_round."
             )
         self._secret = start_noise("DPFedAvg", self.secure_mode, " and client sample")
+        self._ledger_key = ledger_key() if self.secure_mode else None
         if self.secure_mode:
             self._release_log = ReleaseLog.fresh(federation.services.run_folder())
 
@@ -305,17 +313,22 @@ class DPFedAvg(DPMechanism, AlgorithmWrapper):
 
     @override
     def state_dict(self) -> dict[str, Any]:
+        """The wrapped algorithm's state, the clip norm, the sampling and the ledger; in secure mode also the release
+        log's path and the HMAC of the ledger and the settings it was spent at (``spent_seal``,
+        :mod:`~fl_lightning.privacy.ledger_seal`)."""
         state = {**super().state_dict(), "clip_norm": self.clip_norm, "sampling": self.sampling, "spent": self.spent.state_dict()}
         if self._release_log.path is not None:
             state["release_log"] = self._release_log.path
-        return state
+        return sealed(state, self._ledger_key, _SEALED)
 
     @override
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restores the clip norm and the ledger, each checked (a tampered entry raises ValueError naming it);
-        a checkpoint from before the ledger holds ``rounds_spent`` only, accounted at the current setting. In
-        secure mode the ledger is the checkpoint's release log's (:meth:`ReleaseLog.resume`): every release of
-        the run, those after this checkpoint included."""
+        """Restores the clip norm and the ledger, each checked (a tampered entry raises ValueError naming it; in
+        secure mode, a ledger whose HMAC does not verify); a checkpoint from before the ledger holds ``rounds_spent``
+        only, accounted at the current setting. In secure mode the ledger is then the checkpoint's release log's
+        (:meth:`ReleaseLog.resume`): every release of the run, those after this checkpoint included. Without
+        adaptive clipping the clip norm never changes: the configured one stays, whatever the state holds."""
+        check_sealed(state, self._ledger_key, _SEALED)
         super().load_state_dict(state)
         clip_norm = state["clip_norm"]
         if isinstance(clip_norm, bool) or not isinstance(clip_norm, (int, float)) or not clip_norm > 0:
@@ -337,7 +350,17 @@ class DPFedAvg(DPMechanism, AlgorithmWrapper):
                 raise ValueError(f"`release_log` must be the path of the run's release log, got {state['release_log']!r}.")
             self._release_log = ReleaseLog(state["release_log"])
             self.spent = self._release_log.resume(self.spent)
-        self.clip_norm = float(clip_norm)
+        if self.adaptive_clipping is not None:
+            self.clip_norm = float(clip_norm)
+
+    @override
+    def check_restored(self, rounds_done: int) -> None:
+        """In research mode the ledger records at most one release per round done (fewer where a round was rolled
+        back, or released nothing once the budget was spent: a re-run round repeats its release). In secure mode a
+        re-run round is a new release, so the ledger (the release log's) may hold more; its seal protects it."""
+        super().check_restored(rounds_done)
+        if not self.secure_mode:
+            check_released(self.spent.total, rounds_done)
 
 
 def clipped_sum(payloads: list[State], clip_norm: float) -> tuple[State, int]:

@@ -18,7 +18,8 @@ from fl_lightning.server.federation import Federation
 from fl_lightning.data._data_checks import check_bool
 from fl_lightning.privacy.accountant import check_delta, composed_gaussian_epsilon
 from fl_lightning.privacy.dp_fedavg import add_noise, clipped_sum, refuse_relative_bound
-from fl_lightning.privacy.ledger import Ledger, check_count
+from fl_lightning.privacy.ledger import Ledger, check_count, check_released
+from fl_lightning.privacy.ledger_seal import check_sealed, ledger_key, sealed
 from fl_lightning.privacy.noise import check_secure_mode, noise_source, start_noise
 from fl_lightning.privacy.mechanism import DPMechanism
 from fl_lightning.robust.update_bounds import UpdateBound, positive_finite
@@ -103,6 +104,7 @@ class DPFedBuff(DPMechanism, AlgorithmWrapper):
         #: The aggregations released so far, per noise multiplier.
         self.spent = Ledger()
         self._secret: bytes | None = None
+        self._ledger_key: bytes | None = None
         if self.target_epsilon is not None and self.epsilon(1) > self.target_epsilon:
             raise ValueError(
                 f"One aggregation already spends epsilon={self.epsilon(1):.4g} > target_epsilon={self.target_epsilon}: "
@@ -113,6 +115,7 @@ class DPFedBuff(DPMechanism, AlgorithmWrapper):
     def setup(self, federation: Federation) -> None:
         super().setup(federation)
         self._secret = start_noise("DPFedBuff", self.secure_mode)
+        self._ledger_key = ledger_key() if self.secure_mode else None
 
     @override
     def check_update_bound(self, bound: UpdateBound) -> None:
@@ -170,12 +173,15 @@ class DPFedBuff(DPMechanism, AlgorithmWrapper):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "spent": self.spent.state_dict()}
+        """The wrapped algorithm's state and the ledger; in secure mode with its HMAC (:mod:`~fl_lightning.privacy.ledger_seal`)."""
+        return sealed({**super().state_dict(), "spent": self.spent.state_dict()}, self._ledger_key, ("spent",))
 
     @override
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restores the ledger, checked (a tampered entry raises ValueError naming it); a checkpoint from
-        before the ledger holds ``aggregations`` only, accounted at the current noise multiplier."""
+        before the ledger holds ``aggregations`` only, accounted at the current noise multiplier. In secure mode
+        a ledger whose HMAC does not verify is refused."""
+        check_sealed(state, self._ledger_key, ("spent",))
         super().load_state_dict(state)
         if "spent" in state:
             self.spent = Ledger.from_state(state["spent"], "spent", width=1)
@@ -184,3 +190,9 @@ class DPFedBuff(DPMechanism, AlgorithmWrapper):
             self.spent = Ledger((((self.noise_multiplier,), count),) if count else ())
         if not self.budget_left and hasattr(self, "federation"):  # a resumed run that spent its budget releases nothing more
             self.federation.services.request_stop()
+
+    @override
+    def check_restored(self, rounds_done: int) -> None:
+        """At most one release per aggregation done."""
+        super().check_restored(rounds_done)
+        check_released(self.spent.total, rounds_done)

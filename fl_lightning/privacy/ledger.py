@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from fl_lightning.utils.saved_state import InvalidStateError
+
 #: A mechanism's parameters (the noise multiplier first) and how many times it was released, in order.
 Entries = tuple[tuple[tuple[float, ...], int], ...]
 
@@ -67,3 +69,13 @@ class Ledger:
                 raise ValueError(f"`{name}` must be {allowed}, got the entry {entry!r}.")
             entries.append((setting, count))
         return cls(tuple(entries))
+
+
+def check_released(releases: int, rounds_done: int) -> None:
+    """Raises :class:`~fl_lightning.utils.saved_state.InvalidStateError` when a checkpoint's ledger records more
+    ``releases`` than its ``rounds_done`` rounds (aggregations): one release per round at most (fewer where a round
+    was rolled back or the budget was spent)."""
+    if releases > rounds_done:
+        raise InvalidStateError(
+            f"the privacy ledger `spent` records {releases} releases, but the checkpoint has only {rounds_done} rounds done."
+        )

@@ -36,7 +36,7 @@ def reference(trainer: FederatedTrainer, alpha: float) -> tuple[torch.Tensor, to
     return theta, h, gradients
 
 
-@pytest.mark.parametrize(("executor", "alpha"), [("lightning", 0.1), ("lean", 0.1), ("lightning", 0.5)])
+@pytest.mark.parametrize(("executor", "alpha"), [("lightning", 0.1), ("lean", 0.1), ("batched", 0.1), ("lightning", 0.5)])
 def test_matches_a_plain_pytorch_algorithm_1(executor, alpha):
     model, trainer = fit(FedDyn(alpha=alpha), client_executor=executor)
     history = trainer.fit_loop.history
@@ -105,7 +105,7 @@ def test_a_training_step_that_bypasses_the_mixins_is_refused():
         trainer.fit(Bypassing(), datamodule=quadratic_data())
 
 
-def test_refuses_dp_robust_rules_update_bounds_and_the_batched_executor():
+def test_refuses_dp_robust_rules_and_update_bounds():
     assert not can_shard(FedDyn()) and FedDyn().gathers_updates  # shards by gathering, not by a weighted sum
     with pytest.raises(ValueError, match="DPFedAvg needs a synchronous algorithm whose aggregation is a sum"):
         DPFedAvg(algorithm=FedDyn(), clip_norm=1.0, noise_multiplier=1.0)
@@ -113,5 +113,3 @@ def test_refuses_dp_robust_rules_update_bounds_and_the_batched_executor():
         CoordinateMedian(algorithm=FedDyn())
     with pytest.raises(ValueError, match=r"update_bound=NormClip\(...\) would change the deltas"):
         fit(FedDyn(), rounds=1, update_bound=NormClip(max_norm=1.0))
-    with pytest.raises(ValueError, match="FedDyn overrides configure_client"):
-        fit(FedDyn(), rounds=1, client_executor="batched")

@@ -38,7 +38,7 @@ def reference(trainer: FederatedTrainer, global_lr: float) -> tuple[torch.Tensor
     return x, c, c_i
 
 
-@pytest.mark.parametrize(("executor", "global_lr"), [("lightning", 1.0), ("lean", 1.0), ("lightning", 0.5)])
+@pytest.mark.parametrize(("executor", "global_lr"), [("lightning", 1.0), ("lean", 1.0), ("batched", 1.0), ("lightning", 0.5)])
 def test_matches_a_plain_pytorch_algorithm_1(executor, global_lr):
     model, trainer = fit(SCAFFOLD(global_lr=global_lr), client_executor=executor)
     history = trainer.fit_loop.history
@@ -124,7 +124,7 @@ def test_a_step_interval_scheduler_warns():
         trainer.fit(StepScheduled(), datamodule=quadratic_data())
 
 
-def test_refuses_dp_robust_rules_update_bounds_and_the_batched_executor():
+def test_refuses_dp_robust_rules_and_update_bounds():
     assert not can_shard(SCAFFOLD()) and SCAFFOLD().gathers_updates  # shards by gathering, not by a weighted sum
     with pytest.raises(ValueError, match="DPFedAvg needs a synchronous algorithm whose aggregation is a sum"):
         DPFedAvg(algorithm=SCAFFOLD(), clip_norm=1.0, noise_multiplier=1.0)
@@ -132,5 +132,3 @@ def test_refuses_dp_robust_rules_update_bounds_and_the_batched_executor():
         CoordinateMedian(algorithm=SCAFFOLD())
     with pytest.raises(ValueError, match=r"update_bound=NormClip\(...\) would bound SCAFFOLD's Delta y_i"):
         fit(SCAFFOLD(), rounds=1, update_bound=NormClip(max_norm=1.0))
-    with pytest.raises(ValueError, match="SCAFFOLD overrides configure_client"):
-        fit(SCAFFOLD(), rounds=1, client_executor="batched")

@@ -10,6 +10,8 @@ import pytest
 
 from fl_lightning.cli import main
 
+from .corrupt import FLIPS
+
 CONFIG = str(Path(__file__).resolve().parents[2] / "configs" / "quickstart.yaml")
 FAST = [
     "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
@@ -78,3 +80,15 @@ def test_a_full_disk_is_one_error_line_naming_the_folder(
     assert len(errors) == 1 and errors[0].startswith(f"error: Cannot write checkpoint round_0.ckpt: no space left in {folder} (")
     assert errors[0].endswith(" bytes); the checkpoints written before are intact.")
     assert not list(folder.iterdir())
+
+
+@pytest.mark.parametrize("given", ["file", "last"])
+@pytest.mark.parametrize("flip", FLIPS.values(), ids=list(FLIPS))
+def test_a_flipped_byte_is_one_error_line_naming_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str], flip, given: str) -> None:
+    fit()  # one round: round_0.ckpt is the only checkpoint, so "last" has nothing to fall back to
+    flip(checkpoint(tmp_path))
+    line = error_line(capsys, "--ckpt_path", str(checkpoint(tmp_path)) if given == "file" else "last", rounds=2)
+    assert str(checkpoint(tmp_path).relative_to(tmp_path)) in line, line  # the CLI's logs/ folder is relative
+    expected = "error: Cannot read checkpoint" if given == "file" else "error: No intact checkpoint to resume from"
+    assert line.startswith(expected), line
+    assert not (tmp_path / "logs" / "quickstart" / "version_1" / "checkpoints").exists()  # no restart from round 0

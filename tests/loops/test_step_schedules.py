@@ -134,10 +134,14 @@ def test_an_asynchronous_client_follows_the_schedule_of_the_version_it_trains_on
         assert lrs == pytest.approx(reference[version * 3 : version * 3 + 3] * (len(lrs) // 3), rel=1e-12, abs=0)
 
 
-def test_the_batched_executor_refuses_a_step_schedule_naming_it() -> None:
-    refusal = r"does not support an interval='step' LR scheduler \(got <torch.optim.lr_scheduler.CosineAnnealingLR"
-    with pytest.raises(ValueError, match=refusal):
-        _fit("step", _data(), client_executor="batched", local_steps=2)
+def test_the_batched_executor_trains_the_lightning_executors_weights_under_a_step_schedule() -> None:
+    """Unequal clients in one group: each member's LR follows the round's schedule from its start, as sequentially."""
+    lightning, _ = _fit("step", _data([4, 8, 12, 24]), client_executor="lightning", local_epochs=2)
+    batched, _ = _fit("step", _data([4, 8, 12, 24]), client_executor="batched", local_epochs=2)
+    for a, b in zip(lightning.state_dict().values(), batched.state_dict().values()):
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-6)
+    untouched, _ = _fit("epoch", _data([4, 8, 12, 24]), client_executor="batched", local_epochs=2)
+    assert not torch.allclose(untouched.net[1].weight, batched.net[1].weight, atol=1e-4)
 
 
 def test_the_schedule_does_not_depend_on_the_order_clients_train_in() -> None:

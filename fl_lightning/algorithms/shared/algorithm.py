@@ -40,9 +40,14 @@ class Algorithm(RecordsInitArgs, ABC):
     #: momentum, no Adam moments), e.g. FedNova's ``||a_i||_1``; empty when it does not. The loop then
     #: refuses ``reset_optimizer=False`` at fit start, with this reason (:func:`check_fresh_optimizer`).
     needs_fresh_optimizer: ClassVar[str] = ""
-    #: Whether this algorithm is a differential-privacy mechanism (DPFedAvg, DPFedBuff, LocalDP): a wrapper that
+    #: Whether this algorithm is a differential-privacy mechanism (DPFedAvg, DPFedBuff, DPFTRL, LocalDP): a wrapper that
     #: reads unnoised client values (:meth:`unnoised_client_values`) refuses to wrap one.
     differentially_private: ClassVar[bool] = False
+    #: Whether this class's :meth:`configure_client` at most sets the module's loss terms (``ProximalMixin``'s centre,
+    #: ``LinearTermMixin``'s direction) on the global weights, which the batched executor stacks per client
+    #: (:mod:`~fl_lightning.loops.batched_terms`). Read from the class that defines ``configure_client``, so a
+    #: subclass that overrides it again must declare it again; ``Algorithm``'s own does nothing.
+    configure_client_sets_terms: ClassVar[bool] = False
 
     federation: Federation
 
@@ -202,7 +207,13 @@ class Algorithm(RecordsInitArgs, ABC):
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restores :meth:`state_dict`."""
+        """Restores :meth:`state_dict`; raises :class:`~fl_lightning.utils.saved_state.InvalidStateError` naming
+        the entry when the state holds a value no run can produce."""
+
+    def check_restored(self, rounds_done: int) -> None:
+        """After :meth:`load_state_dict` on a resume: checks the restored state against the ``rounds_done``
+        rounds (aggregations) the checkpoint records, raising
+        :class:`~fl_lightning.utils.saved_state.InvalidStateError` naming what does not match."""
 
 
 def check_fresh_optimizer(algorithm: Algorithm, reset_optimizer: bool) -> None:

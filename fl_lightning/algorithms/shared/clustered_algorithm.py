@@ -12,6 +12,7 @@ import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor
 
+from fl_lightning.utils.saved_state import InvalidStateError
 from fl_lightning.evaluation.protocols import has_client_holdout
 from fl_lightning.algorithms.shared.algorithm import Algorithm
 from fl_lightning.server.client_store import cpu_copy
@@ -249,5 +250,10 @@ class ClusteredAlgorithm(Algorithm):
         return {"centres": [dict(c) for c in self.centres]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.centres = [{k: v.cpu() for k, v in c.items()} for c in state["centres"]]
+        """Restores the centres, one per cluster (else :class:`~fl_lightning.utils.saved_state.InvalidStateError`)."""
+        centres = state["centres"]
+        if not isinstance(centres, list) or len(centres) != self.num_clusters:
+            found = len(centres) if isinstance(centres, list) else type(centres).__name__
+            raise InvalidStateError(f"`centres` must hold num_clusters={self.num_clusters} centres, got {found}.")
+        self.centres = [{k: v.cpu() for k, v in c.items()} for c in centres]
         self._device_centres = self._probe_weights = None

@@ -143,6 +143,10 @@ class AlgorithmWrapper(Algorithm):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.inner.load_state_dict(state["inner"])
 
+    @override
+    def check_restored(self, rounds_done: int) -> None:
+        self.inner.check_restored(rounds_done)
+
 
 def wrapped(algorithm: Algorithm) -> Iterator[Algorithm]:
     """``algorithm`` and every algorithm it wraps, outermost first."""

@@ -1,0 +1,93 @@
+"""The loss terms of a batched group's clients (FedProx's centre, SCAFFOLD's and FedDyn's linear terms), stacked.
+
+A term mixin (:class:`~fl_lightning.mixins.applied_term.AppliedTermMixin`) keeps references to the module's
+parameters and the algorithm's per-client tensors (a centre, a direction). Under the batched executor the
+weights it must read are each client's slice of the stacked weights, inside ``torch.vmap``, and the per-client
+tensors differ between clients (SCAFFOLD's :math:`c - c_i`). So, after each member's ``configure_client``, the
+executor reads the set terms (:meth:`~fl_lightning.mixins.applied_term.AppliedTermMixin.client_term`), stacks
+their tensors along the client dimension, and, within the vmapped loss, binds each mixin to the client's weights
+and tensors (``term_bound_to``): the mixin's own ``training_step`` then adds the same term, with the same
+arithmetic, as under the sequential executors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
+
+import torch
+from torch import Tensor
+
+from fl_lightning.mixins.applied_term import AppliedTermMixin, ClientTerm
+
+#: ``(per_client, shared)``: by mixin name, by parameter name, the tensors that differ between the group's clients
+#: (stacked, leading client dimension) and those every client shares (a FedProx centre: the global weights, once).
+TermInputs = tuple[dict[str, dict[str, Tensor]], dict[str, dict[str, Tensor]]]
+
+PREFIX = "client_executor='batched'"
+
+
+def _mixins(module: object) -> dict[str, type[AppliedTermMixin]]:
+    """The mixins of ``module`` whose term is set, by name."""
+    if not isinstance(module, AppliedTermMixin):
+        return {}
+    return {mixin.__name__: mixin for mixin in module.applied_term_steps}
+
+
+class GroupTerms:
+    """Collects the set terms of a group's members, one :meth:`add` per member after its ``configure_client`` (and
+    ``on_client_start``, where a callback may set one); :meth:`inputs` stacks them, :meth:`bound` applies them."""
+
+    def __init__(self) -> None:
+        self._clients: list[dict[str, ClientTerm]] = []
+        self._ids: list[int] = []
+
+    def add(self, module: object, client_id: int) -> None:
+        """Reads the terms set for ``client_id``; raises a ``ValueError`` for one the batched executor cannot stack,
+        or one that differs from the first member's in which terms are set or in their settings (a coefficient)."""
+        terms: dict[str, ClientTerm] = {}
+        for name, mixin in _mixins(module).items():
+            term = mixin.client_term(module)
+            if term is None:
+                raise ValueError(
+                    f"{PREFIX} cannot stack the term of {name} set for client {client_id}: only ProximalMixin's and "
+                    "LinearTermMixin's terms are stacked per client. Use client_executor='lightning' or 'lean'."
+                )
+            terms[name] = term
+        if self._clients:
+            first, first_id = self._clients[0], self._ids[0]
+            settings, first_settings = {n: t.settings for n, t in terms.items()}, {n: t.settings for n, t in first.items()}
+            if settings != first_settings:
+                raise ValueError(
+                    f"{PREFIX} trains a group of clients with one setting per term; client {client_id} has the terms "
+                    f"{settings} (mixin: settings), client {first_id} {first_settings}. Use client_executor='lightning' or 'lean'."
+                )
+        self._clients.append(terms)
+        self._ids.append(client_id)
+
+    def inputs(self, order: Sequence[int], device: torch.device) -> TermInputs:
+        """The terms' tensors: stacked on ``device`` over the members in ``order`` (positions in :meth:`add`'s
+        order), or once where every member holds the same tensor (one storage)."""
+        per_client: dict[str, dict[str, Tensor]] = {}
+        shared: dict[str, dict[str, Tensor]] = {}
+        for mixin in self._clients[0] if self._clients else {}:
+            for name in self._clients[0][mixin].tensors:
+                tensors = [self._clients[j][mixin].tensors[name] for j in order]
+                first = tensors[0]
+                if all(t.data_ptr() == first.data_ptr() and t.shape == first.shape and t.stride() == first.stride() for t in tensors):
+                    shared.setdefault(mixin, {})[name] = first.to(device)
+                else:
+                    per_client.setdefault(mixin, {})[name] = torch.stack(tensors).to(device)
+        return per_client, shared
+
+
+@contextmanager
+def bound(module: object, params: Mapping[str, Tensor], per_client: Mapping[str, Mapping[str, Tensor]],
+          shared: Mapping[str, Mapping[str, Tensor]]) -> Iterator[None]:
+    """Within the block, each set term of ``module`` reads ``params`` (one client's weights, by name) and its
+    tensors from ``per_client`` (that client's slices) and ``shared``."""
+    with ExitStack() as stack:
+        for name, mixin in _mixins(module).items():
+            tensors = {**shared.get(name, {}), **per_client.get(name, {})}
+            stack.enter_context(mixin.term_bound_to(module, params, tensors))  # type: ignore[arg-type]
+        yield

@@ -1,0 +1,129 @@
+"""The batched executor on the local training papers compare: SGD with momentum, Adam and AdamW, step and epoch LR
+schedules, and FedProx's, SCAFFOLD's and FedDyn's loss terms, each equal to the Lightning executor's weights,
+per-client updates and losses (float64 to 1e-10, float32 to 1e-6), on ragged clients (unequal steps and batches)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from fl_lightning import SCAFFOLD, FedDyn, FedProx
+from fl_lightning.algorithms.shared.algorithm import ClientContext
+from fl_lightning.callbacks.federated_callback import FederatedCallback
+from fl_lightning.models import MLP
+
+from ..quiet import quiet_trainer
+from .test_batched_clients import fit, max_diff, synthetic_data
+
+#: Weights and updates after 3 rounds equal the Lightning executor's to this, by precision.
+TOL = {"64-true": 1e-10, "32-true": 1e-6}
+#: Clients' mean losses: both executors average them in float32 (the loss recorder's sums).
+LOSS_TOL = 1e-6
+
+
+class Configured(MLP):
+    """An MLP whose optimizer and LR scheduler (with its interval) come from factories."""
+
+    def __init__(self, optimizer: Callable[..., torch.optim.Optimizer], scheduler: Callable[..., Any] | None = None,
+                 interval: str = "step") -> None:
+        super().__init__(in_features=12, hidden=(16,), num_classes=4)
+        self.make_optimizer, self.make_scheduler, self.interval = optimizer, scheduler, interval
+
+    def configure_optimizers(self) -> Any:
+        optimizer = self.make_optimizer(self.parameters())
+        if self.make_scheduler is None:
+            return optimizer
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": self.make_scheduler(optimizer), "interval": self.interval}}
+
+
+P = functools.partial
+SGD, Adam, AdamW = torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW
+sched = torch.optim.lr_scheduler
+
+OPTIMIZERS: dict[str, Callable[[], Configured]] = {
+    "sgd-momentum-dampening-wd": lambda: Configured(P(SGD, lr=0.1, momentum=0.9, dampening=0.3, weight_decay=1e-2)),
+    "sgd-nesterov-maximize": lambda: Configured(P(SGD, lr=0.05, momentum=0.8, nesterov=True, maximize=False)),
+    "adam": lambda: Configured(P(Adam, lr=0.01)),
+    "adam-l2-amsgrad": lambda: Configured(P(Adam, lr=0.01, betas=(0.8, 0.99), weight_decay=0.05, amsgrad=True)),
+    "adamw": lambda: Configured(P(AdamW, lr=0.02, weight_decay=0.1)),
+    "adamw-steplr-step": lambda: Configured(P(AdamW, lr=0.02), P(sched.StepLR, step_size=2, gamma=0.5)),
+    "sgd-cosine-step": lambda: Configured(P(SGD, lr=0.2, momentum=0.5), P(sched.CosineAnnealingLR, T_max=12)),
+    "adam-lambda-epoch": lambda: Configured(P(Adam, lr=0.01), P(sched.LambdaLR, lr_lambda=lambda r: 0.5**r), "epoch"),
+}
+
+
+def compare(model_fn: Callable[[], Any], precision: str = "64-true", **kwargs: Any) -> tuple[Any, Any]:
+    """Lightning's and the batched executor's runs (3 rounds of 4 ragged clients, two local epochs): asserts that
+    the weights and every update agree to :data:`TOL`, every client's losses to :data:`LOSS_TOL`; returns both logs."""
+    kwargs = {"max_epochs": 3, "local_epochs": 2, "precision": precision, **kwargs}
+    ref_model, ref_log, _ = fit("lightning", model_fn, **kwargs)
+    model, log, _ = fit("batched", model_fn, **kwargs)
+    tol = TOL[precision]
+    assert log.updates.keys() == ref_log.updates.keys()
+    assert len({u.num_steps for u in log.updates.values()}) > 1  # ragged: unequal step counts in one group
+    for key, want in ref_log.updates.items():
+        got = log.updates[key]
+        assert got.num_steps == want.num_steps
+        assert max_diff(got.payload, want.payload) <= tol, key
+        assert got.metrics.keys() == want.metrics.keys(), key
+        for name, value in want.metrics.items():
+            assert got.metrics[name] == pytest.approx(value, abs=LOSS_TOL), (key, name)
+    assert max_diff(model.state_dict(), ref_model.state_dict()) <= tol
+    return ref_log, log
+
+
+@pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
+def test_optimizers_and_schedules_equal_lightnings(optimizer: str) -> None:
+    compare(OPTIMIZERS[optimizer])
+
+
+def test_adamw_with_a_step_schedule_in_float32() -> None:
+    compare(OPTIMIZERS["adamw-steplr-step"], precision="32-true")
+
+
+def mlp() -> MLP:
+    return MLP(in_features=12, hidden=(16,), num_classes=4, lr=0.1)
+
+
+METHODS: dict[str, Callable[[], Any]] = {
+    "fedprox": lambda: FedProx(mu=0.5),
+    "scaffold": SCAFFOLD,
+    "feddyn": lambda: FedDyn(alpha=0.1),
+}
+
+
+@pytest.mark.parametrize("precision", ["64-true", "32-true"])
+@pytest.mark.parametrize("method", list(METHODS))
+def test_methods_with_loss_terms_equal_lightnings(method: str, precision: str) -> None:
+    ref_log, _ = compare(mlp, precision, algorithm=METHODS[method])
+    assert any(u.metrics["train_regularizer"] != 0 for u in ref_log.updates.values())  # the terms acted
+
+
+def test_fedprox_with_adamw_and_a_step_schedule_equals_lightnings() -> None:
+    compare(OPTIMIZERS["adamw-steplr-step"], algorithm=lambda: FedProx(mu=0.5))
+
+
+def test_a_term_set_for_equal_batches_equals_lightnings() -> None:
+    """Batches of one shape (no padding): the term is added once per client's batch, not per sample."""
+    compare(mlp, algorithm=SCAFFOLD, data={"batch_size": 4, "drop_last": True})
+
+
+class PerClientMu(FederatedCallback):
+    """Sets a proximal coefficient that differs between clients."""
+
+    def on_client_start(self, trainer: Any, pl_module: Any, client: ClientContext) -> None:
+        pl_module.set_proximal_center({n: p.detach().clone() for n, p in pl_module.named_parameters()}, 0.1 * (1 + client.client_id))
+
+
+def test_a_group_whose_clients_set_different_coefficients_is_refused() -> None:
+    def run(**kwargs: Any) -> None:
+        trainer = quiet_trainer(max_epochs=1, clients_per_round=3, client_executor="batched", callbacks=[PerClientMu()], **kwargs)
+        trainer.fit(mlp(), datamodule=synthetic_data())
+
+    with pytest.raises(ValueError, match=r"one setting per term; client \d+ has the terms \{'ProximalMixin': \(0\.\d+,\)\}"):
+        run()
+    run(max_batched_clients=1)  # groups of one client: nothing to share
