@@ -23,8 +23,8 @@ from fl_lightning.privacy.adaptive_clipping import AdaptiveClipping
 from fl_lightning.privacy.ledger import Entries, Ledger, check_count, check_released
 from fl_lightning.privacy.release_log import ReleaseLog
 from fl_lightning.privacy.noise import NoiseSource, check_secure_mode, noise_source, start_noise
-from fl_lightning.privacy.mechanism import DPMechanism
-from fl_lightning.robust.update_bounds import UpdateBound, positive_finite, update_norm
+from fl_lightning.privacy.central_sum import CentralSumMechanism
+from fl_lightning.robust.update_bounds import positive_finite, update_norm
 
 
 #: What a secure-mode checkpoint authenticates (:mod:`~fl_lightning.privacy.ledger_seal`): the ledger and the settings it
@@ -32,7 +32,7 @@ from fl_lightning.robust.update_bounds import UpdateBound, positive_finite, upda
 _SEALED = ("spent", "clip_norm", "sampling")
 
 
-class DPFedAvg(DPMechanism, AlgorithmWrapper):
+class DPFedAvg(CentralSumMechanism):
     r"""DP-FedAvg (McMahan et al. 2018, "Learning Differentially Private Recurrent Language Models",
     Algorithm 1) around any synchronous weighted-sum algorithm (FedAvg, FedProx, their server optimizers).
 
@@ -203,17 +203,6 @@ class DPFedAvg(DPMechanism, AlgorithmWrapper):
         if self.secure_mode:
             self._release_log = ReleaseLog.fresh(federation.services.run_folder())
 
-    @override
-    def check_update_bound(self, bound: UpdateBound) -> None:
-        refuse_relative_bound("DPFedAvg", bound)
-        super().check_update_bound(bound)
-
-    @property
-    @override
-    def aggregates_empty_rounds(self) -> bool:
-        """Always: a round with no usable update still releases noise (else its absence reveals the round was empty)."""
-        return True
-
     @property
     def neighbouring_relation(self) -> str:  # type: ignore[override]
         """Add/remove-one under Poisson sampling, replace-one under fixed-size sampling."""
@@ -229,12 +218,6 @@ class DPFedAvg(DPMechanism, AlgorithmWrapper):
     def secret_sample(self) -> bool:
         """In secure mode: the sample comes from the secret, so no id of it may be saved."""
         return self.secure_mode
-
-    @property
-    @override
-    def summable(self) -> bool:
-        """Over a weighted sum: the clipped sum shards over processes (the noise is added after the all-reduce)."""
-        return can_shard(self.inner)
 
     @property
     def budget_left(self) -> bool:
@@ -386,13 +369,3 @@ def add_noise(total: State, names: list[str], std: float, source: NoiseSource, s
 def zero_sum(global_state: State) -> State:
     """The clipped sum of no update: zeros of the accumulator's dtype for every tensor of ``global_state``."""
     return {name: torch.zeros_like(t, dtype=accumulator_dtype(t.dtype)) for name, t in global_state.items()}
-
-
-def refuse_relative_bound(owner: str, bound: UpdateBound) -> None:
-    """Raises ValueError if ``bound`` decides one client's update from the others' (its sensitivity is then unbounded)."""
-    if bound.needs_all_norms:
-        raise ValueError(
-            f"{owner} bounds each client's influence by clipping to clip_norm, but update_bound={type(bound).__name__}(...) "
-            "decides each update from the other clients' norms, so one client can change what happens to the others and "
-            "the sensitivity is no longer clip_norm: use NormClip or no update_bound with it."
-        )

@@ -17,7 +17,8 @@ from fl_lightning.server.model_state import State
 from fl_lightning.server.federation import Federation
 from fl_lightning.data._data_checks import check_bool
 from fl_lightning.privacy.accountant import check_delta, composed_gaussian_epsilon
-from fl_lightning.privacy.dp_fedavg import add_noise, clipped_sum, refuse_relative_bound
+from fl_lightning.privacy.central_sum import refuse_relative_bound
+from fl_lightning.privacy.dp_fedavg import add_noise, clipped_sum
 from fl_lightning.privacy.ledger import Ledger, check_count, check_released
 from fl_lightning.privacy.ledger_seal import check_sealed, ledger_key, sealed
 from fl_lightning.privacy.noise import check_secure_mode, noise_source, start_noise

@@ -10,14 +10,13 @@ from typing_extensions import override
 from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientUpdate
 from fl_lightning.algorithms.shared.summable import can_shard
-from fl_lightning.algorithms.shared.wrapper import AlgorithmWrapper
 from fl_lightning.data._data_checks import check_bool
 from fl_lightning.privacy.accountant import check_delta
-from fl_lightning.privacy.dp_fedavg import add_noise, clipped_sum, refuse_relative_bound, zero_sum
-from fl_lightning.privacy.mechanism import DPMechanism
+from fl_lightning.privacy.central_sum import CentralSumMechanism
+from fl_lightning.privacy.dp_fedavg import add_noise, clipped_sum, zero_sum
 from fl_lightning.privacy.noise import check_secure_mode, noise_source, start_noise
 from fl_lightning.privacy.tree_aggregation import residual_nodes, tree_epsilon
-from fl_lightning.robust.update_bounds import UpdateBound, positive_finite
+from fl_lightning.robust.update_bounds import positive_finite
 from fl_lightning.server.federation import Federation
 from fl_lightning.server.model_state import State
 from fl_lightning.utils.seeding import make_generator
@@ -26,7 +25,7 @@ from fl_lightning.utils.seeding import make_generator
 Tree = tuple[int, int, int]
 
 
-class DPFTRL(DPMechanism, AlgorithmWrapper):
+class DPFTRL(CentralSumMechanism):
     r"""DP-FTRL (Kairouz et al. 2021, "Practical and Private (Deep) Learning without Sampling or Shuffling",
     Algorithm 1; the mechanism of Gboard's production DP training, Xu et al. 2023) around a weighted-sum algorithm.
 
@@ -92,23 +91,6 @@ class DPFTRL(DPMechanism, AlgorithmWrapper):
         super().setup(federation)
         self.rounds_per_epoch = federation.num_clients // federation.clients_per_round
         self._secret = start_noise("DPFTRL", self.secure_mode)
-
-    @override
-    def check_update_bound(self, bound: UpdateBound) -> None:
-        refuse_relative_bound("DPFTRL", bound)
-        super().check_update_bound(bound)
-
-    @property
-    @override
-    def aggregates_empty_rounds(self) -> bool:
-        """Always: a round with no usable update still releases its tree noise (its absence would reveal it)."""
-        return True
-
-    @property
-    @override
-    def summable(self) -> bool:
-        """Over a weighted sum: the clipped sum shards over processes (the noise is added after the all-reduce)."""
-        return can_shard(self.inner)
 
     @override
     def select_clients(self, round_idx: int) -> list[int]:
