@@ -17,6 +17,7 @@ from torch import Tensor
 from fl_lightning.algorithms.shared.aggregation import apply_delta
 from fl_lightning.server.model_state import State
 from fl_lightning.utils.init_args import RecordsInitArgs
+from fl_lightning.utils.checks import positive
 
 
 def _check_unit_interval(name: str, value: float) -> None:
@@ -28,8 +29,7 @@ class ServerOptimizer(RecordsInitArgs, ABC):
     """Turns the round's aggregated delta into a new global model."""
 
     def __init__(self, *, lr: float) -> None:
-        if lr <= 0:
-            raise ValueError(f"Server learning rate `lr` must be > 0, got {lr}.")
+        positive("lr", lr)  # the server learning rate
         self.lr = lr
         self.state: dict[str, State] = {}
 
@@ -89,8 +89,7 @@ class _AdaptiveServerOptimizer(ServerOptimizer):
         super().__init__(lr=lr)
         _check_unit_interval("beta1", beta1)
         _check_unit_interval("beta2", beta2)
-        if tau <= 0:
-            raise ValueError(f"Adaptivity `tau` must be > 0, got {tau}.")
+        positive("tau", tau)  # the adaptivity
         self.beta1, self.beta2, self.tau = beta1, beta2, tau
 
     def _update(self, name: str, x: Tensor, delta: Tensor) -> None:
