@@ -112,6 +112,7 @@ _UNWRITABLE = {
     errno.EACCES: "permission denied (a read-only folder? choose another with --trainer.default_root_dir)",
     errno.EPERM: "operation not permitted (choose another folder with --trainer.default_root_dir)",
     errno.EROFS: "read-only file system (choose another folder with --trainer.default_root_dir)",
+    errno.ENOTDIR: "a part of the path is a file, not a folder",
     errno.EFBIG: "file too large for the process's file size limit (ulimit -f)",
     errno.ENOSPC: "no space left on the device",
     errno.EDQUOT: "disk quota exceeded",
