@@ -112,8 +112,6 @@ class ObjectiveSchedule(RecordsInitArgs):
         for event in (*arrivals, *departures):
             if not 0 <= event.client < num_clients:
                 raise ValueError(f"{event} names an unknown device: ids are 0..{num_clients - 1}.")
-            if event.round < 0:
-                raise ValueError(f"{event} happens before round 0.")
         for kind, events in (("arrival", arrivals), ("departure", departures)):
             clients = [e.client for e in events]
             if len(set(clients)) != len(clients):
