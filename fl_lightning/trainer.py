@@ -173,7 +173,7 @@ class FederatedTrainer(pl.Trainer):
         if (
             isinstance(clients_per_round, bool)
             or not isinstance(clients_per_round, (int, float))
-            or clients_per_round <= 0
+            or not clients_per_round > 0  # NaN too
             or (isinstance(clients_per_round, float) and clients_per_round > 1)
         ):
             raise ValueError(

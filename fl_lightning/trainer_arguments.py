@@ -9,9 +9,12 @@ refused at construction with one ``ValueError`` that names it and says what to u
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import timedelta
 from typing import Any, Literal
 
 from lightning.pytorch.accelerators import AcceleratorRegistry
+
+from fl_lightning.utils.checks import check_real
 
 Meaning = Literal["honoured", "per round", "refused"]
 
@@ -71,6 +74,13 @@ def check_trainer_arguments(kwargs: Mapping[str, Any]) -> None:
     _check_count(kwargs, "max_steps", minimum=0, unlimited=True, what="optimizer steps over all clients")
     _check_count(kwargs, "min_steps", minimum=0, what="optimizer steps over all clients")
     _check_count(kwargs, "check_val_every_n_epoch", minimum=1, what="rounds between two validations", none_ok=False)
+    _check_count(kwargs, "accumulate_grad_batches", minimum=1, what="batches per optimizer step", none_ok=False)
+    _check_count(kwargs, "log_every_n_steps", minimum=1, what="optimizer steps between two logged steps")
+    _check_order(kwargs, "min_epochs", "max_epochs")
+    _check_order(kwargs, "min_steps", "max_steps")
+    if kwargs.get("gradient_clip_val") is not None:
+        check_real("gradient_clip_val", kwargs["gradient_clip_val"], low=0)  # 0 means no clipping, as in Lightning
+    _check_max_time(kwargs.get("max_time"))
     _check_devices(kwargs.get("devices", "auto"))
     _check_accelerator(kwargs.get("accelerator", "auto"))
     interval = kwargs.get("val_check_interval")
@@ -126,6 +136,34 @@ def _check_count(
         return
     allowed = f"an integer >= {minimum}" + (" or -1 (no limit)" if unlimited else "")
     raise ValueError(f"`{name}` ({what}) must be {allowed}, got {value!r}.")
+
+
+def _check_order(kwargs: Mapping[str, Any], low: str, high: str) -> None:
+    """Refuses a minimum above its (limited) maximum, which Lightning would silently let win."""
+    minimum, maximum = kwargs.get(low), kwargs.get(high)
+    if minimum is not None and maximum is not None and maximum != -1 and minimum > maximum:
+        raise ValueError(f"`{low}={minimum}` must not exceed `{high}={maximum}`.")
+
+
+def _check_max_time(max_time: Any) -> None:
+    """Refuses a ``max_time`` (``"DD:HH:MM:SS"``, a ``timedelta`` or a dict of its fields) that is not positive."""
+    if max_time is None:
+        return
+    try:
+        if isinstance(max_time, str):
+            parts = max_time.strip().split(":")  # as Lightning's Timer reads it: four non-negative integers
+            days, hours, minutes, seconds = (int(part) if part.isdigit() else -1 for part in parts)
+            duration = timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
+            duration = duration if min(days, hours, minutes, seconds) >= 0 else None
+        else:
+            duration = max_time if isinstance(max_time, timedelta) else timedelta(**max_time)
+    except (TypeError, ValueError, OverflowError):
+        duration = None
+    if duration is None or not duration.total_seconds() > 0:
+        raise ValueError(
+            f"`max_time` must be a positive duration: 'DD:HH:MM:SS', a timedelta or a dict such as "
+            f"{{'hours': 1}}, got {max_time!r}."
+        )
 
 
 def _check_devices(devices: Any) -> None:

@@ -175,6 +175,31 @@ def test_a_fit_that_fails_inside_a_client_leaves_the_global_model_of_the_last_co
     _assert_same(_weights(model), _global_after(1))
 
 
+class _FailingValidation(_Counting):
+    """Raises in the validation of round ``validation_round`` (after its aggregation)."""
+
+    def __init__(self, validation_round: int) -> None:
+        super().__init__()
+        self.validation_round = validation_round
+
+    def validation_step(self, batch: Any, batch_idx: int) -> Any:
+        if not self.trainer.sanity_checking and self.trainer.current_epoch == self.validation_round:
+            raise RuntimeError("validation failure")
+        return super().validation_step(batch, batch_idx)
+
+
+def test_a_failure_in_a_rounds_validation_names_that_round_as_the_one_the_module_holds() -> None:
+    trainer = FederatedTrainer(**{**QUIET, "max_epochs": 3})
+    torch.manual_seed(0)
+    model = _FailingValidation(validation_round=1)
+    with pytest.raises(RuntimeError, match="validation failure"):
+        trainer.fit(model, datamodule=_data())
+    assert trainer.fit_loop.stop_reason == (
+        "RuntimeError: validation failure in round 1, after its aggregation; the module holds the global model of round 1"
+    )
+    _assert_same(_weights(model), _global_after(2))
+
+
 def test_an_asynchronous_fit_stops_at_the_end_of_an_aggregation_with_the_global_model() -> None:
     def buffered() -> FedBuff:
         return FedBuff(buffer_size=2, concurrency=3, delays=UniformDelay(1.0, 3.0))

@@ -20,6 +20,7 @@ from fl_lightning.algorithms.local_only import check_client_ids, holdout_metrics
 from fl_lightning.algorithms.shared.wrapper import AlgorithmWrapper
 from fl_lightning.server.federation import Federation
 from fl_lightning.evaluation.probe import probe, sample_metrics
+from fl_lightning.utils.checks import check_integer
 
 
 @dataclass(frozen=True)
@@ -111,8 +112,8 @@ class FedALIGN(AlgorithmWrapper):
             raise ValueError(f"`warmup_fraction` must be in [0, 1), got {warmup_fraction}.")
         if metric not in ("loss", "accuracy"):
             raise ValueError(f"`metric` must be 'loss' or 'accuracy', got {metric!r}.")
-        if isinstance(priority, int) and priority < 1:
-            raise ValueError(f"The priority set is empty: `priority={priority}`; give ids or a count >= 1.")
+        if priority is not None and not isinstance(priority, Sequence):  # a count of priority clients
+            check_integer("priority", priority, minimum=1)
         self.priority_spec = priority
         self.epsilon = epsilon if isinstance(epsilon, EpsilonSchedule) else ConstantEpsilon(epsilon)
         super().__init__(algorithm)

@@ -17,6 +17,7 @@ from fl_lightning.mixins.required import require_mixin
 from fl_lightning.mixins.proximal import ProximalMixin
 from fl_lightning.server.model_state import State, compute_delta, snapshot
 from fl_lightning.participation.speed import DelayModel
+from fl_lightning.utils.checks import non_negative, positive
 
 StalenessFunction = Literal["constant", "polynomial", "hinge"]
 
@@ -90,12 +91,9 @@ class FedAsync(AsyncAlgorithm):
             raise ValueError(f"FedAsync's mixing `alpha` must be in (0, 1], got {alpha!r}.")
         if staleness not in ("constant", "polynomial", "hinge"):
             raise ValueError(f"`staleness` must be 'constant', 'polynomial' or 'hinge', got {staleness!r}.")
-        if not a > 0:
-            raise ValueError(f"The staleness function's `a` must be > 0, got {a!r}.")
-        if not b >= 0:
-            raise ValueError(f"The hinge function's `b` must be >= 0, got {b!r}.")
-        if not rho >= 0:
-            raise ValueError(f"The proximal coefficient `rho` must be >= 0, got {rho!r}.")
+        positive("a", a)  # the staleness function's exponent or slope
+        non_negative("b", b)  # the hinge function's knee
+        non_negative("rho", rho)  # the proximal coefficient
         self.alpha, self.staleness, self.a, self.b, self.rho = float(alpha), staleness, float(a), float(b), float(rho)
 
     @override

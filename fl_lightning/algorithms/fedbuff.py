@@ -16,6 +16,7 @@ from fl_lightning.algorithms.shared.algorithm import ClientUpdate
 from fl_lightning.algorithms.shared.combinable import Combine
 from fl_lightning.server.model_state import State
 from fl_lightning.participation.speed import DelayModel
+from fl_lightning.utils.checks import check_integer, optional, positive
 
 Discount = Literal["constant", "inverse", "inverse_sqrt"]
 
@@ -80,12 +81,10 @@ class FedBuff(AsyncAlgorithm):
         super().__init__(
             buffer_size=buffer_size, concurrency=concurrency, delays=delays, pull_policy=pull_policy, train_at=train_at
         )
-        if server_lr <= 0:
-            raise ValueError(f"`server_lr` must be > 0, got {server_lr}.")
+        positive("server_lr", server_lr)
         if staleness_discount not in _DISCOUNTS:
             raise ValueError(f"`staleness_discount` must be one of {sorted(_DISCOUNTS)}, got {staleness_discount!r}.")
-        if max_staleness is not None and max_staleness < 0:
-            raise ValueError(f"`max_staleness` must be >= 0, got {max_staleness}.")
+        optional(check_integer, "max_staleness", max_staleness, minimum=0)
         self.server_lr, self.staleness_discount, self.max_staleness = server_lr, staleness_discount, max_staleness
 
     @override

@@ -13,6 +13,7 @@ from fl_lightning.server.federation import Federation
 from fl_lightning.mixins.proximal import ProximalMixin
 from fl_lightning.mixins.required import require_mixin
 from fl_lightning.server.model_state import State
+from fl_lightning.utils.checks import non_negative
 
 
 class FedProx(FedAvg):
@@ -35,8 +36,7 @@ class FedProx(FedAvg):
         server_optimizer: ServerOptimizer | None = None,
         weighting: str = "samples",
     ) -> None:
-        if mu < 0:
-            raise ValueError(f"FedProx `mu` must be >= 0, got {mu}.")
+        non_negative("mu", mu)
         super().__init__(server_optimizer=server_optimizer, weighting=weighting)  # type: ignore[arg-type]
         self.mu = mu
 

@@ -27,6 +27,7 @@ from fl_lightning.mixins.proximal import ProximalMixin
 from fl_lightning.mixins.required import require_mixin
 from fl_lightning.server.client_store import ClientStore, cpu_copy
 from fl_lightning.server.model_state import State, tensor_bytes
+from fl_lightning.utils.checks import non_negative
 
 
 class FedSoft(ClusteredAlgorithm):
@@ -115,8 +116,7 @@ class FedSoft(ClusteredAlgorithm):
             raise ValueError(
                 f"`sigma` must be in (0, 1/S] = (0, {1 / num_clusters:.6g}] for S={num_clusters}, got {sigma!r}."
             )
-        if not lam >= 0:
-            raise ValueError(f"The proximal coefficient `lam` (lambda) must be >= 0, got {lam!r}.")
+        non_negative("lam", lam)  # the proximal coefficient lambda
         if isinstance(clients_per_cluster, bool) or not isinstance(clients_per_cluster, int) or clients_per_cluster < 1:
             raise ValueError(f"`clients_per_cluster` (K) must be an int >= 1, got {clients_per_cluster!r}.")
         self.clients_per_cluster = clients_per_cluster

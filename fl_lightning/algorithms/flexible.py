@@ -20,6 +20,7 @@ from fl_lightning.server.model_state import State
 from fl_lightning.participation.participation_model import ParticipationModel
 from fl_lightning.participation.events import Arrival, Departure, ObjectiveSchedule
 from fl_lightning.participation.steps import FullParticipation
+from fl_lightning.utils.checks import non_negative
 
 Scheme = Literal["A", "B", "C"]
 
@@ -110,8 +111,7 @@ class FlexibleParticipation(Algorithm):
     ) -> None:
         if scheme not in ("A", "B", "C"):
             raise ValueError(f"`scheme` must be 'A', 'B' or 'C', got {scheme!r}.")
-        if reboot_boost < 0:
-            raise ValueError(f"`reboot_boost` must be >= 0, got {reboot_boost}.")
+        non_negative("reboot_boost", reboot_boost)
         self.scheme: Scheme = scheme
         self.participation = participation if participation is not None else FullParticipation()
         self.arrivals, self.departures = list(arrivals), list(departures)

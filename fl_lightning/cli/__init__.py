@@ -26,7 +26,8 @@ from typing_extensions import override
 
 from fl_lightning.checkpointing.checkpoint_io import CheckpointWriteError, model_settings_replaced, read_checkpoint
 from fl_lightning.checkpointing import run_directory
-from fl_lightning.cli.errors import DEBUG_ENV, ConsoleParser, RunStarted, configuration_errors
+from fl_lightning.cli.errors import DEBUG_ENV, ConsoleParser, RunStarted, configuration_errors, file_system_errors
+from fl_lightning.cli import strict_yaml
 from fl_lightning.cli.help import PlainHelpParser
 from fl_lightning.trainer import FederatedTrainer
 from fl_lightning.utils.metric_names import logged_test_metrics, logged_validation_metrics, monitored_metrics, require_logged
@@ -149,6 +150,7 @@ class FederatedCLI(LightningCLI):
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         kwargs.setdefault("parser_class", PlainHelpParser)
         kwargs.setdefault("parser_kwargs", {}).setdefault("description", _DESCRIPTION)
+        kwargs["parser_kwargs"].setdefault("parser_mode", strict_yaml.MODE)  # duplicate keys, alias bombs refused
         self._fit_started = 0.0
         super().__init__(*args, **kwargs)
 
@@ -197,7 +199,7 @@ def main(args: list[str] | None = None) -> None:
     the config's class paths import from the working directory, as under ``python -m``."""
     import_from_working_directory()
     started = RunStarted()
-    with configuration_errors(started):
+    with file_system_errors(), configuration_errors(started):
         try:
             FederatedCLI(args=args, trainer_defaults={"callbacks": [started]}, parser_class=ConsoleParser)
         except CheckpointWriteError as error:  # a full disk mid-run: the message says all

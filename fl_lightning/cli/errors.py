@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import errno
 import importlib
 import os
 import re
@@ -104,6 +105,33 @@ def configuration_errors(run: RunStarted | None = None) -> Iterator[None]:
         if run is not None:
             run.remove_unstarted_run_directory()
         raise SystemExit(EXIT_STATUS) from None
+
+
+#: The ``OSError`` numbers of a file the run may not write: the machine's settings, not a bug.
+_UNWRITABLE = {
+    errno.EACCES: "permission denied (a read-only folder? choose another with --trainer.default_root_dir)",
+    errno.EPERM: "operation not permitted (choose another folder with --trainer.default_root_dir)",
+    errno.EROFS: "read-only file system (choose another folder with --trainer.default_root_dir)",
+    errno.ENOTDIR: "a part of the path is a file, not a folder",
+    errno.EFBIG: "file too large for the process's file size limit (ulimit -f)",
+    errno.ENOSPC: "no space left on the device",
+    errno.EDQUOT: "disk quota exceeded",
+}
+
+
+@contextmanager
+def file_system_errors() -> Iterator[None]:
+    """Turns an ``OSError`` of a file the run may not write (a read-only folder, ``ulimit -f``, a full disk),
+    raised at any point of the run, into one ``error:`` line naming the file, and exit status 1."""
+    try:
+        yield
+    except OSError as error:
+        reason = _UNWRITABLE.get(error.errno) if error.errno is not None else None
+        if reason is None or debugging():
+            raise
+        where = f"{error.filename}: " if error.filename else "a file: "
+        print(f"error: cannot write {where}{reason}.", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 def one_line(error: BaseException) -> str:

@@ -19,6 +19,7 @@ from torch import Tensor
 from fl_lightning.compression.codec import Codec
 from fl_lightning.compression.wire import PREFIX, Layout, PayloadError, TensorSpec, decode_bits, encode_bits
 from fl_lightning.server.model_state import State
+from fl_lightning.utils.checks import positive
 
 MaskType = Literal["binary", "signed"]
 NoiseType = Literal["uniform", "gaussian", "bernoulli"]
@@ -48,8 +49,7 @@ def generate_noise(seed: int, shapes: Sequence[Sequence[int]], *, noise: NoiseTy
     """
     if noise not in NOISE_TYPES:
         raise ValueError(f"`noise` must be one of {NOISE_TYPES}, got {noise!r}.")
-    if not alpha > 0:
-        raise ValueError(f"Noise magnitude `alpha` must be > 0, got {alpha}.")
+    positive("alpha", alpha)  # the noise magnitude
     generator = torch.Generator().manual_seed(int(seed))
     out = []
     for shape in shapes:
@@ -160,9 +160,7 @@ class MaskedNoiseCodec(Codec):
         if noise not in NOISE_TYPES:
             raise ValueError(f"`noise` must be one of {NOISE_TYPES}, got {noise!r}.")
         self.noise_type: NoiseType = noise
-        self.alpha = DEFAULT_ALPHA[mask] if alpha is None else float(alpha)
-        if not self.alpha > 0:
-            raise ValueError(f"Noise magnitude `alpha` must be > 0, got {alpha}.")
+        self.alpha = DEFAULT_ALPHA[mask] if alpha is None else positive("alpha", alpha)  # the noise magnitude
         # The header stores alpha as float32; compare in that precision.
         self._alpha32 = struct.unpack("<f", struct.pack("<f", self.alpha))[0]
 

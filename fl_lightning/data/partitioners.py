@@ -15,6 +15,7 @@ from typing_extensions import override
 
 from fl_lightning.data._data_checks import check_bool, check_choice, check_int, check_partition
 from fl_lightning.utils.init_args import RecordsInitArgs
+from fl_lightning.utils.checks import positive
 
 Needs = Literal["targets", "client_ids", "none"]
 
@@ -249,9 +250,7 @@ class ParetoSizes(Partitioner):
     """
 
     def __init__(self, *, shape: float = 1.16, labels_per_client: int | None = None) -> None:
-        if not shape > 0:
-            raise ValueError(f"shape must be > 0, got {shape!r}.")
-        self.shape = float(shape)
+        self.shape = positive("shape", shape)
         self.labels_per_client = (
             None if labels_per_client is None else check_int("labels_per_client", labels_per_client, minimum=1)
         )
@@ -678,14 +677,12 @@ def _proportional_sizes(total: int, weights: np.ndarray) -> np.ndarray:
 def _check_alpha(alpha: float | Sequence[float]) -> float | list[float]:
     """``alpha`` as a float or a list of floats, or ``ValueError`` unless every value is > 0."""
     if isinstance(alpha, (int, float, np.integer, np.floating)) and not isinstance(alpha, bool):
-        if not alpha > 0:
-            raise ValueError(f"alpha must be > 0, got {alpha!r}.")
-        return float(alpha)
+        return positive("alpha", alpha)
     if isinstance(alpha, (str, bytes)) or not isinstance(alpha, (Sequence, np.ndarray)) or len(alpha) == 0:
         raise ValueError(f"alpha must be a number > 0 or a non-empty list of them, got {alpha!r}.")
     values = np.asarray(alpha, dtype=np.float64).reshape(-1)
-    if not np.all(values > 0):
-        raise ValueError(f"alpha must be > 0, got {list(alpha)!r}.")
+    if not np.all((values > 0) & np.isfinite(values)):
+        raise ValueError(f"`alpha` must be finite numbers > 0, got {list(alpha)!r}.")
     return values.tolist()
 
 

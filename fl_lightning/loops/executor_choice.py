@@ -27,6 +27,7 @@ from fl_lightning.loops.batched_executor import BatchedExecutor, check_batched_s
 from fl_lightning.loops.client_executor import ClientExecutor, ClientRuntime, SequentialExecutor
 from fl_lightning.loops.lean_executor import LeanExecutor
 from fl_lightning.loops.lightning_executor import LightningExecutor
+from fl_lightning.loops.optimizer_checks import check_optimizers, closure_optimizers
 from fl_lightning.loops.skipped_features import skipped_step_features, warn_skipped
 
 
@@ -84,7 +85,16 @@ def make_executor(
     client_executor: str, runtime: ClientRuntime, *, max_batched_clients: int | None = None, compile_backend: str | None = None
 ) -> ClientExecutor:
     """The executor ``client_executor`` names; for ``"auto"``, Lightning's when the trainer rules
-    the lean executor out (:func:`auto_choice_before_fit`), else :class:`AutoExecutor`."""
+    the lean executor out (:func:`auto_choice_before_fit`), else :class:`AutoExecutor`. Refuses optimizers and
+    schedulers no executor can train with (:func:`~fl_lightning.loops.optimizer_checks.check_optimizers`), and a
+    closure-based optimizer (``LBFGS``) under an executor that calls ``optimizer.step()`` itself."""
+    check_optimizers(runtime.trainer)
+    closures = closure_optimizers(runtime.trainer)
+    if closures and client_executor in ("lean", "batched"):
+        raise ValueError(
+            f"client_executor={client_executor!r} calls optimizer.step() without a closure, which {', '.join(closures)} "
+            "needs: use client_executor='lightning' (or 'auto', which picks it)."
+        )
     if client_executor == "auto":
         return AutoExecutor(runtime) if auto_choice_before_fit(runtime.trainer) is None else LightningExecutor(runtime)
     if client_executor == "batched":

@@ -254,7 +254,7 @@ class FederatedFitLoop(compat.FitLoopBase):
                 super().run()
             self.stop_reason = stop_reason(self.trainer, self._rounds_done)
         except BaseException as error:
-            self.stop_reason = failure_reason(error, self.epoch_progress.current.processed)
+            self.stop_reason = failure_reason(error, self.epoch_progress.current.processed, self._rounds_done)
             raise
         finally:
             trained = self._in_round or self._rounds_done > rounds_before  # else a set-up error: its own message only

@@ -16,6 +16,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from fl_lightning import _lightning_compat as compat
 from fl_lightning.callbacks.client_loss import ClientLossRecorder
+from fl_lightning.loops.optimizer_checks import closure_optimizers
 
 #: Hooks Lightning calls around every training step, on the module and on callbacks.
 STEP_HOOKS = (
@@ -43,6 +44,7 @@ def skipped_step_features(trainer: pl.Trainer) -> list[str]:
         reasons.append(f"gradient clipping (gradient_clip_val={trainer.gradient_clip_val})")
     if trainer.accumulate_grad_batches != 1:
         reasons.append(f"gradient accumulation (accumulate_grad_batches={trainer.accumulate_grad_batches})")
+    reasons += [f"a closure-based optimizer ({name}.step needs a closure)" for name in closure_optimizers(trainer)]
     if getattr(trainer.precision_plugin, "scaler", None) is not None:
         reasons.append(f"gradient scaling (precision={trainer.precision!r})")
     reasons += [f"{type(module).__name__}.{hook}" for hook in (*STEP_HOOKS, *MODULE_STEP_METHODS) if is_overridden(hook, module)]

@@ -30,8 +30,15 @@ def stop_reason(trainer: pl.Trainer, rounds_done: int) -> str:
     return f"stopped after {last}"
 
 
-def failure_reason(error: BaseException, round_idx: int) -> str:
-    """Why a fit ended with ``error`` raised in round ``round_idx``; the module then holds the global model."""
-    held = f"the global model of round {round_idx - 1}" if round_idx else "the initial global model"
+def failure_reason(error: BaseException, round_idx: int, rounds_done: int) -> str:
+    """Why a fit ended with ``error`` raised in round ``round_idx`` after ``rounds_done`` aggregated rounds; the
+    module then holds the global model of the last aggregated round (round ``round_idx`` itself when the error
+    came after its aggregation, in its validation or logging).
+
+    >>> print(failure_reason(ValueError("bad"), 3, 4))
+    ValueError: bad in round 3, after its aggregation; the module holds the global model of round 3
+    """
+    held = f"the global model of round {rounds_done - 1}" if rounds_done else "the initial global model"
     what = "interrupted (KeyboardInterrupt)" if isinstance(error, KeyboardInterrupt) else f"{type(error).__name__}: {error}"
-    return f"{what} in round {round_idx}; the module holds {held}"
+    when = f"round {round_idx}, after its aggregation" if rounds_done > round_idx else f"round {round_idx}"
+    return f"{what} in {when}; the module holds {held}"

@@ -10,6 +10,7 @@ from lightning.pytorch.cli import LRSchedulerCallable
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
+from fl_lightning.utils.checks import check_integer, non_negative, positive
 
 
 class ClassificationModule(pl.LightningModule):
@@ -41,10 +42,10 @@ class ClassificationModule(pl.LightningModule):
         lr_scheduler: LRSchedulerCallable | None = None,
     ) -> None:
         super().__init__()
-        if num_classes < 2:
-            raise ValueError(f"`num_classes` must be >= 2, got {num_classes}.")
-        if lr <= 0:
-            raise ValueError(f"`lr` must be > 0, got {lr}.")
+        check_integer("num_classes", num_classes, minimum=2)
+        positive("lr", lr)
+        non_negative("momentum", momentum)
+        non_negative("weight_decay", weight_decay)
         if optimizer not in ("sgd", "adam"):
             raise ValueError(f"`optimizer` must be 'sgd' or 'adam', got {optimizer!r}.")
         self.num_classes, self.lr, self.momentum = num_classes, lr, momentum

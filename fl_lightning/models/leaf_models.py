@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from fl_lightning.mixins.proximal import ProximalMixin
 from fl_lightning.models.classifier import ClassificationModule
+from fl_lightning.utils.checks import check_sizes
 
 class FemnistCNN(ProximalMixin, ClassificationModule):
     """LEAF's FEMNIST CNN: two 5×5 "same" convolutions (32, 64 channels, ReLU) each followed by 2×2
@@ -62,6 +63,7 @@ class ShakespeareStackedLSTM(ProximalMixin, ClassificationModule):
         **kwargs: Any,
     ) -> None:
         super().__init__(num_classes=vocab_size, **kwargs)
+        check_sizes(embedding_dim=embedding_dim, hidden=hidden, num_layers=num_layers)
         self.embedding = nn.Embedding(vocab_size, embedding_dim)
         self.lstm = nn.LSTM(embedding_dim, hidden, num_layers=num_layers, batch_first=True)
         self.head = nn.Linear(hidden, vocab_size)

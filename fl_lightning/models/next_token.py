@@ -17,6 +17,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from fl_lightning.mixins.proximal import ProximalMixin
 from fl_lightning.models.classifier import ClassificationModule
+from fl_lightning.utils.checks import check_sizes
 
 #: Padding id of TFF's tokenisers (token ids start at 1).
 PAD = 0
@@ -93,6 +94,7 @@ class _EmbeddingLSTM(NextTokenModule):
     """Embedding, LSTM layers, then dense layers applied at every position."""
 
     def _build(self, vocab_size: int, embedding_dim: int, hidden: int, num_layers: int, widths: Sequence[int]) -> None:
+        check_sizes(vocab_size=vocab_size, embedding_dim=embedding_dim, hidden=hidden, num_layers=num_layers)
         self.embedding = nn.Embedding(vocab_size, embedding_dim)
         self.lstm = nn.LSTM(embedding_dim, hidden, num_layers=num_layers, batch_first=True)
         sizes = [hidden, *widths]
@@ -143,8 +145,7 @@ class StackOverflowLSTM(ProximalMixin, _EmbeddingLSTM):
         hidden: int = 670,
         **kwargs: Any,
     ) -> None:
-        if num_oov_buckets < 1:
-            raise ValueError(f"`num_oov_buckets` must be >= 1, got {num_oov_buckets}.")
+        check_sizes(vocab_size=vocab_size, num_oov_buckets=num_oov_buckets)
         extended = vocab_size + num_oov_buckets + 3
         super().__init__(num_classes=extended, **kwargs)
         self.words = vocab_size

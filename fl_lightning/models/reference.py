@@ -13,6 +13,7 @@ from torch import nn
 from fl_lightning.mixins.linear_term import LinearTermMixin
 from fl_lightning.mixins.proximal import ProximalMixin
 from fl_lightning.models.classifier import ClassificationModule
+from fl_lightning.utils.checks import check_sizes
 
 
 class LogisticRegression(LinearTermMixin, ProximalMixin, ClassificationModule):
@@ -20,6 +21,7 @@ class LogisticRegression(LinearTermMixin, ProximalMixin, ClassificationModule):
 
     def __init__(self, *, in_features: int = 60, num_classes: int = 10, **kwargs: Any) -> None:
         super().__init__(num_classes=num_classes, **kwargs)
+        check_sizes(in_features=in_features)
         self.net = nn.Sequential(nn.Flatten(), nn.Linear(in_features, num_classes))
 
 
@@ -30,6 +32,7 @@ class MLP(LinearTermMixin, ProximalMixin, ClassificationModule):
         self, *, in_features: int = 784, hidden: tuple[int, ...] = (200, 200), num_classes: int = 10, **kwargs: Any
     ) -> None:
         super().__init__(num_classes=num_classes, **kwargs)
+        check_sizes(in_features=in_features)
         if any(isinstance(width, bool) or not isinstance(width, int) or width < 1 for width in hidden):
             raise ValueError(f"`hidden` must be layer widths >= 1 (empty for no hidden layer), got {list(hidden)}.")
         layers: list[nn.Module] = [nn.Flatten()]
@@ -59,6 +62,7 @@ class CNN(LinearTermMixin, ProximalMixin, ClassificationModule):
         **kwargs: Any,
     ) -> None:
         super().__init__(num_classes=num_classes, **kwargs)
+        check_sizes(in_channels=in_channels, image_size=image_size)
         if image_size % 4:
             raise ValueError(f"`image_size` must be divisible by 4 (two 2x2 poolings), got {image_size}.")
 
@@ -94,6 +98,7 @@ class PflCNN(LinearTermMixin, ProximalMixin, ClassificationModule):
 
     def __init__(self, *, in_channels: int = 3, image_size: int = 32, num_classes: int = 10, **kwargs: Any) -> None:
         super().__init__(num_classes=num_classes, **kwargs)
+        check_sizes(in_channels=in_channels, image_size=image_size)
         if image_size < 6:
             raise ValueError(f"`image_size` must be >= 6 (two unpadded 3x3 convolutions and a 2x2 pooling), got {image_size}.")
         pooled = (image_size - 4) // 2

@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from fl_lightning.mixins.mixture_weighted import MixtureWeightedMixin
 from fl_lightning.mixins.linear_term import LinearTermMixin
 from fl_lightning.mixins.proximal import ProximalMixin
+from fl_lightning.utils.checks import check_sizes, non_negative, positive
 
 
 class _LinearModel(pl.LightningModule):
@@ -29,8 +30,9 @@ class _LinearModel(pl.LightningModule):
         momentum: float = 0.0,
     ) -> None:
         super().__init__()
-        if lr <= 0:
-            raise ValueError(f"`lr` must be > 0, got {lr}.")
+        check_sizes(in_features=in_features, out_features=out_features)
+        positive("lr", lr)
+        non_negative("momentum", momentum)
         if optimizer not in ("adam", "sgd"):
             raise ValueError(f"`optimizer` must be 'adam' or 'sgd', got {optimizer!r}.")
         self.save_hyperparameters()

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from fl_lightning.data.augment import per_image_standardization
 from fl_lightning.mixins.proximal import ProximalMixin
 from fl_lightning.models.classifier import ClassificationModule
+from fl_lightning.utils.checks import check_integer, check_sizes, optional
 
 
 class _PreActBlock(nn.Module):
@@ -82,10 +83,10 @@ class ResNet18GN(ProximalMixin, ClassificationModule):
         **kwargs: Any,
     ) -> None:
         super().__init__(num_classes=num_classes, **kwargs)
-        if groups < 1 or 64 % groups:
+        check_sizes(in_channels=in_channels, groups=groups)
+        if 64 % groups:
             raise ValueError(f"`groups` must divide every layer's width (64, 128, 256, 512), got {groups}.")
-        if crop is not None and crop < 1:
-            raise ValueError(f"`crop` must be >= 1 or None, got {crop}.")
+        optional(check_integer, "crop", crop, minimum=1)
         self.crop = crop
         self.standardize = bool(standardize)
         eps = 1e-3

@@ -15,6 +15,7 @@ from torchmetrics import Metric
 
 from fl_lightning.mixins.proximal import ProximalMixin
 from fl_lightning.models.classifier import ClassificationModule
+from fl_lightning.utils.checks import check_integer, check_sizes
 
 
 class RecallAtK(Metric):
@@ -25,8 +26,7 @@ class RecallAtK(Metric):
 
     def __init__(self, k: int = 5, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        if k < 1:
-            raise ValueError(f"`k` must be >= 1, got {k}.")
+        check_integer("k", k, minimum=1)
         self.k = k
         self.add_state("hits", torch.tensor(0.0), dist_reduce_fx="sum")
         self.add_state("positives", torch.tensor(0.0), dist_reduce_fx="sum")
@@ -45,6 +45,7 @@ class _TagLogisticRegression(ClassificationModule):
 
     def __init__(self, *, num_words: int = 10_000, num_tags: int = 500, k: int = 5, **kwargs: Any) -> None:
         super().__init__(num_classes=num_tags, **kwargs)
+        check_sizes(num_words=num_words)
         self.net = nn.Linear(num_words, num_tags)
         nn.init.xavier_normal_(self.net.weight)
         nn.init.zeros_(self.net.bias)

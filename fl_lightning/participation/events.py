@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from fl_lightning.utils.init_args import RecordsInitArgs
+from fl_lightning.utils.checks import check_integer, non_negative, optional
 
 DeparturePolicy = Literal["include", "exclude", "auto"]
 
@@ -22,6 +23,10 @@ class Arrival:
 
     client: int
     round: int
+
+    def __post_init__(self) -> None:
+        check_integer("client", self.client, minimum=0)
+        check_integer("round", self.round, minimum=0)
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,14 @@ class Departure:
     noniid: float | None = None
     constants: tuple[float, float, float] | None = None
     heuristic_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        check_integer("client", self.client, minimum=0)
+        check_integer("round", self.round, minimum=0)
+        optional(non_negative, "noniid", self.noniid)
+        for name, value in zip(("D", "V", "gamma"), self.constants or ()):
+            non_negative(f"constants.{name}", value)
+        non_negative("heuristic_scale", self.heuristic_scale)
 
 
 def should_exclude(
@@ -93,11 +106,12 @@ class ObjectiveSchedule(RecordsInitArgs):
         total_rounds: int | None = None,
         local_steps: int = 1,
     ) -> None:
+        check_integer("num_clients", num_clients, minimum=1)
+        optional(check_integer, "total_rounds", total_rounds, minimum=1)
+        check_integer("local_steps", local_steps, minimum=1)
         for event in (*arrivals, *departures):
             if not 0 <= event.client < num_clients:
                 raise ValueError(f"{event} names an unknown device: ids are 0..{num_clients - 1}.")
-            if event.round < 0:
-                raise ValueError(f"{event} happens before round 0.")
         for kind, events in (("arrival", arrivals), ("departure", departures)):
             clients = [e.client for e in events]
             if len(set(clients)) != len(clients):

@@ -22,12 +22,19 @@ Value = float | Sequence[float]
 
 
 def _positive(owner: str, name: str, value: Value, *, allow_zero: bool = False) -> float | tuple[float, ...]:
+    return _finite(owner, name, value, above=">= 0" if allow_zero else "> 0")
+
+
+def _finite(owner: str, name: str, value: Value, *, above: str = "") -> float | tuple[float, ...]:
+    """``value`` (one or per-client values) as floats, or ``ValueError`` unless each is finite and ``above``
+    (``""``, ``"> 0"`` or ``">= 0"``)."""
     values = [value] if isinstance(value, numbers.Real) else list(value)
     if not values:
         raise ValueError(f"{owner}: `{name}` is empty.")
     for v in values:
-        if not isinstance(v, numbers.Real) or not (v >= 0 if allow_zero else v > 0) or math.isinf(v):
-            raise ValueError(f"{owner}: `{name}` must be {'>= 0' if allow_zero else '> 0'} and finite, got {v!r}.")
+        real = isinstance(v, numbers.Real) and math.isfinite(v)
+        if not real or (above == "> 0" and not v > 0) or (above == ">= 0" and not v >= 0):
+            raise ValueError(f"{owner}: `{name}` must be {above + ' and ' if above else ''}finite, got {v!r}.")
     return float(value) if isinstance(value, numbers.Real) else tuple(float(v) for v in values)
 
 
@@ -112,7 +119,7 @@ class LogNormalDelay(DelayModel):
     per_client_fields = ("mu", "sigma")
 
     def __init__(self, mu: Value = 0.0, sigma: Value = 0.5) -> None:
-        self.mu = mu if isinstance(mu, numbers.Real) else tuple(float(m) for m in mu)
+        self.mu = _finite("LogNormalDelay", "mu", mu)
         self.sigma = _positive("LogNormalDelay", "sigma", sigma, allow_zero=True)
 
     def _duration(self, client: int, job: int, generator: torch.Generator) -> float:

@@ -167,7 +167,7 @@ def test_quadratic_toy():
         ({"epsilon": -0.1}, r"`value` must be >= 0 \(inf allowed\), got -0.1"),
         ({"warmup_fraction": 1.0}, r"`warmup_fraction` must be in \[0, 1\), got 1.0"),
         ({"warmup_fraction": -0.1}, r"`warmup_fraction` must be in \[0, 1\)"),
-        ({"priority": 0}, "The priority set is empty"),
+        ({"priority": 0}, "`priority` must be an integer >= 1"),
         ({"metric": "f1"}, "`metric` must be 'loss' or 'accuracy'"),
     ],
 )

@@ -98,9 +98,9 @@ def test_staleness_functions_closed_forms():
         ({"alpha": 0.0}, r"`alpha` must be in \(0, 1\], got 0.0"),
         ({"alpha": 1.5}, r"`alpha` must be in \(0, 1\], got 1.5"),
         ({"staleness": "linear"}, r"`staleness` must be 'constant', 'polynomial' or 'hinge', got 'linear'"),
-        ({"a": 0}, r"`a` must be > 0, got 0"),
-        ({"b": -1}, r"`b` must be >= 0, got -1"),
-        ({"rho": -0.1}, r"`rho` must be >= 0, got -0.1"),
+        ({"a": 0}, r"`a` must be a finite number > 0, got 0"),
+        ({"b": -1}, r"`b` must be a finite number >= 0, got -1"),
+        ({"rho": -0.1}, r"`rho` must be a finite number >= 0, got -0.1"),
     ],
 )
 def test_bad_input(kwargs, match):

@@ -62,7 +62,7 @@ def test_noise_ranges_and_zero_protection():
     assert gauss.std().item() == pytest.approx(ALPHA, rel=0.05)
     with pytest.raises(ValueError, match="`noise` must be one of .* got 'laplace'"):
         generate_noise(0, [(2,)], noise="laplace", alpha=ALPHA)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="`alpha` must be > 0, got 0"):
+    with pytest.raises(ValueError, match="`alpha` must be a finite number > 0, got 0"):
         generate_noise(0, [(2,)], noise="uniform", alpha=0)
 
 

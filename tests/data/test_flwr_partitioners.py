@@ -154,13 +154,13 @@ def test_grouped_natural_groups_and_errors() -> None:
 @pytest.mark.parametrize(
     ("make", "match"),
     [
-        (lambda: Dirichlet(alpha=[1.0, 0.0]), r"alpha must be > 0, got \[1.0, 0.0\]"),
+        (lambda: Dirichlet(alpha=[1.0, 0.0]), r"`alpha` must be finite numbers > 0, got \[1.0, 0.0\]"),
         (lambda: Dirichlet(alpha=[]), r"alpha must be a number > 0 or a non-empty list of them, got \[\]"),
         (lambda: Dirichlet(alpha=0.5, self_balancing="yes"), r"self_balancing must be a bool \(true or false\), got 'yes'"),
         (lambda: Sizes([10, 0]), r"sizes\[1\] must be an int >= 1, got 0"),
         (lambda: Sizes([]), r"sizes must be a non-empty list of client sizes, got \[\]"),
         (lambda: IdToSize("square"), r"size_fn must be a function of the client numbers 1..num_clients, got 'square'"),
-        (lambda: InnerDirichlet(alpha=-1), r"alpha must be > 0, got -1"),
+        (lambda: InnerDirichlet(alpha=-1), r"`alpha` must be a finite number > 0, got -1"),
         (lambda: InnerDirichlet(alpha=1.0, sizes=[3, -1]), r"sizes\[1\] must be an int >= 1, got -1"),
         (lambda: Pathological(0), r"k must be an int >= 1, got 0"),
         (lambda: Pathological(2, "first"), r"assignment must be one of \['random', 'deterministic', 'first-deterministic'\], got 'first'"),

@@ -160,13 +160,13 @@ def test_repr_names_arguments() -> None:
 @pytest.mark.parametrize(
     ("make", "match"),
     [
-        (lambda: Dirichlet(alpha=0.0), r"alpha must be > 0, got 0.0"),
-        (lambda: Dirichlet(alpha=-1), r"alpha must be > 0, got -1"),
+        (lambda: Dirichlet(alpha=0.0), r"`alpha` must be a finite number > 0, got 0.0"),
+        (lambda: Dirichlet(alpha=-1), r"`alpha` must be a finite number > 0, got -1"),
         (lambda: Dirichlet(alpha=1.0, min_samples=0), r"min_samples must be an int >= 1, got 0"),
         (lambda: Shards(shards_per_client=0), r"shards_per_client must be an int >= 1, got 0"),
         (lambda: LabelsPerClient(0), r"k must be an int >= 1, got 0"),
         (lambda: LabelsPerClient(2, assignment="greedy"), r"`assignment` must be 'shuffled' or 'balanced', got 'greedy'"),
-        (lambda: ParetoSizes(shape=0), r"shape must be > 0, got 0"),
+        (lambda: ParetoSizes(shape=0), r"`shape` must be a finite number > 0, got 0"),
         (lambda: ParetoSizes(labels_per_client=0), r"labels_per_client must be an int >= 1, got 0"),
     ],
 )

@@ -39,8 +39,8 @@ def one_line_error(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     [
         # Refused by a constructor while LightningCLI instantiates the classes...
         (["--trainer.clients_per_round", "-1"], "error: FederatedTrainer: `clients_per_round` must be a positive count"),
-        (["--data.init_args.partitioner.init_args.alpha", "-1"], "error: Dirichlet: alpha must be > 0, got -1.0."),
-        (["--model.init_args.lr", "0"], "error: MLP: `lr` must be > 0, got 0.0."),
+        (["--data.init_args.partitioner.init_args.alpha", "-1"], "error: Dirichlet: `alpha` must be a finite number > 0, got -1.0."),
+        (["--model.init_args.lr", "0"], "error: MLP: `lr` must be a finite number > 0, got 0.0."),
         (["--data.init_args.num_clients", "5000"], "error: FederatedDataModule: num_clients=5000 exceeds the 1293"),
         # ...or by fit before the first client trains (after Lightning's sanity check).
         (["--trainer.clients_per_round", "50"], "error: `clients_per_round=50` is not allowed with num_clients=20"),
@@ -82,7 +82,7 @@ def test_a_config_that_does_not_parse_is_one_error_line_and_a_tip(
 
 def test_the_debug_variable_keeps_the_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(DEBUG_ENV, "1")
-    with pytest.raises(ValueError, match=r"alpha must be > 0, got -1.0"):
+    with pytest.raises(ValueError, match=r"`alpha` must be a finite number > 0, got -1.0"):
         main(["fit", "--config", QUICKSTART, *FAST, "--data.init_args.partitioner.init_args.alpha", "-1"])
 
 

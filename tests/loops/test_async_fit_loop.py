@@ -120,12 +120,12 @@ def test_resume_from_a_checkpoint_inside_an_aggregation(tmp_path):
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"buffer_size": 0}, r"`buffer_size` must be >= 1, got 0"),
-        ({"concurrency": 0}, r"`concurrency` must be >= 1, got 0"),
-        ({"server_lr": 0.0}, r"`server_lr` must be > 0"),
+        ({"buffer_size": 0}, r"`buffer_size` must be an integer >= 1, got 0"),
+        ({"concurrency": 0}, r"`concurrency` must be an integer >= 1, got 0"),
+        ({"server_lr": 0.0}, r"`server_lr` must be a finite number > 0"),
         ({"staleness_discount": "linear"}, r"`staleness_discount` must be one of"),
         ({"pull_policy": "never"}, r"`pull_policy` must be 'immediate' or 'wait_new_version'"),
-        ({"max_staleness": -1}, r"`max_staleness` must be >= 0"),
+        ({"max_staleness": -1}, r"`max_staleness` must be an integer >= 0"),
     ],
 )
 def test_bad_constructor_input(kwargs, match):

@@ -140,7 +140,7 @@ def test_negative_mu_is_rejected(mu: float) -> None:
 
 
 def test_fedprox_rejects_negative_mu() -> None:
-    with pytest.raises(ValueError, match=r"FedProx `mu` must be >= 0, got -1\."):
+    with pytest.raises(ValueError, match=r"`mu` must be a finite number >= 0, got -1\."):
         FedProx(mu=-1)
 
 

@@ -45,7 +45,7 @@ def test_stackoverflow_lstm_matches_the_reference_up_to_pytorchs_second_lstm_bia
 def test_stackoverflow_leaves_padding_oov_bos_and_eos_out_of_the_accuracy():
     assert StackOverflowLSTM(vocab_size=100, num_oov_buckets=2).uncounted_ids() == [0, 101, 102, 103, 104]
     assert ShakespeareLSTM().uncounted_ids() == [0]
-    with pytest.raises(ValueError, match="`num_oov_buckets` must be >= 1, got 0"):
+    with pytest.raises(ValueError, match="`num_oov_buckets` must be an integer >= 1, got 0"):
         StackOverflowLSTM(num_oov_buckets=0)
 
 

@@ -25,7 +25,7 @@ def test_optimizers(optimizer, kind):
     assert isinstance(LinearRegression(optimizer=optimizer).configure_optimizers(), kind)
 
 
-@pytest.mark.parametrize(("kwargs", "match"), [({"lr": 0.0}, "`lr` must be > 0"), ({"optimizer": "rmsprop"}, "`optimizer` must be")])
+@pytest.mark.parametrize(("kwargs", "match"), [({"lr": 0.0}, "`lr` must be a finite number > 0"), ({"optimizer": "rmsprop"}, "`optimizer` must be")])
 def test_bad_input(kwargs, match):
     with pytest.raises(ValueError, match=match):
         LinearRegression(**kwargs)

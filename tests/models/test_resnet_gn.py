@@ -59,5 +59,5 @@ def test_training_crops_are_random_windows_maybe_mirrored_and_evaluation_crops_c
 def test_bad_arguments():
     with pytest.raises(ValueError, match="`groups` must divide"):
         ResNet18GN(groups=3)
-    with pytest.raises(ValueError, match="`crop` must be >= 1 or None, got 0"):
+    with pytest.raises(ValueError, match="`crop` must be an integer >= 1, got 0"):
         ResNet18GN(crop=0)

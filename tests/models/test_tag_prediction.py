@@ -30,7 +30,7 @@ def test_recall_at_5_matches_numpy_across_batches():
     for part in np.array_split(np.arange(40), 3):
         metric.update(torch.from_numpy(scores[part]), torch.from_numpy(labels[part]))
     assert metric.compute().item() == pytest.approx(numpy_recall_at_k(scores, labels, 5))
-    with pytest.raises(ValueError, match="`k` must be >= 1, got 0"):
+    with pytest.raises(ValueError, match="`k` must be an integer >= 1, got 0"):
         RecallAtK(0)
 
 

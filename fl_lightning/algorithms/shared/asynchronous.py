@@ -13,6 +13,7 @@ from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientUpdate
 from fl_lightning.evaluation.protocols import SupportsClientGroups
 from fl_lightning.server.federation import Federation
 from fl_lightning.participation.speed import DelayModel, UniformDelay
+from fl_lightning.utils.checks import check_integer, optional
 
 PullPolicy = Literal["immediate", "wait_new_version"]
 TrainAt = Literal["dispatch", "arrival"]
@@ -55,10 +56,8 @@ class AsyncAlgorithm(Algorithm):
         pull_policy: PullPolicy = "immediate",
         train_at: TrainAt = "dispatch",
     ) -> None:
-        if buffer_size < 1:
-            raise ValueError(f"`buffer_size` must be >= 1, got {buffer_size}.")
-        if concurrency is not None and concurrency < 1:
-            raise ValueError(f"`concurrency` must be >= 1, got {concurrency}.")
+        check_integer("buffer_size", buffer_size, minimum=1)
+        optional(check_integer, "concurrency", concurrency, minimum=1)
         if pull_policy not in ("immediate", "wait_new_version"):
             raise ValueError(f"`pull_policy` must be 'immediate' or 'wait_new_version', got {pull_policy!r}.")
         if train_at not in ("dispatch", "arrival"):

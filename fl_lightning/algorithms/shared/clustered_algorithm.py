@@ -21,6 +21,7 @@ from fl_lightning.server.federation import Federation
 from fl_lightning.server.model_state import State, live_tensors, load_into, tensor_bytes
 from fl_lightning.evaluation.probe import SupportsSampleMetrics, WeightSets, sample_metrics_many
 from fl_lightning.utils.seeding import derive_seed
+from fl_lightning.utils.checks import check_integer
 
 
 def init_centres(module: torch.nn.Module, num_clusters: int, seed: int, names: Collection[str]) -> list[State]:
@@ -156,10 +157,8 @@ class ClusteredAlgorithm(Algorithm):
             raise ValueError(f"The number of clusters S (`num_clusters`) must be an int >= 1, got {num_clusters!r}.")
         if centres is not None and len(centres) != num_clusters:
             raise ValueError(f"Got {len(centres)} initial centres for num_clusters={num_clusters}.")
-        if personal_eval_every < 0:
-            raise ValueError(f"`personal_eval_every` must be >= 0, got {personal_eval_every}.")
-        if probe_batch_size < 1:
-            raise ValueError(f"`probe_batch_size` must be >= 1, got {probe_batch_size}.")
+        check_integer("personal_eval_every", personal_eval_every, minimum=0)
+        check_integer("probe_batch_size", probe_batch_size, minimum=1)
         self.num_clusters = num_clusters
         self.batched_probe = batched_probe
         self.personal_eval_every = personal_eval_every

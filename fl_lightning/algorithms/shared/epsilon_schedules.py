@@ -9,6 +9,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 from fl_lightning.utils.init_args import RecordsInitArgs
+from fl_lightning.utils.checks import check_integer
 
 
 def _check_non_negative(name: str, value: float) -> None:
@@ -41,8 +42,8 @@ class LinearEpsilon(EpsilonSchedule):
     def __init__(self, *, start: float = 0.2, end: float = 0.0, begin: int = 0, finish: int = 100) -> None:
         _check_non_negative("start", start)
         _check_non_negative("end", end)
-        if not 0 <= begin < finish:
-            raise ValueError(f"Need 0 <= begin < finish, got begin={begin}, finish={finish}.")
+        check_integer("begin", begin, minimum=0)
+        check_integer("finish", finish, minimum=begin + 1)
         self.start, self.end, self.begin, self.finish = start, end, begin, finish
 
     def __call__(self, round_idx: int) -> float:
@@ -57,8 +58,7 @@ class StepEpsilon(EpsilonSchedule):
         _check_non_negative("start", start)
         if not 0 <= factor <= 1:
             raise ValueError(f"`factor` must be in [0, 1], got {factor}.")
-        if every < 1:
-            raise ValueError(f"`every` must be >= 1, got {every}.")
+        check_integer("every", every, minimum=1)
         self.start, self.factor, self.every = start, factor, every
 
     def __call__(self, round_idx: int) -> float:

@@ -20,6 +20,7 @@ from fl_lightning.algorithms.shared.aggregation import apply_delta
 from fl_lightning.server.model_state import State
 from fl_lightning.utils.init_args import RecordsInitArgs
 from fl_lightning.utils.saved_state import InvalidStateError, check_tensor
+from fl_lightning.utils.checks import positive
 
 
 def _check_unit_interval(name: str, value: float) -> None:
@@ -31,8 +32,7 @@ class ServerOptimizer(RecordsInitArgs, ABC):
     """Turns the round's aggregated delta into a new global model."""
 
     def __init__(self, *, lr: float) -> None:
-        if lr <= 0:
-            raise ValueError(f"Server learning rate `lr` must be > 0, got {lr}.")
+        positive("lr", lr)  # the server learning rate
         self.lr = lr
         self.state: dict[str, State] = {}
 
@@ -132,8 +132,7 @@ class _AdaptiveServerOptimizer(ServerOptimizer):
         super().__init__(lr=lr)
         _check_unit_interval("beta1", beta1)
         _check_unit_interval("beta2", beta2)
-        if tau <= 0:
-            raise ValueError(f"Adaptivity `tau` must be > 0, got {tau}.")
+        positive("tau", tau)  # the adaptivity
         self.beta1, self.beta2, self.tau = beta1, beta2, tau
 
     @property

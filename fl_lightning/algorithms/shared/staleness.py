@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 from typing import Any, Literal
+from fl_lightning.utils.checks import check_integer, non_negative
 
 TrackerMode = Literal["window", "ema", "cumulative", "aflbench"]
 
@@ -32,8 +33,8 @@ class StalenessTracker:
     def __init__(self, mode: TrackerMode = "window", *, window: int = 5, beta: float = 0.9, unseen: float = 0.0) -> None:
         if mode not in ("window", "ema", "cumulative", "aflbench"):
             raise ValueError(f"Staleness tracker `mode` must be 'window', 'ema', 'cumulative' or 'aflbench', got {mode!r}.")
-        if window < 1:
-            raise ValueError(f"Staleness `window` must be >= 1, got {window}.")
+        check_integer("window", window, minimum=1)
+        non_negative("unseen", unseen)  # a staleness, counted in model versions
         if not 0 <= beta < 1:
             raise ValueError(f"Staleness EMA `beta` must be in [0, 1), got {beta}.")
         self.mode, self.window, self.beta, self.unseen = mode, window, beta, unseen

@@ -7,7 +7,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from fl_lightning.data._data_checks import check_choice
+from fl_lightning.data._data_checks import check_choice, check_int
 from fl_lightning.data.datasets.in_memory import InMemoryDataset
 
 
@@ -35,6 +35,7 @@ class Digits(InMemoryDataset):
         check_choice("split", split, ("train", "test"))
         if not 0 < test_fraction < 1:
             raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}.")
+        check_int("seed", seed, minimum=0)
         # Imported here so that importing fl_lightning.data does not pay for scikit-learn.
         from sklearn.datasets import load_digits
         from sklearn.model_selection import train_test_split

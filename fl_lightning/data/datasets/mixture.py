@@ -20,6 +20,7 @@ from torch.utils.data import Dataset
 
 from fl_lightning.data._data_checks import check_choice, check_int
 from fl_lightning.utils.init_args import RecordsInitArgs
+from fl_lightning.utils.checks import non_negative
 
 
 def mixture_proportions(pattern: str, num_clients: int, num_sources: int, rng: np.random.Generator) -> np.ndarray:
@@ -154,8 +155,9 @@ class SyntheticRegressionMixture(SourceMixture):
         self.num_sources = check_int("num_sources", num_sources, minimum=1)
         dim = check_int("dim", dim, minimum=1)
         check_choice("split", split, ("train", "test"))
-        if not theta_var >= 0 or not noise_std >= 0:
-            raise ValueError(f"theta_var and noise_std must be >= 0, got {theta_var!r} and {noise_std!r}.")
+        non_negative("theta_var", theta_var)
+        non_negative("noise_std", noise_std)
+        check_int("test_samples_per_source", test_samples_per_source, minimum=1)
         seed = check_int("seed", seed, minimum=0)
         self.thetas = torch.from_numpy(
             np.random.default_rng([seed, 0]).normal(0.0, math.sqrt(theta_var), (num_sources, dim)).astype(np.float32)

@@ -18,6 +18,7 @@ import torch
 from fl_lightning.data._data_checks import check_choice, check_int
 from fl_lightning.data.datasets.in_memory import InMemoryDataset
 from fl_lightning.data.datasets.synthetic import generate_synthetic
+from fl_lightning.utils.checks import non_negative, positive
 
 
 NoiseStart = Literal["one", "zero"]
@@ -42,8 +43,7 @@ def skewed_noise_levels(num_clients: int, skew: float, start: NoiseStart = "one"
     [0.0, 0.25, 0.5, 0.75, 1.0]
     """
     num_clients = check_int("num_clients", num_clients, minimum=0)
-    if not skew > 0:
-        raise ValueError(f"skew must be > 0, got {skew!r}.")
+    positive("skew", skew)
     check_choice("start", start, ("one", "zero"))
     if start == "zero":
         return (np.arange(num_clients) / max(num_clients - 1, 1)) ** (1.0 / skew)
@@ -168,8 +168,8 @@ class PrioritizedSynthetic(InMemoryDataset):
         noise_start: NoiseStart = "one",
     ) -> None:
         for name, value in (("alpha", alpha), ("beta", beta), ("label_noise", label_noise), ("random_fraction", random_fraction)):
-            if not value >= 0:
-                raise ValueError(f"{name} must be >= 0, got {value!r}.")
+            non_negative(name, value)
+        check_int("seed", seed, minimum=0)
         num_priority = check_int("num_priority", num_priority, minimum=1)
         num_clean = check_int("num_clean", num_clean, minimum=0)
         num_noisy = check_int("num_noisy", num_noisy, minimum=0)

@@ -11,6 +11,7 @@ import torch
 from fl_lightning.data._data_checks import check_choice, check_int
 from fl_lightning.data.datasets.in_memory import InMemoryDataset
 from fl_lightning.data.partitioners import _proportional_sizes as proportional_sizes
+from fl_lightning.utils.checks import non_negative, positive
 
 # Share of each device's samples in the train split, as in the reference generator.
 _TRAIN_FRACTION = 0.9
@@ -136,10 +137,9 @@ class FedProxSynthetic(InMemoryDataset):
         total_samples: int = 10_000,
         min_samples_per_client: int = 2,
     ) -> None:
-        if not alpha >= 0:
-            raise ValueError(f"alpha must be >= 0, got {alpha!r}.")
-        if not beta >= 0:
-            raise ValueError(f"beta must be >= 0, got {beta!r}.")
+        non_negative("alpha", alpha)
+        non_negative("beta", beta)
+        check_int("seed", seed, minimum=0)
         num_clients = check_int("num_clients", num_clients, minimum=1)
         num_classes = check_int("num_classes", num_classes, minimum=2)
         dim = check_int("dim", dim, minimum=1)
@@ -187,8 +187,7 @@ def _pareto_sizes(num_clients: int, index: float, total: int, seed: int, minimum
     The weights come from their own generator, so the devices' models and features do not
     depend on the size law.
     """
-    if not index > 0:
-        raise ValueError(f"`pareto_index` must be > 0, got {index!r}.")
+    positive("pareto_index", index)
     minimum = check_int("min_samples_per_client", minimum, minimum=2)
     total = check_int("total_samples", total, minimum=minimum * num_clients)
     # NumPy's ``pareto`` is the Lomax distribution; adding 1 gives Pareto-I with scale 1.

@@ -17,6 +17,7 @@ import torch
 
 from fl_lightning.data._data_checks import check_choice, check_int
 from fl_lightning.data.datasets.in_memory import InMemoryDataset
+from fl_lightning.utils.checks import positive
 
 #: Streams of the seed: the topics' chains, the clients' mixtures and sizes, their sequences.
 _CHAINS, _CLIENTS, _SEQUENCES = 0, 1, 2
@@ -89,8 +90,7 @@ class SyntheticTopicText(InMemoryDataset):
         successors = check_int("successors", successors, minimum=1)
         if successors > vocab_size:
             raise ValueError(f"`successors` must be at most vocab_size={vocab_size}, got {successors}.")
-        if not topic_concentration > 0:
-            raise ValueError(f"`topic_concentration` must be > 0, got {topic_concentration!r}.")
+        positive("topic_concentration", topic_concentration)
         if not 0 < test_fraction < 1:
             raise ValueError(f"`test_fraction` must lie in (0, 1), got {test_fraction!r}.")
         check_choice("split", split, ("train", "test"))

@@ -39,7 +39,7 @@ def test_the_loop_runs_an_algorithm_written_against_the_contract_alone():
 def test_contract_is_abstract_and_validated():
     with pytest.raises(TypeError, match="buffer_weights"):
         AsyncAlgorithm(buffer_size=1)  # type: ignore[abstract]
-    with pytest.raises(ValueError, match="`buffer_size` must be >= 1, got 0"):
+    with pytest.raises(ValueError, match="`buffer_size` must be an integer >= 1, got 0"):
         BufferMean(buffer_size=0)
     with pytest.raises(ValueError, match="`pull_policy` must be 'immediate' or 'wait_new_version', got 'never'"):
         BufferMean(buffer_size=1, pull_policy="never")  # type: ignore[arg-type]

@@ -167,15 +167,15 @@ def test_state_dict_is_a_snapshot() -> None:
 @pytest.mark.parametrize(
     ("factory", "match"),
     [
-        (lambda: ServerSGD(lr=0), r"Server learning rate `lr` must be > 0, got 0\."),
-        (lambda: ServerSGD(lr=-0.5), r"Server learning rate `lr` must be > 0, got -0\.5\."),
+        (lambda: ServerSGD(lr=0), r"`lr` must be a finite number > 0, got 0\."),
+        (lambda: ServerSGD(lr=-0.5), r"`lr` must be a finite number > 0, got -0\.5\."),
         (lambda: ServerSGD(momentum=1.0), r"`momentum` must be in \[0, 1\), got 1\.0\."),
         (lambda: ServerSGD(momentum=-0.1), r"`momentum` must be in \[0, 1\), got -0\.1\."),
-        (lambda: ServerAdam(lr=-1), r"Server learning rate `lr` must be > 0, got -1\."),
+        (lambda: ServerAdam(lr=-1), r"`lr` must be a finite number > 0, got -1\."),
         (lambda: ServerAdam(beta1=1.5), r"`beta1` must be in \[0, 1\), got 1\.5\."),
         (lambda: ServerYogi(beta2=1.0), r"`beta2` must be in \[0, 1\), got 1\.0\."),
-        (lambda: ServerAdagrad(tau=0), r"Adaptivity `tau` must be > 0, got 0\."),
-        (lambda: ServerAdam(tau=-1e-3), r"Adaptivity `tau` must be > 0, got -0\.001\."),
+        (lambda: ServerAdagrad(tau=0), r"`tau` must be a finite number > 0, got 0\."),
+        (lambda: ServerAdam(tau=-1e-3), r"`tau` must be a finite number > 0, got -0\.001\."),
     ],
 )
 def test_bad_hyper_parameters(factory, match: str) -> None:

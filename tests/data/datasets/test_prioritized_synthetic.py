@@ -174,9 +174,9 @@ def test_fedalign_reads_the_priority_set_from_the_training_set() -> None:
     [
         ({"num_priority": 0}, r"num_priority must be an int >= 1, got 0"),
         ({"num_noisy": -1}, r"num_noisy must be an int >= 0, got -1"),
-        ({"label_noise": -0.1}, r"label_noise must be >= 0, got -0.1"),
-        ({"random_fraction": float("nan")}, r"random_fraction must be >= 0"),
-        ({"label_noise_skew": 0.0}, r"skew must be > 0, got 0.0"),
+        ({"label_noise": -0.1}, r"`label_noise` must be a finite number >= 0, got -0.1"),
+        ({"random_fraction": float("nan")}, r"`random_fraction` must be a finite number >= 0"),
+        ({"label_noise_skew": 0.0}, r"`skew` must be a finite number > 0, got 0.0"),
         ({"noise_start": 1}, r"start must be one of \['one', 'zero'\], got 1"),
         ({"split": "val"}, r"split must be one of \['train', 'test'\], got 'val'"),
         ({"test_samples": 0}, r"test_samples must be an int >= 1, got 0"),

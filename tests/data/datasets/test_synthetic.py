@@ -76,8 +76,8 @@ def test_alpha_shifts_every_logit_equally_so_the_data_is_unchanged() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"alpha": -0.5}, r"alpha must be >= 0, got -0.5"),
-        ({"beta": -1.0}, r"beta must be >= 0, got -1.0"),
+        ({"alpha": -0.5}, r"`alpha` must be a finite number >= 0, got -0.5"),
+        ({"beta": -1.0}, r"`beta` must be a finite number >= 0, got -1.0"),
         ({"split": "val"}, r"split must be one of \['train', 'test'\], got 'val'"),
         ({"num_clients": 0}, r"num_clients must be an int >= 1, got 0"),
         ({"samples_per_client": 1}, r"samples_per_client must be an int >= 2, got 1"),

@@ -52,7 +52,7 @@ def test_natural_partition_gives_each_writer_its_own_skewed_topics() -> None:
     ("kwargs", "message"),
     [
         ({"successors": 65}, "`successors` must be at most vocab_size=64, got 65"),
-        ({"topic_concentration": 0.0}, "`topic_concentration` must be > 0, got 0.0"),
+        ({"topic_concentration": 0.0}, "`topic_concentration` must be a finite number > 0, got 0.0"),
         ({"test_fraction": 1.0}, "`test_fraction` must lie in (0, 1), got 1.0"),
         ({"sequences_per_client": [1, 5]}, "got [1, 5]"),
         ({"split": "val"}, "val"),
