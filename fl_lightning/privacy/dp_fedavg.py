@@ -6,7 +6,7 @@ import math
 from typing import Any, ClassVar
 
 import torch
-from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 from fl_lightning.privacy.ledger_seal import check_sealed, ledger_key, sealed
@@ -20,6 +20,7 @@ from fl_lightning.server.federation import Federation
 from fl_lightning.server.model_state import State
 from fl_lightning.privacy.accountant import Accounting, RoundAccountant, Sampling, check_accounting, check_delta
 from fl_lightning.privacy.adaptive_clipping import AdaptiveClipping
+from fl_lightning.privacy.calibration import calibrate_noise_multiplier
 from fl_lightning.privacy.ledger import Entries, Ledger, check_count, check_released
 from fl_lightning.privacy.release_log import ReleaseLog
 from fl_lightning.privacy.noise import NoiseSource, check_secure_mode, noise_source, start_noise
@@ -96,11 +97,14 @@ class DPFedAvg(CentralSumMechanism):
     accountant and the neighbouring relation (:meth:`privacy_statement`).
 
     Args:
-        noise_multiplier: :math:`z \ge 0`; 0 adds no noise (ε = ∞).
+        noise_multiplier: :math:`z \ge 0`; 0 adds no noise (ε = ∞). ``None`` (with ``target_epsilon``): the
+            smallest :math:`z` whose ε over the run's ``max_epochs`` rounds is at most ``target_epsilon``, found at
+            set-up with the chosen accountant (:mod:`~fl_lightning.privacy.calibration`) and logged.
         clip_norm: :math:`C > 0` (the initial value with ``adaptive_clipping``); ``math.inf`` only
             without noise.
         delta: :math:`\delta \in (0, 1)` at which ε is reported.
-        target_epsilon: the ε budget (> 0); ``None`` trains for ``max_epochs`` rounds.
+        target_epsilon: the ε budget (> 0): no round that would pass it runs; ``None`` trains for ``max_epochs``
+            rounds.
         sampling: ``"fixed"`` or ``"poisson"``.
         adaptive_clipping: adapts :math:`C` to a quantile of the update norms (Andrew et al. 2021).
         secure_mode: draw the noise and the client sample from a secret instead of the run's seed.
@@ -120,7 +124,7 @@ class DPFedAvg(CentralSumMechanism):
     def __init__(
         self,
         *,
-        noise_multiplier: float,
+        noise_multiplier: float | None = None,
         clip_norm: float = 1.0,
         delta: float = 1e-5,
         target_epsilon: float | None = None,
@@ -131,13 +135,21 @@ class DPFedAvg(CentralSumMechanism):
         log_client_statistics: bool = False,
         algorithm: Algorithm | None = None,
     ) -> None:
-        self.noise_multiplier = positive_finite("noise_multiplier", noise_multiplier, inclusive=True)
+        self.target_epsilon = None if target_epsilon is None else positive_finite("target_epsilon", target_epsilon)
+        self._calibrates = noise_multiplier is None
+        if self._calibrates and self.target_epsilon is None:
+            raise ValueError(
+                "DPFedAvg needs `noise_multiplier`, or `target_epsilon` to calibrate it from (noise_multiplier=None)."
+            )
+        #: :math:`z`; with ``noise_multiplier=None``, calibrated at set-up to ``target_epsilon`` over the run's rounds.
+        self.noise_multiplier = (
+            0.0 if noise_multiplier is None else positive_finite("noise_multiplier", noise_multiplier, inclusive=True)
+        )
         self.log_client_statistics = check_bool("log_client_statistics", log_client_statistics)
         if not (noise_multiplier == 0 and adaptive_clipping is None and clip_norm == math.inf):
             positive_finite("clip_norm", clip_norm)
         self.clip_norm = float(clip_norm)
         self.delta = check_delta(delta)
-        self.target_epsilon = None if target_epsilon is None else positive_finite("target_epsilon", target_epsilon)
         if sampling not in ("fixed", "poisson"):
             raise ValueError(f"`sampling` must be 'fixed' or 'poisson', got {sampling!r}.")
         self.sampling = sampling
@@ -151,6 +163,31 @@ class DPFedAvg(CentralSumMechanism):
         self._secret: bytes | None = None
         self._ledger_key: bytes | None = None
         self._release_log = ReleaseLog(None)
+
+    def _calibrated(self, federation: Federation) -> float:
+        """The smallest :math:`z` whose ε over the run's rounds (``max_epochs``) is at most ``target_epsilon``."""
+        rounds = federation.num_rounds
+        if rounds is None:
+            raise ValueError(
+                "DPFedAvg(noise_multiplier=None) calibrates to target_epsilon over the run's rounds: set max_epochs."
+            )
+
+        def epsilon_of(z: float) -> float:
+            return RoundAccountant(
+                noise_multiplier=z,
+                num_clients=federation.num_clients,
+                clients_per_round=federation.clients_per_round,
+                sampling=self.sampling,
+                delta=self.delta,
+                accounting=self.accounting,
+            ).epsilon(rounds)
+
+        what = f"{rounds} rounds of {federation.clients_per_round} of {federation.num_clients} clients ({self.sampling} sampling)"
+        z = calibrate_noise_multiplier(epsilon_of, self.target_epsilon, what)  # type: ignore[arg-type]
+        rank_zero_info(
+            f"DPFedAvg: noise_multiplier={z:.4g}, the smallest with epsilon <= {self.target_epsilon} at delta={self.delta:g} over {what}."
+        )
+        return z
 
     @property
     def rounds_spent(self) -> int:
@@ -183,6 +220,8 @@ class DPFedAvg(CentralSumMechanism):
     @override
     def setup(self, federation: Federation) -> None:
         super().setup(federation)
+        if self._calibrates:
+            self.noise_multiplier = self._calibrated(federation)
         self.accountant = RoundAccountant(
             noise_multiplier=self.noise_multiplier,
             num_clients=federation.num_clients,

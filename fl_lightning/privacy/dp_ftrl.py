@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from typing_extensions import override
 
 from fl_lightning.algorithms.fedavg import FedAvg
@@ -12,6 +13,7 @@ from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientUpdate
 from fl_lightning.algorithms.shared.summable import can_shard
 from fl_lightning.data._data_checks import check_bool
 from fl_lightning.privacy.accountant import check_delta
+from fl_lightning.privacy.calibration import calibrate_noise_multiplier
 from fl_lightning.privacy.central_sum import CentralSumMechanism
 from fl_lightning.privacy.dp_fedavg import add_noise, clipped_sum, zero_sum
 from fl_lightning.privacy.noise import check_secure_mode, noise_source, start_noise
@@ -53,6 +55,8 @@ class DPFTRL(CentralSumMechanism):
 
     Args:
         noise_multiplier: :math:`z \ge 0`, the noise of each tree node over :math:`C`; 0 adds none (ε = ∞).
+        target_epsilon: instead of ``noise_multiplier``: the ε to reach at ``delta`` over the run's ``max_epochs``
+            rounds; the smallest such :math:`z` is found at set-up (:mod:`~fl_lightning.privacy.calibration`) and logged.
         clip_norm: :math:`C > 0`.
         delta: :math:`\delta \in (0, 1)` at which ε is reported.
         secure_mode: draw the noise from a secret never logged or saved.
@@ -67,14 +71,23 @@ class DPFTRL(CentralSumMechanism):
     def __init__(
         self,
         *,
-        noise_multiplier: float,
+        noise_multiplier: float | None = None,
         clip_norm: float = 1.0,
         delta: float = 1e-5,
+        target_epsilon: float | None = None,
         secure_mode: bool = False,
         log_client_statistics: bool = False,
         algorithm: Algorithm | None = None,
     ) -> None:
-        self.noise_multiplier = positive_finite("noise_multiplier", noise_multiplier, inclusive=True)
+        if (noise_multiplier is None) == (target_epsilon is None):
+            raise ValueError(
+                f"DPFTRL needs exactly one of `noise_multiplier` and `target_epsilon` (which calibrates it), got "
+                f"noise_multiplier={noise_multiplier!r}, target_epsilon={target_epsilon!r}."
+            )
+        self.target_epsilon = None if target_epsilon is None else positive_finite("target_epsilon", target_epsilon)
+        self.noise_multiplier = (
+            0.0 if noise_multiplier is None else positive_finite("noise_multiplier", noise_multiplier, inclusive=True)
+        )
         self.clip_norm = positive_finite("clip_norm", clip_norm)
         self.delta = check_delta(delta)
         self.secure_mode = check_secure_mode(secure_mode)
@@ -90,7 +103,22 @@ class DPFTRL(CentralSumMechanism):
     def setup(self, federation: Federation) -> None:
         super().setup(federation)
         self.rounds_per_epoch = federation.num_clients // federation.clients_per_round
+        if self.target_epsilon is not None:
+            self.noise_multiplier = self._calibrated(federation.num_rounds)
         self._secret = start_noise("DPFTRL", self.secure_mode)
+
+    def _calibrated(self, rounds: int | None) -> float:
+        """The smallest :math:`z` whose ε over the run's rounds (full epochs, then the rest) is at most ``target_epsilon``."""
+        if rounds is None:
+            raise ValueError("DPFTRL(target_epsilon=...) calibrates noise_multiplier over the run's rounds: set max_epochs.")
+        epochs, rest = divmod(rounds, self.rounds_per_epoch)
+        trees = [[self.rounds_per_epoch]] * epochs + ([[rest]] if rest else [])
+        what = f"{rounds} rounds ({len(trees)} epochs of trees)"
+        z = calibrate_noise_multiplier(lambda z: tree_epsilon(z, trees, self.delta), self.target_epsilon, what)  # type: ignore[arg-type]
+        rank_zero_info(
+            f"DPFTRL: noise_multiplier={z:.4g}, the smallest with epsilon <= {self.target_epsilon} at delta={self.delta:g} over {what}."
+        )
+        return z
 
     @override
     def select_clients(self, round_idx: int) -> list[int]:

@@ -16,6 +16,7 @@ from fl_lightning.privacy import DPFTRL
 from fl_lightning.privacy.noise import noise_source
 from fl_lightning.privacy.tree_aggregation import prefix_nodes, residual_nodes
 from tests.privacy.conftest import global_state, make_federation, updates_with_norms
+from tests.privacy.reference import analytic_gaussian_epsilon
 from tests.quiet import QUIET
 
 
@@ -113,28 +114,13 @@ def test_epsilon_is_the_papers_zcdp_bound_composed_over_epochs(z, epochs, delta)
     assert reference <= algorithm.epsilon() <= reference * 1.01
 
 
-def _analytic_gaussian_epsilon(sigma: float, delta: float) -> float:
-    """The exact ε of one Gaussian release of sensitivity 1 and std ``sigma`` at δ (Balle and Wang 2018, Theorem 8:
-    δ(ε) = Φ(1/(2σ) − εσ) − e^ε Φ(−1/(2σ) − εσ)), by bisection."""
-    from scipy.stats import norm
-
-    def delta_of(eps: float) -> float:
-        return norm.cdf(1 / (2 * sigma) - eps * sigma) - math.exp(eps) * norm.cdf(-1 / (2 * sigma) - eps * sigma)
-
-    lo, hi = 0.0, 100.0
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if delta_of(mid) > delta else (lo, mid)
-    return hi
-
-
 @pytest.mark.parametrize("z", [0.8, 1.3, 4.0])
 def test_a_one_round_tree_is_one_gaussian_release_and_never_below_its_exact_epsilon(z):
     """T = 1: one node, the Gaussian mechanism at multiplier z; RDP's ε is above the exact value, and close."""
     algorithm = DPFTRL(noise_multiplier=z, delta=1e-5)
     algorithm.setup(make_federation(clients_per_round=4))
     algorithm.trees = [(0, 0, 1)]
-    exact = _analytic_gaussian_epsilon(z, 1e-5)
+    exact = analytic_gaussian_epsilon(z, 1e-5)
     assert exact <= algorithm.epsilon() <= 1.5 * exact
 
 
