@@ -74,7 +74,9 @@ ALGORITHMS = {
     "fedmrn": lambda: FedMRN(server_optimizer=ServerSGD(lr=1.0, momentum=0.9)),
     "topk": lambda: CompressedFedAvg(codec=TopKCodec(density=0.1)),
     # Over FedMRN's decoded updates: DP clips and sums per rank; the median gathers them to every rank.
-    "dpfedmrn": lambda: DPFedAvg(noise_multiplier=0.5, clip_norm=0.05, algorithm=FedMRN(weighting="uniform")),
+    "dpfedmrn": lambda: DPFedAvg(
+        noise_multiplier=0.5, clip_norm=0.05, log_client_statistics=True, algorithm=FedMRN(weighting="uniform")
+    ),
     "median-fedmrn": lambda: CoordinateMedian(algorithm=FedMRN()),
     # Each client's h_k rides as its weight: the h-weighted sum shards like FedAvg's.
     "qffedavg": lambda: QFedAvg(q=1.0),

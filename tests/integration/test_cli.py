@@ -119,7 +119,7 @@ def test_validate_and_test_a_fitted_checkpoint(tmp_path):
     common = ["--config", QUICKSTART, "--trainer.logger", "false", "--trainer.enable_progress_bar", "false"]
     fitted = FederatedCLI(args=["fit", *common, "--trainer.max_epochs", "2"])
     fit_acc = float(fitted.trainer.callback_metrics["val_acc"])
-    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("*.ckpt")) == ["last.ckpt", "round_1.ckpt"]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("*.ckpt")) == ["last.ckpt", "round_0.ckpt", "round_1.ckpt"]
     checkpoint = tmp_path / "checkpoints" / "last.ckpt"
 
     validated = FederatedCLI(args=["validate", *common, "--ckpt_path", str(checkpoint)])
