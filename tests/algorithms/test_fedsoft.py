@@ -279,7 +279,7 @@ def test_a_checkpoint_from_before_the_client_store_is_converted_and_resumes_the_
         ({"sigma": 0.0}, r"`sigma` must be in \(0, 1/S\] = \(0, 0.5\] for S=2, got 0.0"),
         ({"sigma": 0.6}, r"`sigma` must be in \(0, 1/S\] = \(0, 0.5\] for S=2, got 0.6"),
         ({"num_clusters": 4, "sigma": 0.3}, r"\(0, 0.25\] for S=4, got 0.3"),
-        ({"lam": -1.0}, r"`lam` \(lambda\) must be >= 0, got -1.0"),
+        ({"lam": -1.0}, r"`lam` must be a finite number >= 0, got -1.0"),
         ({"clients_per_cluster": 0}, r"`clients_per_cluster` \(K\) must be an int >= 1, got 0"),
     ],
 )

@@ -97,7 +97,7 @@ def test_aflbench_tracker_keeps_the_first_values_as_the_published_code():
     ("make", "match"),
     [
         (lambda: StalenessTracker("median"), "must be 'window', 'ema', 'cumulative' or 'aflbench'"),
-        (lambda: StalenessTracker(window=0), "`window` must be >= 1"),
+        (lambda: StalenessTracker(window=0), "`window` must be an integer >= 1, got 0"),
         (lambda: StalenessTracker("ema", beta=1.0), r"`beta` must be in \[0, 1\)"),
         (lambda: FedStaleWeight(variant="eq9"), "`variant` must be 'eq8', 'alg1' or 'aflbench'"),
         (lambda: FedStaleWeight(staleness_discount="inverse"), "leave `staleness_discount` constant"),
