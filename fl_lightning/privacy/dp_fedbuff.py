@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 from fl_lightning.algorithms.fedbuff import FedBuff
@@ -17,6 +17,7 @@ from fl_lightning.server.model_state import State
 from fl_lightning.server.federation import Federation
 from fl_lightning.data._data_checks import check_bool
 from fl_lightning.privacy.accountant import check_delta, composed_gaussian_epsilon
+from fl_lightning.privacy.calibration import calibrate_noise_multiplier
 from fl_lightning.privacy.central_sum import refuse_relative_bound
 from fl_lightning.privacy.dp_fedavg import add_noise, clipped_sum
 from fl_lightning.privacy.ledger import Ledger, check_count, check_released
@@ -64,7 +65,9 @@ class DPFedBuff(DPMechanism, AlgorithmWrapper):
     affordable one, and a resumed run whose budget is spent stops before its first.
 
     Args:
-        noise_multiplier: :math:`z \ge 0`; 0 adds no noise (ε = ∞).
+        noise_multiplier: :math:`z \ge 0`; 0 adds no noise (ε = ∞). ``None`` (with ``target_epsilon``): the
+            smallest :math:`z` whose ε over ``max_epochs`` aggregations is at most ``target_epsilon``, found at
+            set-up (:mod:`~fl_lightning.privacy.calibration`) and logged.
         clip_norm: :math:`C > 0`.
         delta: :math:`\delta \in (0, 1)` at which ε is reported.
         target_epsilon: the ε budget (> 0); ``None`` runs for ``max_epochs`` aggregations.
@@ -82,7 +85,7 @@ class DPFedBuff(DPMechanism, AlgorithmWrapper):
     def __init__(
         self,
         *,
-        noise_multiplier: float,
+        noise_multiplier: float | None = None,
         clip_norm: float,
         delta: float = 1e-5,
         target_epsilon: float | None = None,
@@ -90,11 +93,18 @@ class DPFedBuff(DPMechanism, AlgorithmWrapper):
         log_client_statistics: bool = False,
         algorithm: Algorithm,
     ) -> None:
-        self.noise_multiplier = positive_finite("noise_multiplier", noise_multiplier, inclusive=True)
+        self.target_epsilon = None if target_epsilon is None else positive_finite("target_epsilon", target_epsilon)
+        self._calibrates = noise_multiplier is None
+        if self._calibrates and self.target_epsilon is None:
+            raise ValueError(
+                "DPFedBuff needs `noise_multiplier`, or `target_epsilon` to calibrate it from (noise_multiplier=None)."
+            )
+        self.noise_multiplier = (
+            0.0 if noise_multiplier is None else positive_finite("noise_multiplier", noise_multiplier, inclusive=True)
+        )
         self.log_client_statistics = check_bool("log_client_statistics", log_client_statistics)
         self.clip_norm = positive_finite("clip_norm", clip_norm)
         self.delta = check_delta(delta)
-        self.target_epsilon = None if target_epsilon is None else positive_finite("target_epsilon", target_epsilon)
         self.secure_mode = check_secure_mode(secure_mode)
         if not isinstance(algorithm, FedBuff):
             raise ValueError(
@@ -106,7 +116,7 @@ class DPFedBuff(DPMechanism, AlgorithmWrapper):
         self.spent = Ledger()
         self._secret: bytes | None = None
         self._ledger_key: bytes | None = None
-        if self.target_epsilon is not None and self.epsilon(1) > self.target_epsilon:
+        if not self._calibrates and self.target_epsilon is not None and self.epsilon(1) > self.target_epsilon:
             raise ValueError(
                 f"One aggregation already spends epsilon={self.epsilon(1):.4g} > target_epsilon={self.target_epsilon}: "
                 "raise noise_multiplier or target_epsilon."
@@ -115,8 +125,25 @@ class DPFedBuff(DPMechanism, AlgorithmWrapper):
     @override
     def setup(self, federation: Federation) -> None:
         super().setup(federation)
+        if self._calibrates:
+            self.noise_multiplier = self._calibrated(federation.num_rounds)
         self._secret = start_noise("DPFedBuff", self.secure_mode)
         self._ledger_key = ledger_key() if self.secure_mode else None
+
+    def _calibrated(self, aggregations: int | None) -> float:
+        """The smallest :math:`z` whose ε over ``aggregations`` Gaussian releases is at most ``target_epsilon``."""
+        if aggregations is None:
+            raise ValueError("DPFedBuff(noise_multiplier=None) calibrates over the run's aggregations: set max_epochs.")
+        what = f"{aggregations} aggregations"
+        z = calibrate_noise_multiplier(
+            lambda z: composed_gaussian_epsilon((((z,), aggregations),), self.delta),
+            self.target_epsilon,  # type: ignore[arg-type]
+            what,
+        )
+        rank_zero_info(
+            f"DPFedBuff: noise_multiplier={z:.4g}, the smallest with epsilon <= {self.target_epsilon} at delta={self.delta:g} over {what}."
+        )
+        return z
 
     @override
     def check_update_bound(self, bound: UpdateBound) -> None:
@@ -161,7 +188,12 @@ class DPFedBuff(DPMechanism, AlgorithmWrapper):
             )
             self.federation.services.request_stop()
         noise_std = self.noise_multiplier * self.clip_norm
-        return {**metrics, "dp_epsilon": epsilon, "dp_noise_std": noise_std, "dp_repeats_dropped": float(len(updates) - len(kept))}
+        return {
+            **metrics,
+            "dp_epsilon": epsilon,
+            "dp_noise_std": noise_std,
+            "dp_repeats_dropped": float(len(updates) - len(kept)),
+        }
 
     def release(self, version: int, payloads: list[State]) -> State:
         """The noised mean :math:`\\bar\\Delta` of the clipped ``payloads`` over ``buffer_size``."""

@@ -54,6 +54,19 @@ def test_dp_ftrl_calibrates_over_its_epochs_of_trees():
     _smallest(epsilon_of, algorithm.noise_multiplier, 2.0)
 
 
+def test_dp_fedbuff_calibrates_over_its_aggregations():
+    from fl_lightning import FedBuff
+    from fl_lightning.privacy import DPFedBuff
+
+    algorithm = DPFedBuff(target_epsilon=3.0, clip_norm=1.0, delta=DELTA, algorithm=FedBuff(buffer_size=2))
+    algorithm.setup(_federation(clients_per_round=2, rounds=25))  # 25 aggregations, each one Gaussian of multiplier z
+
+    def epsilon_of(z: float) -> float:
+        return reference.rdp(dp.SelfComposedDpEvent(dp.GaussianDpEvent(z), 25), reference.ADD_OR_REMOVE, DELTA)
+
+    _smallest(epsilon_of, algorithm.noise_multiplier, 3.0)
+
+
 def test_bad_calibration_requests_are_one_error_each():
     with pytest.raises(ValueError, match="needs `noise_multiplier`, or `target_epsilon`"):
         DPFedAvg()
