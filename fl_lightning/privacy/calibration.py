@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from fl_lightning.robust.update_bounds import positive_finite
+
 #: The calibrated multiplier is at most this much (relatively) above the smallest one that meets the target.
 RELATIVE_PRECISION = 1e-3
 #: No multiplier above this is tried: a target it cannot meet is refused.
@@ -29,3 +31,13 @@ def calibrate_noise_multiplier(epsilon_of: Callable[[float], float], target_epsi
         middle = math.sqrt(low * high)
         low, high = (low, middle) if epsilon_of(middle) <= target_epsilon else (middle, high)
     return high
+
+
+def noise_request(owner: str, noise_multiplier: float | None, target_epsilon: float | None) -> tuple[float, float | None]:
+    """``(z, target_epsilon)``, each checked; :math:`z` is 0 until set-up calibrates it when ``noise_multiplier`` is
+    ``None``, which needs a ``target_epsilon`` (else one error naming ``owner``)."""
+    target = None if target_epsilon is None else positive_finite("target_epsilon", target_epsilon)
+    if noise_multiplier is None and target is None:
+        raise ValueError(f"{owner} needs `noise_multiplier`, or `target_epsilon` to calibrate it from (noise_multiplier=None).")
+    z = 0.0 if noise_multiplier is None else positive_finite("noise_multiplier", noise_multiplier, inclusive=True)
+    return z, target

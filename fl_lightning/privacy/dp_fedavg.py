@@ -20,7 +20,7 @@ from fl_lightning.server.federation import Federation
 from fl_lightning.server.model_state import State
 from fl_lightning.privacy.accountant import Accounting, RoundAccountant, Sampling, check_accounting, check_delta
 from fl_lightning.privacy.adaptive_clipping import AdaptiveClipping
-from fl_lightning.privacy.calibration import calibrate_noise_multiplier
+from fl_lightning.privacy.calibration import calibrate_noise_multiplier, noise_request
 from fl_lightning.privacy.ledger import Entries, Ledger, check_count, check_released
 from fl_lightning.privacy.release_log import ReleaseLog
 from fl_lightning.privacy.noise import NoiseSource, check_secure_mode, noise_source, start_noise
@@ -135,16 +135,9 @@ class DPFedAvg(CentralSumMechanism):
         log_client_statistics: bool = False,
         algorithm: Algorithm | None = None,
     ) -> None:
-        self.target_epsilon = None if target_epsilon is None else positive_finite("target_epsilon", target_epsilon)
-        self._calibrates = noise_multiplier is None
-        if self._calibrates and self.target_epsilon is None:
-            raise ValueError(
-                "DPFedAvg needs `noise_multiplier`, or `target_epsilon` to calibrate it from (noise_multiplier=None)."
-            )
         #: :math:`z`; with ``noise_multiplier=None``, calibrated at set-up to ``target_epsilon`` over the run's rounds.
-        self.noise_multiplier = (
-            0.0 if noise_multiplier is None else positive_finite("noise_multiplier", noise_multiplier, inclusive=True)
-        )
+        self.noise_multiplier, self.target_epsilon = noise_request("DPFedAvg", noise_multiplier, target_epsilon)
+        self._calibrates = noise_multiplier is None
         self.log_client_statistics = check_bool("log_client_statistics", log_client_statistics)
         if not (noise_multiplier == 0 and adaptive_clipping is None and clip_norm == math.inf):
             positive_finite("clip_norm", clip_norm)
@@ -164,6 +157,17 @@ class DPFedAvg(CentralSumMechanism):
         self._ledger_key: bytes | None = None
         self._release_log = ReleaseLog(None)
 
+    def _round_accountant(self, federation: Federation, noise_multiplier: float) -> RoundAccountant:
+        """The accountant of this mechanism's rounds on ``federation`` at multiplier ``noise_multiplier``."""
+        return RoundAccountant(
+            noise_multiplier=noise_multiplier,
+            num_clients=federation.num_clients,
+            clients_per_round=federation.clients_per_round,
+            sampling=self.sampling,
+            delta=self.delta,
+            accounting=self.accounting,
+        )
+
     def _calibrated(self, federation: Federation) -> float:
         """The smallest :math:`z` whose ε over the run's rounds (``max_epochs``) is at most ``target_epsilon``."""
         rounds = federation.num_rounds
@@ -173,14 +177,7 @@ class DPFedAvg(CentralSumMechanism):
             )
 
         def epsilon_of(z: float) -> float:
-            return RoundAccountant(
-                noise_multiplier=z,
-                num_clients=federation.num_clients,
-                clients_per_round=federation.clients_per_round,
-                sampling=self.sampling,
-                delta=self.delta,
-                accounting=self.accounting,
-            ).epsilon(rounds)
+            return self._round_accountant(federation, z).epsilon(rounds)
 
         what = f"{rounds} rounds of {federation.clients_per_round} of {federation.num_clients} clients ({self.sampling} sampling)"
         z = calibrate_noise_multiplier(epsilon_of, self.target_epsilon, what)  # type: ignore[arg-type]
@@ -222,14 +219,7 @@ class DPFedAvg(CentralSumMechanism):
         super().setup(federation)
         if self._calibrates:
             self.noise_multiplier = self._calibrated(federation)
-        self.accountant = RoundAccountant(
-            noise_multiplier=self.noise_multiplier,
-            num_clients=federation.num_clients,
-            clients_per_round=federation.clients_per_round,
-            sampling=self.sampling,
-            delta=self.delta,
-            accounting=self.accounting,
-        )
+        self.accountant = self._round_accountant(federation, self.noise_multiplier)
         if self.adaptive_clipping is not None:  # checks 2 sigma_b > z now rather than in round 0
             self.adaptive_clipping.update_noise_multiplier(self.noise_multiplier, federation.clients_per_round)
         if self.target_epsilon is not None and self.accountant.epsilon(1) > self.target_epsilon:

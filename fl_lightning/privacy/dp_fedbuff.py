@@ -17,7 +17,7 @@ from fl_lightning.server.model_state import State
 from fl_lightning.server.federation import Federation
 from fl_lightning.data._data_checks import check_bool
 from fl_lightning.privacy.accountant import check_delta, composed_gaussian_epsilon
-from fl_lightning.privacy.calibration import calibrate_noise_multiplier
+from fl_lightning.privacy.calibration import calibrate_noise_multiplier, noise_request
 from fl_lightning.privacy.central_sum import refuse_relative_bound
 from fl_lightning.privacy.dp_fedavg import add_noise, clipped_sum
 from fl_lightning.privacy.ledger import Ledger, check_count, check_released
@@ -93,15 +93,9 @@ class DPFedBuff(DPMechanism, AlgorithmWrapper):
         log_client_statistics: bool = False,
         algorithm: Algorithm,
     ) -> None:
-        self.target_epsilon = None if target_epsilon is None else positive_finite("target_epsilon", target_epsilon)
+        #: :math:`z`; with ``noise_multiplier=None``, calibrated at set-up to ``target_epsilon`` over the run's rounds.
+        self.noise_multiplier, self.target_epsilon = noise_request("DPFedBuff", noise_multiplier, target_epsilon)
         self._calibrates = noise_multiplier is None
-        if self._calibrates and self.target_epsilon is None:
-            raise ValueError(
-                "DPFedBuff needs `noise_multiplier`, or `target_epsilon` to calibrate it from (noise_multiplier=None)."
-            )
-        self.noise_multiplier = (
-            0.0 if noise_multiplier is None else positive_finite("noise_multiplier", noise_multiplier, inclusive=True)
-        )
         self.log_client_statistics = check_bool("log_client_statistics", log_client_statistics)
         self.clip_norm = positive_finite("clip_norm", clip_norm)
         self.delta = check_delta(delta)

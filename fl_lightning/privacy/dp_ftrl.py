@@ -13,7 +13,7 @@ from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientUpdate
 from fl_lightning.algorithms.shared.summable import can_shard
 from fl_lightning.data._data_checks import check_bool
 from fl_lightning.privacy.accountant import check_delta
-from fl_lightning.privacy.calibration import calibrate_noise_multiplier
+from fl_lightning.privacy.calibration import calibrate_noise_multiplier, noise_request
 from fl_lightning.privacy.central_sum import CentralSumMechanism
 from fl_lightning.privacy.dp_fedavg import add_noise, clipped_sum, zero_sum
 from fl_lightning.privacy.noise import check_secure_mode, noise_source, start_noise
@@ -84,10 +84,7 @@ class DPFTRL(CentralSumMechanism):
                 f"DPFTRL needs exactly one of `noise_multiplier` and `target_epsilon` (which calibrates it), got "
                 f"noise_multiplier={noise_multiplier!r}, target_epsilon={target_epsilon!r}."
             )
-        self.target_epsilon = None if target_epsilon is None else positive_finite("target_epsilon", target_epsilon)
-        self.noise_multiplier = (
-            0.0 if noise_multiplier is None else positive_finite("noise_multiplier", noise_multiplier, inclusive=True)
-        )
+        self.noise_multiplier, self.target_epsilon = noise_request("DPFTRL", noise_multiplier, target_epsilon)
         self.clip_norm = positive_finite("clip_norm", clip_norm)
         self.delta = check_delta(delta)
         self.secure_mode = check_secure_mode(secure_mode)
