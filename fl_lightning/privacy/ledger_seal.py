@@ -31,30 +31,50 @@ KEY_ENV = "FL_LIGHTNING_LEDGER_KEY"
 
 
 def ledger_key() -> bytes:
-    """The key that seals ledgers (see the module docstring); under ``torch.distributed``, rank 0's."""
-    if os.environ.get(KEY_ENV):
-        try:
-            key = bytes.fromhex(os.environ[KEY_ENV])
-        except ValueError:
-            key = b""
-        if len(key) < 32:
-            raise ValueError(f"`{KEY_ENV}` must be at least 64 hex digits (32 bytes), got {len(os.environ[KEY_ENV])} characters.")
-    else:
-        key = _key_file()
-    if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+    """The key that seals ledgers (see the module docstring); under ``torch.distributed``, rank 0's.
+
+    Only rank 0 reads (or draws) the key file, so ranks sharing a home folder never race to create it."""
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
+    key = _own_key() if not distributed or torch.distributed.get_rank() == 0 else b""
+    if distributed:
         shared = [key]
         torch.distributed.broadcast_object_list(shared, src=0)
         key = shared[0]
     return key
 
 
+def _own_key() -> bytes:
+    if not os.environ.get(KEY_ENV):
+        return _key_file()
+    try:
+        key = bytes.fromhex(os.environ[KEY_ENV])
+    except ValueError:
+        key = b""
+    if len(key) < 32:
+        raise ValueError(f"`{KEY_ENV}` must be at least 64 hex digits (32 bytes), got {len(os.environ[KEY_ENV])} characters.")
+    return key
+
+
 def _key_file() -> bytes:
+    """The key file's bytes, drawn first if there is none. A new key is written to a private temporary file and
+    linked into place, so a process starting at the same moment (another run, another node on a shared home)
+    either links its own or reads a complete one, never a half-written file."""
     path = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "fl_lightning" / "ledger.key"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(descriptor, "wb") as file:
-            file.write(secrets.token_bytes(32))
+        draft = path.with_name(f".{path.name}.{secrets.token_hex(8)}")
+        descriptor = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(descriptor, "wb") as file:
+                file.write(secrets.token_bytes(32))
+                file.flush()
+                os.fsync(file.fileno())
+            try:
+                os.link(draft, path)
+            except FileExistsError:
+                pass
+        finally:
+            draft.unlink()
     key = path.read_bytes()
     if len(key) < 32:
         raise ValueError(f"The ledger key {path} holds {len(key)} bytes, fewer than 32: remove it to draw a new one.")
