@@ -241,7 +241,8 @@ def validate_federated_state(federated: Any, *, path: Any, max_rounds: int | Non
 
     Raises:
         CheckpointError: naming the file and the bad entry, when the state is missing, an entry is
-            absent or of the wrong type, ``rounds_done`` is outside ``0..max_rounds``, or a byte count is negative.
+            absent or of the wrong type, ``rounds_done`` is outside ``0..max_rounds``, a byte count is negative, or
+            ``history_start`` (the round of the first kept history entry) is outside ``0..rounds_done``.
     """
     name = f"Checkpoint {path}"
     if not isinstance(federated, Mapping):
@@ -262,6 +263,9 @@ def validate_federated_state(federated: Any, *, path: Any, max_rounds: int | Non
         raise CheckpointError(f"{name}: `round_start_steps` must be two ints >= 0, got {start!r:.80}.")
     if not all(map(_is_id_list, federated["history"])):
         raise CheckpointError(f"{name}: federated state `history` must be a list of lists of client ids.")
+    first = federated.get("history_start", 0)
+    if type(first) is not int or not 0 <= first <= rounds:
+        raise CheckpointError(f"{name}: `history_start` must be an int in 0..{rounds} (rounds_done), got {first!r:.80}.")
 
 
 def _is_id_list(value: Any) -> bool:

@@ -18,6 +18,7 @@ from fl_lightning.algorithms.shared.asynchronous import AsyncAlgorithm
 from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientUpdate
 from fl_lightning.algorithms.shared.wrapper import AlgorithmWrapper
 from fl_lightning.loops.federated_fit_loop import FederatedFitLoop
+from fl_lightning.loops.records import kept_records
 from fl_lightning.server.model_state import moved
 from fl_lightning.utils.seeding import derive_seed
 
@@ -74,8 +75,10 @@ class AsyncFitLoop(FederatedFitLoop):
         self._jobs = [0] * n
         self._last_version = [-1] * n
         self._repeats = [0] * n
-        #: Every arrival so far: (virtual time, client, version it pulled).
+        #: Every arrival so far, from arrival number ``arrivals_start`` on (a resumed run has the checkpoint's
+        #: newest ones, :mod:`~fl_lightning.loops.records`): (virtual time, client, version it pulled).
         self.arrivals: list[tuple[float, int, int]] = []
+        self.arrivals_start = 0
         self._started = False
         self._epoch_start: dict[str, Any] | None = None
 
@@ -94,7 +97,7 @@ class AsyncFitLoop(FederatedFitLoop):
         super().on_advance_start()
         # The append-only records are kept by length, not copied: a snapshot per aggregation
         # must cost O(state), not O(run length).
-        self._epoch_start = self._checkpoint_state(records=False)
+        self._epoch_start = self._checkpoint_state()
 
     @override
     def advance(self) -> None:
@@ -171,8 +174,8 @@ class AsyncFitLoop(FederatedFitLoop):
         heapq.heappush(self._queue, (self.clock + duration, self._seq, cid))
         self._seq += 1
 
-    def _checkpoint_state(self, records: bool = True) -> dict[str, Any]:
-        """The simulation state; ``records=False`` stores the lengths of ``arrivals`` and ``history``."""
+    def _checkpoint_state(self) -> dict[str, Any]:
+        """The simulation state, with the lengths of the records ``arrivals`` and ``history``."""
         return {
             "clock": self.clock,
             "queue": list(self._queue),
@@ -184,9 +187,9 @@ class AsyncFitLoop(FederatedFitLoop):
             "jobs": list(self._jobs),
             "last_version": list(self._last_version),
             "repeats": list(self._repeats),
-            "arrivals": list(self.arrivals) if records else len(self.arrivals),
+            "arrivals": len(self.arrivals),
             "started": self._started,
-            "history": [list(h) for h in self.history] if records else len(self.history),
+            "history": len(self.history),
             "global_state": {k: v.clone() for k, v in self.global_state.items()},
             "algorithm": copy.deepcopy(self.algorithm.state_dict()),
         }
@@ -197,13 +200,13 @@ class AsyncFitLoop(FederatedFitLoop):
         federated = state["federated"]
         if self._in_round and self._epoch_start is not None:  # replay the epoch from its start
             simulation = dict(self._epoch_start)
-            simulation["arrivals"] = self.arrivals[: simulation["arrivals"]]
-            simulation["history"] = [list(h) for h in self.history[: simulation["history"]]]
-            federated.update(global_state=simulation["global_state"], algorithm=simulation["algorithm"], history=simulation["history"])
+            federated.update(global_state=simulation["global_state"], algorithm=simulation["algorithm"])
             # The aggregation may be done already (clients train at dispatch after it): it is replayed too.
             federated["rounds_done"] = self.epoch_progress.current.processed
+            federated["history"], federated["history_start"] = self._saved_history(simulation["history"])
         else:
             simulation = self._checkpoint_state()
+        simulation["arrivals"], simulation["arrivals_start"] = kept_records(self.arrivals[: simulation["arrivals"]], self.arrivals_start)
         federated["async"] = {k: v for k, v in simulation.items() if k not in ("global_state", "algorithm", "history")}
         return state
 
@@ -225,6 +228,7 @@ class AsyncFitLoop(FederatedFitLoop):
         self._jobs, self._last_version = list(state["jobs"]), list(state["last_version"])
         self._repeats = list(state["repeats"])
         self.arrivals = [tuple(a) for a in state["arrivals"]]  # type: ignore[misc]
+        self.arrivals_start = state.get("arrivals_start", 0)
 
 
 def async_core(algorithm: Algorithm) -> AsyncAlgorithm | None:

@@ -23,7 +23,8 @@ def check_async_state(state: Any, *, num_clients: int, version: int) -> None:
     """Checks ``state`` (the checkpoint's ``federated["async"]``) for a federation of ``num_clients`` at model
     ``version``: a finite clock; counters that are ints, one per client; every queued event a finite time at
     or after the clock, a sequence number below ``seq`` and a client in flight, and every client in flight
-    queued; updates with :class:`~fl_lightning.algorithms.ClientUpdate`'s fields; versions at most ``version``.
+    queued; updates with :class:`~fl_lightning.algorithms.ClientUpdate`'s fields; versions at most ``version``;
+    no more arrivals (kept ones and ``arrivals_start`` dropped ones) than dispatches.
 
     Raises:
         InvalidStateError: naming the entry (``async.<name>``) and what is allowed.
@@ -74,6 +75,8 @@ def check_async_state(state: Any, *, num_clients: int, version: int) -> None:
     arrivals = state.get("arrivals")
     if not isinstance(arrivals, list) or not all(isinstance(a, (list, tuple)) and len(a) == 3 for a in arrivals):
         raise InvalidStateError("`async.arrivals` must be a list of (time, client, version) records.")
+    # Every arrival was dispatched first, and each dispatch took a sequence number.
+    _count("async.arrivals_start", state.get("arrivals_start", 0), high=seq - len(arrivals))
 
 
 def _count(name: str, value: Any, *, low: int = 0, high: int | None = None) -> int:

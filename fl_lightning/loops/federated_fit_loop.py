@@ -37,6 +37,7 @@ from fl_lightning.loops.hparams_session import log_federated_hparams
 from fl_lightning.loops.guards import aggregate_or_roll_back, apply_bound, bound_updates, decode_and_screen
 from fl_lightning.loops.round_log import log_round, without_client_statistics
 from fl_lightning.loops.frozen_heap import frozen_heap
+from fl_lightning.loops.records import kept_records
 from fl_lightning.loops.loop_services import LoopServices
 from fl_lightning.loops.stop_reason import failure_reason, stop_reason
 from fl_lightning.mixins.regularized import TASK_LOSS
@@ -192,8 +193,10 @@ class FederatedFitLoop(compat.FitLoopBase):
         self.allow_resume_changes = allow_resume_changes
         self.client_state_memory = client_state_memory
         self.global_state: State = {}
-        #: Client ids selected in each round so far.
+        #: Client ids selected in each round so far, from round ``history_start`` on (a resumed run has the
+        #: checkpoint's newest ones, :mod:`~fl_lightning.loops.records`).
         self.history: list[list[int]] = []
+        self.history_start = 0
         self.total_upload_bytes = 0
         self.total_download_bytes = 0
         self._live: State = {}
@@ -645,7 +648,7 @@ class FederatedFitLoop(compat.FitLoopBase):
                 f"{type(self.algorithm).__name__}.select_clients returned {clients}: "
                 f"client ids must be distinct and in 0..{num_clients - 1}."
             )
-        del self.history[round_idx:]  # a re-run round (resumed mid-round) replaces its record
+        del self.history[round_idx - self.history_start :]  # a re-run round (resumed mid-round) replaces its record
         self.history.append(clients)
         return clients
 
@@ -706,12 +709,13 @@ class FederatedFitLoop(compat.FitLoopBase):
     @override
     def on_save_checkpoint(self) -> dict:
         state = super().on_save_checkpoint()
+        history, history_start = self._saved_history(len(self.history))
         federated: dict[str, Any] = {
             "fingerprint": dict(self._fingerprint),
             "rounds_done": self._rounds_done,
             "algorithm": self.algorithm.state_dict(),
-            # A secret sample's ids would undo its secrecy: only the number of rounds is kept.
-            "history": [[] if self.algorithm.secret_sample else list(c) for c in self.history],
+            "history": history,
+            "history_start": history_start,
             "total_upload_bytes": self.total_upload_bytes,
             "total_download_bytes": self.total_download_bytes,
         }
@@ -734,6 +738,12 @@ class FederatedFitLoop(compat.FitLoopBase):
             federated[frozen_base.ENTRY] = self._frozen_reference()
         state["federated"] = federated
         return state
+
+    def _saved_history(self, length: int) -> tuple[list[list[int]], int]:
+        """The newest of the first ``length`` history entries that a checkpoint keeps, and the round of the first."""
+        history, start = kept_records(self.history[:length], self.history_start)
+        # A secret sample's ids would undo its secrecy: only the number of rounds is kept.
+        return [[] if self.algorithm.secret_sample else list(c) for c in history], start
 
     def _frozen_reference(self) -> frozen_base.FrozenReference:
         """The frozen tensors' names (aliases included) and digest, hashed again only when a frozen parameter was
@@ -783,6 +793,7 @@ class FederatedFitLoop(compat.FitLoopBase):
             global_step, logging_steps = federated["round_start_steps"]
             compat.rewind_step_counters(self.trainer, (global_step, logging_steps))
         self.history = [list(c) for c in federated["history"]]
+        self.history_start = federated.get("history_start", 0)
         self.total_upload_bytes = int(federated["total_upload_bytes"])
         self.total_download_bytes = int(federated["total_download_bytes"])
 

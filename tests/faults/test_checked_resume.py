@@ -111,9 +111,10 @@ def test_opt_out_still_refuses_algorithm_state_it_cannot_load(checkpoint):
         (lambda f: f.pop("history"), "`history` must be of type list, got None"),
         (lambda f: f.update(history=[["a"]]), "`history` must be a list of lists of client ids"),
         (lambda f: f.update(total_upload_bytes=-5), "`total_upload_bytes=-5` is negative"),
+        (lambda f: f.update(history_start=7), r"`history_start` must be an int in 0..2 \(rounds_done\), got 7"),
         (lambda f: f.clear(), "`rounds_done` must be of type int"),
     ],
-    ids=["huge-rounds", "negative-rounds", "float-rounds", "no-history", "bad-history", "negative-bytes", "empty"],
+    ids=["huge-rounds", "negative-rounds", "float-rounds", "no-history", "bad-history", "negative-bytes", "history-start", "empty"],
 )
 def test_tampered_state_is_refused(checkpoint, tmp_path, change, match):
     path = rewritten(checkpoint, tmp_path, change)

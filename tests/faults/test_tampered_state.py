@@ -139,6 +139,11 @@ CASES_10: dict[str, tuple[Callable[[], Any], Callable[[dict], None], str]] = {
         lambda s: _async(s)["queue"].append((1e9, 0, 999)),
         r"`async\.queue\[\d+\] client` must be a client id in 0\.\.3, got 999",
     ),
+    "async-more-arrivals-than-dispatches": (
+        CASES[FedBuff][0],
+        lambda s: _async(s).update(arrivals_start=10**6),
+        r"`async\.arrivals_start` must be an int >= 0 and <= \d+, got 1000000",
+    ),
     "async-update-without-fields": (
         lambda: FedBuff(buffer_size=3, delays=ConstantDelay(1.0)),
         lambda s: [u.pop("num_steps") for u, _ in _async(s)["buffer"]] or _async(s)["buffer"].append(({"client_id": 0}, 0)),
