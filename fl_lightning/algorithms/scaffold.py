@@ -137,25 +137,25 @@ class SCAFFOLD(Algorithm):
         self.load_client_store(self.client_controls, state["client_controls"], "client_controls")
 
     def check_restored(self, rounds_done: int) -> None:
-        r"""Algorithm 1 keeps :math:`c = rac1N \sum_i c_i` (lines 12 and 17: :math:`c` moves by :math:`rac1N` of
+        r"""Algorithm 1 keeps :math:`c = \frac1N \sum_i c_i` (lines 12 and 17: :math:`c` moves by :math:`\frac1N` of
         every :math:`\Delta c_i`), so a control variate off that mean by more than round-off (relative
-        :data:`_CONTROL_RTOL` of :math:`rac1N\sum_i |c_i| + |c|`, in float64) was edited. Under client sharding,
-        where each process holds a share of the :math:`c_i`, it is not checked."""
-        n = self.federation.num_clients
-        if not all(self.client_controls.owns(cid) for cid in range(n)):
-            return
-        total = {name: torch.zeros_like(c, dtype=torch.float64) for name, c in self.control.items()}
-        magnitude = {name: torch.zeros_like(c, dtype=torch.float64) for name, c in self.control.items()}
+        :data:`_CONTROL_RTOL` of :math:`\frac1N\sum_i |c_i| + |c|`, in float64) was edited. Under client sharding,
+        where each process holds a share of the :math:`c_i`, the sums are added over the processes (one all-reduce)."""
+        n, sizes = self.federation.num_clients, [c.numel() for c in self.control.values()]
+        sums = torch.zeros(2, sum(sizes), dtype=torch.float64)  # sum_i c_i and sum_i |c_i|, flat
         for _, c_i in self.client_controls.items():
-            for name in total:
-                total[name].add_(c_i[name].double())
-                magnitude[name].add_(c_i[name].double().abs())
-        for name, c in self.control.items():
-            gap = (c.double() - total[name] / n).abs()
-            if bool((gap > _CONTROL_RTOL * (magnitude[name] / n + c.double().abs())).any()):
+            flat = torch.cat([c_i[name].double().reshape(-1) for name in self.control])
+            sums[0].add_(flat)
+            sums[1].add_(flat.abs())
+        total, magnitude = self.client_controls.sum_over_ranks(sums)
+        c = torch.cat([c.double().reshape(-1) for c in self.control.values()])
+        gap = (c - total / n).abs()
+        edited = gap > _CONTROL_RTOL * (magnitude / n + c.abs())
+        for name, name_gap, name_edited in zip(self.control, gap.split(sizes), edited.split(sizes)):
+            if bool(name_edited.any()):
                 raise InvalidStateError(
                     f"`control.{name}` is not the mean of the clients' `client_controls` (Algorithm 1 keeps c = (1/N) sum_i c_i): "
-                    f"off by up to {float(gap.max()):.4g}."
+                    f"off by up to {float(name_gap.max()):.4g}."
                 )
 
 

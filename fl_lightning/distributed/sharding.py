@@ -199,7 +199,11 @@ class ClientSharding:
     def sum_residues(self, residues: torch.Tensor) -> torch.Tensor:
         """Every rank's int64 ``residues`` added by one all-reduce (wrapping mod 2**64, so any sum mod
         2**b with b <= 64 is exact): secure aggregation's masked sums."""
-        return self._sum(residues.to(self.strategy.root_device)).cpu()
+        return self.sum_tensor(residues)
+
+    def sum_tensor(self, values: torch.Tensor) -> torch.Tensor:
+        """Every rank's ``values`` added by one all-reduce, on the CPU (a collective: every rank calls it)."""
+        return self._sum(values.to(self.strategy.root_device)).cpu()
 
     def gather_norms(self, clients: list[int], norms: Mapping[int, float]) -> dict[int, float]:
         """Every rank's update norms (``norms``: this rank's, by client), in selection order, by one

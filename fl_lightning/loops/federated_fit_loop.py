@@ -427,6 +427,7 @@ class FederatedFitLoop(compat.FitLoopBase):
                 folder=_spill_parent(self.trainer),
                 owns=sharding.owns if sharding is not None else None,
                 gather=sharding.gather_entries if sharding is not None else None,
+                reduce=sharding.sum_tensor if sharding is not None else None,
             )
 
     def _check_update_bound(self) -> None:

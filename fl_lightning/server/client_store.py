@@ -34,6 +34,8 @@ from fl_lightning.server.spill_folder import make_spill_folder, release_spill_fo
 
 #: Entries of every rank, gathered for a checkpoint (client sharding: :meth:`ClientSharding.gather_entries`).
 Gather = Callable[[dict[int, State]], dict[int, State]]
+#: A tensor summed over the ranks (client sharding: :meth:`ClientSharding.sum_tensor`).
+Reduce = Callable[[Tensor], Tensor]
 
 
 def _malloc_trim() -> Callable[[int], int] | None:
@@ -86,6 +88,7 @@ class ClientStore:
         self._untrimmed = 0  # bytes spilled since the last malloc_trim
         self._owns: Callable[[int], bool] | None = None
         self._gather: Gather | None = None
+        self._reduce: Reduce | None = None
         #: While recording (:meth:`record_changes`): each changed client's entry before the first change (None: none).
         self._undo: dict[int, State | None] | None = None
         self._excluded = False
@@ -97,6 +100,7 @@ class ClientStore:
         folder: str | os.PathLike[str] | None = None,
         owns: Callable[[int], bool] | None = None,
         gather: Gather | None = None,
+        reduce: Reduce | None = None,
     ) -> None:
         """Sets where and how much the store keeps.
 
@@ -107,8 +111,10 @@ class ClientStore:
             owns: under client sharding, whether this rank trains a client: the store then holds only those
                 clients (others are dropped, and reading or writing one is an error).
             gather: under client sharding, the collective that gives rank 0 every rank's entries for a checkpoint.
+            reduce: under client sharding, the collective that sums a tensor over the ranks (:meth:`sum_over_ranks`).
         """
         self._budget, self._parent, self._owns, self._gather = budget, None if folder is None else os.fspath(folder), owns, gather
+        self._reduce = reduce
         for cid in [c for c in self.ids() if owns is not None and not owns(c)]:
             self._discard(cid)
         self._fit_budget()
@@ -157,6 +163,11 @@ class ClientStore:
         mapped = self._arena.map() if self._arena is not None else None
         for cid in self.ids():
             yield cid, self._memory[cid] if cid in self._memory else self._arena.view(cid, mapped)  # type: ignore[union-attr,arg-type]
+
+    def sum_over_ranks(self, values: Tensor) -> Tensor:
+        """``values`` (computed from this process's entries) summed over the processes that share the clients: under
+        client sharding a collective (every rank calls it), else ``values``. For checks that need every client's entry."""
+        return values if self._reduce is None else self._reduce(values)
 
     def spilled_ids(self) -> list[int]:
         """The clients whose entry is on disk, in ascending order."""
@@ -263,7 +274,7 @@ class ClientStore:
         # parent folder, and is bound to no process (its own spill folder, no sharding).
         state = dict(self.__dict__)
         state.update(_memory=OrderedDict(self.items()), _spilled=set(), _resident=self.nbytes(), _folder=None, _arena=None)
-        state.update(_owns=None, _gather=None)
+        state.update(_owns=None, _gather=None, _reduce=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

@@ -3,6 +3,7 @@ store alone holds its state, spilled to disk here (a zero memory budget); 2 proc
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tests.distributed.ddp_run import fit
@@ -37,3 +38,18 @@ def test_a_two_process_checkpoint_holds_every_ranks_clients_and_resumes_on_one_o
     for resumed in (result(tmp_path / "resumed"), result(tmp_path / "resumed-one")):
         assert resumed["history"] == one["history"]
         assert max_diff(one["global_state"], resumed["global_state"]) <= TOLERANCE
+
+
+def test_scaffold_checks_its_controls_over_every_ranks_clients(tmp_path):
+    scaffold = ("--devices", "2", "--algorithm", "scaffold", "--executor", "lean", "--client-state-memory", "0")
+    run(tmp_path / "first", "--rounds", "2", *scaffold)
+    checkpoint = tmp_path / "first" / "checkpoints" / "last.ckpt"
+    run(tmp_path / "resumed", "--rounds", "3", "--resume", str(checkpoint), *scaffold)  # each rank holds half the c_i
+
+    state = torch.load(checkpoint, weights_only=False)
+    entries = state["loops"]["fit_loop"]["state_dict"]["federated"]["algorithm"]["client_controls"]["entries"]
+    for tensor in entries[next(c for c in entries if c % 2)].values():  # a client of rank 1
+        tensor.add_(1.0)
+    torch.save(state, tmp_path / "tampered.ckpt")
+    with pytest.raises(AssertionError, match=r"`control\.\S+` is not the mean of the clients' `client_controls`"):
+        run(tmp_path / "tampered", "--rounds", "3", "--resume", str(tmp_path / "tampered.ckpt"), *scaffold)
