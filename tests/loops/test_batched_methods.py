@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 import torch
 
-from fl_lightning import SCAFFOLD, FedDyn, FedProx
+from fl_lightning import SCAFFOLD, FedDyn, FedNova, FedProx, FlexibleParticipation
 from fl_lightning.algorithms.shared.algorithm import ClientContext
 from fl_lightning.callbacks.federated_callback import FederatedCallback
 from fl_lightning.models import MLP
+from fl_lightning.participation import BinomialSteps
 
 from ..quiet import quiet_trainer
 from .test_batched_clients import fit, max_diff, synthetic_data
@@ -85,8 +86,8 @@ def test_adamw_with_a_step_schedule_in_float32() -> None:
     compare(OPTIMIZERS["adamw-steplr-step"], precision="32-true")
 
 
-def mlp() -> MLP:
-    return MLP(in_features=12, hidden=(16,), num_classes=4, lr=0.1)
+def mlp(**kwargs: Any) -> MLP:
+    return MLP(in_features=12, hidden=(16,), num_classes=4, lr=0.1, **kwargs)
 
 
 METHODS: dict[str, Callable[[], Any]] = {
@@ -101,6 +102,24 @@ METHODS: dict[str, Callable[[], Any]] = {
 def test_methods_with_loss_terms_equal_lightnings(method: str, precision: str) -> None:
     ref_log, _ = compare(mlp, precision, algorithm=METHODS[method])
     assert any(u.metrics["train_regularizer"] != 0 for u in ref_log.updates.values())  # the terms acted
+
+
+#: Step counts unequal from unequal client sizes (two local epochs), or drawn per client and round by a participation
+#: model out of ``local_steps`` (0 included: an inactive client) in ``Algorithm.plan_client``, before the groups are made.
+DRAWN = {"local_epochs": None, "local_steps": 5}
+STEP_PLANS: dict[str, dict[str, Any]] = {
+    "fednova-epochs": {"algorithm": FedNova},
+    "fednova-participation": {"algorithm": lambda: FedNova(participation=BinomialSteps(0.6)), **DRAWN},
+    "flexible-participation": {"algorithm": lambda: FlexibleParticipation(participation=BinomialSteps(0.6)), **DRAWN},
+}
+
+
+@pytest.mark.parametrize("precision", ["64-true", "32-true"])
+@pytest.mark.parametrize("plan", list(STEP_PLANS))
+def test_methods_that_plan_local_steps_equal_lightnings(plan: str, precision: str) -> None:
+    ref_log, _ = compare(lambda: mlp(momentum=0.5), precision, **STEP_PLANS[plan])
+    if "participation" in plan:  # the drawn counts, not the data, set the steps
+        assert {u.num_steps for u in ref_log.updates.values()} - {5}
 
 
 def test_fedprox_with_adamw_and_a_step_schedule_equals_lightnings() -> None:

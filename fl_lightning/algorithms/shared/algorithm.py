@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 class Algorithm(RecordsInitArgs, ABC):
     """Server-side logic of a synchronous federated algorithm.
 
-    The loop calls, every round: :meth:`select_clients`; per client :meth:`configure_client`
+    The loop calls, every round: :meth:`select_clients`; per client :meth:`plan_client` (its local work), :meth:`configure_client`
     (after loading the global weights), local training, :meth:`client_update`; then
     :meth:`aggregate`, which updates the global state in place. Subclass and override only
     what differs; see ``examples/custom_algorithm.py``.
@@ -106,6 +106,11 @@ class Algorithm(RecordsInitArgs, ABC):
         fed = self.federation
         order = torch.randperm(fed.num_clients, generator=fed.generator("select", round_idx))
         return sorted(order[: fed.clients_per_round].tolist())
+
+    def plan_client(self, client: ClientContext) -> None:
+        """Decides the client's local work (``client.num_epochs`` / ``client.num_steps``, exactly one set) when its
+        context is made, before any executor trains it: the batched executor groups clients by their step counts
+        before it configures any. Nothing else of the run may change here; by default the trainer's local work."""
 
     def configure_client(self, client: ClientContext, module: pl.LightningModule, global_state: State) -> None:
         """Prepares the module for the client's local training (the global weights are already
