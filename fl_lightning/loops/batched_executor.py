@@ -25,6 +25,13 @@ gets a batch of padding only, whose update is dropped), each batch padded to the
 (the mean-step check applies). Recompiles are bounded by the group sizes a round brings (a full
 group and the last one) and, once, a ``batch_idx`` that becomes a symbolic integer.
 
+*Local tensors* (:class:`~fl_lightning.FederatedParameters` ``local``: FedBN's BatchNorm layers, FedPer's head):
+each member's own, loaded from the client store by its ``start_client``, is copied into its row of the stack
+before the group trains, and written back to the store from its row by its ``finish_client``. BatchNorm trains
+in training mode under ``vmap``: each client normalises with its own batch's statistics and updates its own
+running statistics (its row of the stacked buffers), as alone. Batches that need padding are refused with
+BatchNorm in training mode (:func:`check_mean_step`): the padded copies would enter the batch statistics.
+
 Extra memory: the stacked weights, gradients (and momentum buffers) and activations of one
 group of at most ``max_batched_clients`` clients, about ``3 K`` models; by default ``K`` is as
 many as half the device's free memory holds (:mod:`~fl_lightning.loops.batched_group_size`).
@@ -105,9 +112,6 @@ def check_batched_support(runtime: ClientRuntime) -> torch.optim.Optimizer:
         "gradient scaling": getattr(trainer.precision_plugin, "scaler", None),
         # Batches are moved to the device stacked (leading client dimension); a user's hook would see that.
         "overridden batch-transfer hooks": compat.overridden_batch_hooks(trainer) or None,
-        # Each client would need its own stacked copy, loaded from and kept in the client store.
-        "local tensors (federated_parameters)": sorted(runtime.client_tensors.local)[:3] if runtime.client_tensors
-        and runtime.client_tensors.local else None,
     }
     for what, value in unsupported.items():
         if value is not None:
@@ -265,16 +269,23 @@ class BatchedExecutor(ClientExecutor):
         if self._memory_cap is None:
             free = free_memory(self.runtime.trainer.strategy.root_device)
             self._memory_cap = group_size(self.runtime.live.values(), free, clients=sys.maxsize)
+        local = self._local_tensors
         for members in group_clients([len(stream) for stream in streams], self.max_clients or self._memory_cap):
             terms = GroupTerms()
+            # Each member's own local tensors (FedBN's BatchNorm, a personal head), as start_client loads them
+            # from the client store; the module holds only the last member's once all have started.
+            own: dict[int, State] = {}
             for i in sorted(members):
                 self.start_client(clients[i], global_state)
                 terms.add(self.runtime.module, clients[i].client_id)
+                own[i] = {name: t.detach().clone() for name, t in local.items()}
             started = sorted(members)
             inputs = terms.inputs([started.index(i) for i in members], self.runtime.trainer.strategy.root_device)
             # The group's steps, mean-step check included.
             with logging_skipped(self.runtime.module) as logged, step_count_reads(self.runtime.module) as reads:
-                state, loss_sums = self._train_group(optimizer, [streams[i] for i in members], inputs)
+                state, loss_sums = self._train_group(
+                    optimizer, [streams[i] for i in members], inputs, [own[i] for i in members]
+                )
             self._warn_skipped_logging(logged)
             self._warn_step_count_read(reads.read)
             for j, i in sorted(enumerate(members), key=lambda member: member[1]):
@@ -287,23 +298,24 @@ class BatchedExecutor(ClientExecutor):
                     client.metrics["train_loss"] = task
                     if regularized:
                         client.metrics["train_regularizer"] = regularizer
-                load_into(self.runtime.live, state.local_state(j))
+                load_into({**self.runtime.live, **local}, state.local_state(j))
                 updates[i] = self.finish_client(client, global_state)
         return [updates[i] for i in range(len(clients))]
 
     def _train_group(
-        self, optimizer: torch.optim.Optimizer, streams: Sequence[FlatStream], terms: TermInputs
+        self, optimizer: torch.optim.Optimizer, streams: Sequence[FlatStream], terms: TermInputs, own: Sequence[State]
     ) -> tuple[StackedState, Tensor]:
         """Trains one group of clients, sorted by their number of steps (most first), from the module's
-        weights, with their loss terms. Returns their stacked local state and each one's summed step
-        ``(task loss, regularizer, steps with one)``."""
+        weights and each one's ``own`` local tensors, with their loss terms. Returns their stacked local state
+        and each one's summed step ``(task loss, regularizer, steps with one)``."""
         trainer = self.runtime.trainer
         kinds = self.runtime.algorithm.federation.kinds
         # Each client gets its own copy of the frozen buffers too (a frozen BatchNorm in training mode updates its
         # statistics in place, which vmap refuses on an unstacked tensor); the copies are dropped after the group.
         frozen = self.runtime.client_tensors.frozen_buffers if self.runtime.client_tensors else {}
-        tensors = {**self.runtime.live, **frozen}
+        tensors = {**self.runtime.live, **self._local_tensors, **frozen}
         state = StackedState(tensors, optimizer, len(streams), kinds.aliases if kinds is not None else {})
+        state.load_rows(own)
         # Momentum buffers (SGD) or moments (Adam, AdamW), stacked like the weights, by tensor name.
         optimizer_state: dict[str, Any] = {}
         adam = type(optimizer) is not torch.optim.SGD
@@ -340,6 +352,12 @@ class BatchedExecutor(ClientExecutor):
             schedulers.step(batch_idx)
             loss_sums[:active] += parts.float()
         return state, loss_sums.cpu()
+
+    @property
+    def _local_tensors(self) -> State:
+        """The module's local tensors (live), each client's own (``FederatedParameters`` ``local``); none without."""
+        client_tensors = self.runtime.client_tensors
+        return dict(client_tensors.local) if client_tensors else {}
 
     def _stack(
         self, batches: list[list[Tensor]], structure: type | TreeSpec, rows: int | None, clients: int
