@@ -82,14 +82,21 @@ PREFIX = "client_executor='batched'"
 OPTIMIZERS = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)
 
 
+def configure_client_definer(algorithm: Algorithm) -> type:
+    """The class that defines ``algorithm``'s ``configure_client``, whose declarations
+    (``configure_client_sets_terms``, ``configure_client_loads_weights``) the batched executor reads."""
+    return next(cls for cls in type(algorithm).__mro__ if "configure_client" in vars(cls))
+
+
 def check_batched_support(runtime: ClientRuntime) -> torch.optim.Optimizer:
     """Raises a ``ValueError`` naming what the batched executor cannot reproduce; returns the optimizer."""
     trainer, module, algorithm = runtime.trainer, runtime.module, runtime.algorithm
-    definer = next(cls for cls in type(algorithm).__mro__ if "configure_client" in vars(cls))
+    definer = configure_client_definer(algorithm)
     if definer is not Algorithm and not vars(definer).get("configure_client_sets_terms", False):
         raise ValueError(
-            f"{PREFIX} runs algorithms whose configure_client at most sets the module's loss terms (FedAvg, FedProx, "
-            f"SCAFFOLD, FedDyn, CompressedFedAvg, ...: Algorithm.configure_client_sets_terms); "
+            f"{PREFIX} runs algorithms whose configure_client at most sets the module's loss terms and loads the "
+            f"client's own weights (FedAvg, FedProx, SCAFFOLD, FedDyn, Ditto, CompressedFedAvg, ...: "
+            "Algorithm.configure_client_sets_terms, configure_client_loads_weights); "
             f"{type(algorithm).__name__} overrides configure_client ({definer.__name__}.configure_client) with more than "
             "that. Use client_executor='lightning' or 'lean'."
         )
@@ -269,16 +276,18 @@ class BatchedExecutor(ClientExecutor):
         if self._memory_cap is None:
             free = free_memory(self.runtime.trainer.strategy.root_device)
             self._memory_cap = group_size(self.runtime.live.values(), free, clients=sys.maxsize)
-        local = self._local_tensors
+        # Each member's own tensors, as its start_client leaves them: its local tensors (FedBN's BatchNorm, a personal
+        # head) from the client store, and all its weights where configure_client loads them (Ditto's personal model).
+        loads = vars(configure_client_definer(self.runtime.algorithm)).get("configure_client_loads_weights", False)
+        own_tensors = {**self.runtime.live, **self._local_tensors} if loads else self._local_tensors
         for members in group_clients([len(stream) for stream in streams], self.max_clients or self._memory_cap):
             terms = GroupTerms()
-            # Each member's own local tensors (FedBN's BatchNorm, a personal head), as start_client loads them
-            # from the client store; the module holds only the last member's once all have started.
+            # The module holds only the last member's once all have started.
             own: dict[int, State] = {}
             for i in sorted(members):
                 self.start_client(clients[i], global_state)
                 terms.add(self.runtime.module, clients[i].client_id)
-                own[i] = {name: t.detach().clone() for name, t in local.items()}
+                own[i] = {name: t.detach().clone() for name, t in own_tensors.items()}
             started = sorted(members)
             inputs = terms.inputs([started.index(i) for i in members], self.runtime.trainer.strategy.root_device)
             # The group's steps, mean-step check included.
@@ -298,7 +307,7 @@ class BatchedExecutor(ClientExecutor):
                     client.metrics["train_loss"] = task
                     if regularized:
                         client.metrics["train_regularizer"] = regularizer
-                load_into({**self.runtime.live, **local}, state.local_state(j))
+                load_into({**self.runtime.live, **self._local_tensors}, state.local_state(j))
                 updates[i] = self.finish_client(client, global_state)
         return [updates[i] for i in range(len(clients))]
 

@@ -11,14 +11,14 @@ from typing import Any
 import pytest
 import torch
 
-from fl_lightning import SCAFFOLD, FedBN, FedDyn, FedNova, FedPer, FedProx, FlexibleParticipation
+from fl_lightning import SCAFFOLD, Ditto, FedBN, FedDyn, FedNova, FedPer, FedProx, FlexibleParticipation
 from fl_lightning.algorithms.shared.algorithm import ClientContext
 from fl_lightning.callbacks.federated_callback import FederatedCallback
 from fl_lightning.models import CNN, MLP
 from fl_lightning.participation import BinomialSteps
 
 from ..quiet import quiet_trainer
-from .test_batched_clients import fit, max_diff, synthetic_data
+from .test_batched_clients import OrderRecordingFedAvg, fit, max_diff, synthetic_data
 
 #: Weights and updates after 3 rounds equal the Lightning executor's to this, by precision.
 TOL = {"64-true": 1e-10, "32-true": 1e-6}
@@ -127,6 +127,31 @@ def test_methods_that_plan_local_steps_equal_lightnings(plan: str, precision: st
     ref_log, _ = compare(lambda: mlp(momentum=0.5), precision, **STEP_PLANS[plan])
     if "participation" in plan:  # the drawn counts, not the data, set the steps
         assert {u.num_steps for u in ref_log.updates.values()} - {5}
+
+
+class OwnStart(OrderRecordingFedAvg):
+    """Starts each client from weights of its own (the global ones moved by 0.01 x its id), declared."""
+
+    configure_client_sets_terms = True
+    configure_client_loads_weights = True
+
+    def configure_client(self, client: ClientContext, module: Any, global_state: Any) -> None:
+        own = {name: t + 0.01 * client.client_id for name, t in self.federation.local_weights().items()}
+        self.federation.load_local_weights(own)
+
+
+def test_a_configure_client_that_loads_each_clients_weights_equals_lightnings() -> None:
+    """Each member of a group starts from its own weights (copied after its configure_client), not the last one's."""
+    compare(mlp, algorithm=OwnStart)
+
+
+@pytest.mark.parametrize("precision", ["64-true", "32-true"])
+@pytest.mark.parametrize("personal_steps", [None, 3])
+def test_ditto_equals_lightnings(personal_steps: int | None, precision: str) -> None:
+    """Step 1 batched over the group; the personal pass (each client's v_k, loaded in configure_client, pulled towards
+    w^t by the proximal term, for the trainer's local work or ``personal_steps``) as a group of one: the stored v_k
+    agree too."""
+    compare(mlp, precision, algorithm=lambda: Ditto(lam=0.5, personal_steps=personal_steps))
 
 
 def batch_norm_cnn() -> CNN:

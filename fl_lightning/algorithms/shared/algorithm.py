@@ -48,6 +48,10 @@ class Algorithm(RecordsInitArgs, ABC):
     #: (:mod:`~fl_lightning.loops.batched_terms`). Read from the class that defines ``configure_client``, so a
     #: subclass that overrides it again must declare it again; ``Algorithm``'s own does nothing.
     configure_client_sets_terms: ClassVar[bool] = False
+    #: Whether this class's :meth:`configure_client` also loads the client's own weights
+    #: (``federation.load_local_weights``: Ditto's personal model), declared beside :attr:`configure_client_sets_terms`:
+    #: the batched executor then copies each member's weights after its ``configure_client`` into the member's row.
+    configure_client_loads_weights: ClassVar[bool] = False
 
     federation: Federation
 
