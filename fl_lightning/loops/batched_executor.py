@@ -91,6 +91,11 @@ def configure_client_definer(algorithm: Algorithm) -> type:
 def check_batched_support(runtime: ClientRuntime) -> torch.optim.Optimizer:
     """Raises a ``ValueError`` naming what the batched executor cannot reproduce; returns the optimizer."""
     trainer, module, algorithm = runtime.trainer, runtime.module, runtime.algorithm
+    if algorithm.batched_refusal:
+        raise ValueError(
+            f"{PREFIX} cannot train {type(algorithm).__name__}: {algorithm.batched_refusal} "
+            "Use client_executor='lightning' or 'lean'."
+        )
     definer = configure_client_definer(algorithm)
     if definer is not Algorithm and not vars(definer).get("configure_client_sets_terms", False):
         raise ValueError(

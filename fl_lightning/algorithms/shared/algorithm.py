@@ -52,6 +52,9 @@ class Algorithm(RecordsInitArgs, ABC):
     #: (``federation.load_local_weights``: Ditto's personal model), declared beside :attr:`configure_client_sets_terms`:
     #: the batched executor then copies each member's weights after its ``configure_client`` into the member's row.
     configure_client_loads_weights: ClassVar[bool] = False
+    #: Why the batched executor cannot train this algorithm's clients (its one error at fit start); empty when it can
+    #: or when the generic checks of :func:`~fl_lightning.loops.batched_executor.check_batched_support` say why.
+    batched_refusal: ClassVar[str] = ""
 
     federation: Federation
 
