@@ -274,9 +274,22 @@ class BatchedExecutor(ClientExecutor):
         self._mean_checked = False
         self._logging_warned = False
         self._step_count_warned = False
+        #: Whether a group is training (a train call inside one comes from ``client_update``: ``services.train_client``).
+        self._training = False
+        self._nested_warned = False
 
     @override
     def train(self, clients: Sequence[ClientContext], global_state: State) -> list[ClientUpdate]:
+        if self._training:
+            self._warn_nested()
+            return self._train(clients, global_state)
+        self._training = True
+        try:
+            return self._train(clients, global_state)
+        finally:
+            self._training = False
+
+    def _train(self, clients: Sequence[ClientContext], global_state: State) -> list[ClientUpdate]:
         optimizer = check_batched_support(self.runtime)
         streams = [flatten_stream(self.runtime.batches(client)) for client in clients]
         updates: dict[int, ClientUpdate] = {}
@@ -428,6 +441,17 @@ class BatchedExecutor(ClientExecutor):
                 "use client_executor='lightning' to log every step ('lean' keeps the on_epoch ones)."
             )
             self._logging_warned = True
+
+    def _warn_nested(self) -> None:
+        """Says once that the algorithm trains a client again from its ``client_update``, one client at a time."""
+        if not self._nested_warned:
+            rank_zero_warn(
+                f"{PREFIX}: {type(self.runtime.algorithm).__name__}.client_update trains its client again "
+                "(services.train_client: Ditto's personal pass), one client at a time, so each such pass runs as a group "
+                "of one client, equal to the other executors but slower than client_executor='lean' (Ditto: 0.44-0.61x "
+                "lean's clients/s, benchmarks/results/batched.md)."
+            )
+            self._nested_warned = True
 
     def _warn_step_count_read(self, read: bool) -> None:
         """Says once that ``training_step`` reads ``self.global_step``, which cannot advance per client here."""
