@@ -1,8 +1,10 @@
-"""Clients per second of the batched executor next to the lean one for methods with loss terms (FedProx, SCAFFOLD).
+"""Clients per second of the batched executor next to the lean one for the methods it batches beyond FedAvg.
 
 Workload: the digits federation (scikit-learn's 1,437 training digits over 100 clients by Dirichlet(0.5), 64
 features), MLP 64-64-10, plain SGD (lr 0.05), one local epoch of batch 10, ``--clients`` clients per round;
-FedProx (mu 0.01) and SCAFFOLD. Each repeat runs every (method, executor) pair once, interleaved, in one process
+FedProx (mu 0.01), SCAFFOLD, FedNova (unequal steps from unequal clients), FedPer (the output layer local: each
+client's own row, from and back to the client store) and Ditto (lambda 0.1: the personal pass runs one client at a
+time, a group of one under the batched executor). Each repeat runs every (method, executor) pair once, interleaved, in one process
 (so the machine's load hits them alike): ``--warmup`` rounds, then ``--rounds`` measured ones. Reported: clients
 per second = clients per round / the median round's process CPU time (the wall clock beside it), the batched
 executor's over the lean one's from the same repeat, and the largest weight difference between the two runs' final
@@ -28,13 +30,19 @@ import torch
 from harness import QUIET_TRAINER, RoundTimer, max_abs_diff  # benchmarks/ is on sys.path as a script
 from reporting import emit, header, load
 
-from fl_lightning import SCAFFOLD, FederatedTrainer, FedProx
+from fl_lightning import SCAFFOLD, Ditto, FederatedTrainer, FedNova, FedPer, FedProx
 from fl_lightning.algorithms.shared.algorithm import Algorithm
 from fl_lightning.data import Dirichlet, FederatedDataModule
 from fl_lightning.data.datasets.digits import Digits
 from fl_lightning.models import MLP
 
-METHODS: dict[str, Callable[[], Algorithm]] = {"FedProx (mu 0.01)": lambda: FedProx(mu=0.01), "SCAFFOLD": SCAFFOLD}
+METHODS: dict[str, Callable[[], Algorithm]] = {
+    "FedProx (mu 0.01)": lambda: FedProx(mu=0.01),
+    "SCAFFOLD": SCAFFOLD,
+    "FedNova": FedNova,
+    "FedPer (net.3 local)": lambda: FedPer(personal=["net.3"]),
+    "Ditto (lambda 0.1)": lambda: Ditto(lam=0.1),
+}
 EXECUTORS = ("lean", "batched")
 
 
@@ -79,7 +87,7 @@ def main() -> None:
                 f"| {max_abs_diff(weights['batched'], weights['lean']):.1e} |"
             )
     report = [
-        f"# Batched vs lean for methods with loss terms, {args.clients} clients per round",
+        f"# Batched vs lean per method, {args.clients} clients per round",
         "",
         *header(started, load_before, threads=1),
         f"- {args.warmup} warm-up + {args.rounds} measured rounds per run, {args.repeats} interleaved repeats",

@@ -45,8 +45,10 @@ class Ditto(PersonalizedFedAvg):
     :class:`~fl_lightning.FederatedEvaluation` (``clients/personal/*``), the paper's headline (mean and
     worst-client accuracy of the personalised models).
 
-    Shards: no (the store is per process; see :class:`PersonalizedFedAvg`). The batched executor is
-    refused (it runs plain SGD from the global weights). Composes with ``DPFedAvg`` (the released global
+    Shards: no (the store is per process; see :class:`PersonalizedFedAvg`). Under the batched executor step 1
+    trains the round's clients in groups; step 2, driven from :meth:`client_update` one client at a time, is a group
+    of that one client (its :math:`v_k` loaded by :meth:`configure_client`, the proximal term stacked as FedProx's),
+    equal to the sequential executors but not vectorised over clients. Composes with ``DPFedAvg`` (the released global
     model is clipped and noised; :math:`v_k` is never released, but is trained on the client's data
     without noise) and with the robust rules over its global aggregation, as the paper's robustness
     experiments do.
@@ -59,6 +61,8 @@ class Ditto(PersonalizedFedAvg):
     """
 
     needs_fresh_optimizer: ClassVar[str] = "Ditto's personal pass (Algorithm 1, step 2) starts a fresh optimizer on v_k"
+    configure_client_sets_terms: ClassVar[bool] = True
+    configure_client_loads_weights: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -88,6 +92,11 @@ class Ditto(PersonalizedFedAvg):
         self._personal_pass = False
 
     @override
+    def plan_client(self, client: ClientContext) -> None:
+        if self._personal_pass and self.personal_steps is not None:
+            client.num_epochs, client.num_steps = None, self.personal_steps
+
+    @override
     def configure_client(self, client: ClientContext, module: pl.LightningModule, global_state: State) -> None:
         if not self._personal_pass:  # step 1: FedAvg's local work, with no term left from a personal pass
             module.set_proximal_center(global_state, 0.0)  # type: ignore[attr-defined]
@@ -95,8 +104,6 @@ class Ditto(PersonalizedFedAvg):
         own = self.personal.get(client.client_id)
         self.federation.load_local_weights(self.initial if own is None else own)
         module.set_proximal_center(global_state, self.lam)  # type: ignore[attr-defined]
-        if self.personal_steps is not None:
-            client.num_epochs, client.num_steps = None, self.personal_steps
 
     @override
     def client_update(self, client: ClientContext, module: pl.LightningModule, delta: State) -> ClientUpdate:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import lightning.pytorch as pl
 import torch
@@ -100,6 +100,14 @@ class FedMRN(CompressedFedAvg):
     """
 
     codec: MaskedNoiseCodec
+
+    batched_refusal: ClassVar[str] = (
+        "its clients train latent updates u and noise n that live outside the module's state_dict (the "
+        "MaskedNoiseMixin's LatentUpdate holders), which the batched executor does not stack per client, and draw "
+        "each step's stochastic masks and P ~ Bern(tau/S) (eq. 6-10) from a torch.Generator of their own, which "
+        "torch.vmap cannot call once per client, so a batched step could not give each client the draws the "
+        "sequential executors give it."
+    )
 
     def __init__(
         self,

@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
-import lightning.pytorch as pl
 import torch
 
 from fl_lightning.algorithms.shared.aggregation import buffers_as_mean, weighted_sum
@@ -90,7 +89,8 @@ class FedNova(Algorithm):
     from the step count each update carries. Does not shard its clients over processes: the server step
     needs two sums over clients besides the deltas (:math:`\sum n_i` and :math:`\sum n_i\lVert a_i\rVert_1`),
     and the weighted-sum protocol carries one; for the same reason it composes with neither DP nor the
-    robust aggregators (both refuse it). The batched executor refuses it (it sets each client's steps).
+    robust aggregators (both refuse it). Each client's steps are drawn when its context is made (:meth:`plan_client`),
+    before training, so the batched executor groups clients by them and trains FedNova as the sequential executors do.
 
     Args:
         participation: how many of the trainer's ``local_steps`` each client completes (flexible
@@ -132,7 +132,7 @@ class FedNova(Algorithm):
                 )
             self.participation.setup(num_clients=federation.num_clients, seed=federation.seed)
 
-    def configure_client(self, client: ClientContext, module: pl.LightningModule, global_state: State) -> None:
+    def plan_client(self, client: ClientContext) -> None:
         if self.participation is not None:
             requested = self.federation.local_steps
             assert requested is not None  # checked in setup

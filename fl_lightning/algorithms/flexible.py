@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
-import lightning.pytorch as pl
 import numpy as np
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
@@ -187,7 +186,7 @@ class FlexibleParticipation(Algorithm):
             )
         self._evaluated = members
 
-    def configure_client(self, client: ClientContext, module: pl.LightningModule, global_state: State) -> None:
+    def plan_client(self, client: ClientContext) -> None:
         client.num_epochs = None
         client.num_steps = self.participation.completed_steps(client.client_id, client.round_idx, self.requested)
 

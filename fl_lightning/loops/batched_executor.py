@@ -25,6 +25,15 @@ gets a batch of padding only, whose update is dropped), each batch padded to the
 (the mean-step check applies). Recompiles are bounded by the group sizes a round brings (a full
 group and the last one) and, once, a ``batch_idx`` that becomes a symbolic integer.
 
+*Local tensors* (:class:`~fl_lightning.FederatedParameters` ``local``: FedBN's BatchNorm layers, FedPer's head):
+each member's own, loaded from the client store by its ``start_client``, is copied into its row of the stack
+before the group trains, and written back to the store from its row by its ``finish_client``; so are all of its
+weights where the algorithm's ``configure_client`` loads the client's own (``configure_client_loads_weights``:
+Ditto's personal model). BatchNorm trains
+in training mode under ``vmap``: each client normalises with its own batch's statistics and updates its own
+running statistics (its row of the stacked buffers), as alone. Batches that need padding are refused with
+BatchNorm in training mode (:func:`check_mean_step`): the padded copies would enter the batch statistics.
+
 Extra memory: the stacked weights, gradients (and momentum buffers) and activations of one
 group of at most ``max_batched_clients`` clients, about ``3 K`` models; by default ``K`` is as
 many as half the device's free memory holds (:mod:`~fl_lightning.loops.batched_group_size`).
@@ -75,14 +84,26 @@ PREFIX = "client_executor='batched'"
 OPTIMIZERS = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)
 
 
+def configure_client_definer(algorithm: Algorithm) -> type:
+    """The class that defines ``algorithm``'s ``configure_client``, whose declarations
+    (``configure_client_sets_terms``, ``configure_client_loads_weights``) the batched executor reads."""
+    return next(cls for cls in type(algorithm).__mro__ if "configure_client" in vars(cls))
+
+
 def check_batched_support(runtime: ClientRuntime) -> torch.optim.Optimizer:
     """Raises a ``ValueError`` naming what the batched executor cannot reproduce; returns the optimizer."""
     trainer, module, algorithm = runtime.trainer, runtime.module, runtime.algorithm
-    definer = next(cls for cls in type(algorithm).__mro__ if "configure_client" in vars(cls))
+    if algorithm.batched_refusal:
+        raise ValueError(
+            f"{PREFIX} cannot train {type(algorithm).__name__}: {algorithm.batched_refusal} "
+            "Use client_executor='lightning' or 'lean'."
+        )
+    definer = configure_client_definer(algorithm)
     if definer is not Algorithm and not vars(definer).get("configure_client_sets_terms", False):
         raise ValueError(
-            f"{PREFIX} runs algorithms whose configure_client at most sets the module's loss terms (FedAvg, FedProx, "
-            f"SCAFFOLD, FedDyn, CompressedFedAvg, ...: Algorithm.configure_client_sets_terms); "
+            f"{PREFIX} runs algorithms whose configure_client at most sets the module's loss terms and loads the "
+            f"client's own weights (FedAvg, FedProx, SCAFFOLD, FedDyn, Ditto, CompressedFedAvg, ...: "
+            "Algorithm.configure_client_sets_terms, configure_client_loads_weights); "
             f"{type(algorithm).__name__} overrides configure_client ({definer.__name__}.configure_client) with more than "
             "that. Use client_executor='lightning' or 'lean'."
         )
@@ -105,9 +126,6 @@ def check_batched_support(runtime: ClientRuntime) -> torch.optim.Optimizer:
         "gradient scaling": getattr(trainer.precision_plugin, "scaler", None),
         # Batches are moved to the device stacked (leading client dimension); a user's hook would see that.
         "overridden batch-transfer hooks": compat.overridden_batch_hooks(trainer) or None,
-        # Each client would need its own stacked copy, loaded from and kept in the client store.
-        "local tensors (federated_parameters)": sorted(runtime.client_tensors.local)[:3] if runtime.client_tensors
-        and runtime.client_tensors.local else None,
     }
     for what, value in unsupported.items():
         if value is not None:
@@ -256,25 +274,47 @@ class BatchedExecutor(ClientExecutor):
         self._mean_checked = False
         self._logging_warned = False
         self._step_count_warned = False
+        #: Whether a group is training (a train call inside one comes from ``client_update``: ``services.train_client``).
+        self._training = False
+        self._nested_warned = False
 
     @override
     def train(self, clients: Sequence[ClientContext], global_state: State) -> list[ClientUpdate]:
+        if self._training:
+            self._warn_nested()
+            return self._train(clients, global_state)
+        self._training = True
+        try:
+            return self._train(clients, global_state)
+        finally:
+            self._training = False
+
+    def _train(self, clients: Sequence[ClientContext], global_state: State) -> list[ClientUpdate]:
         optimizer = check_batched_support(self.runtime)
         streams = [flatten_stream(self.runtime.batches(client)) for client in clients]
         updates: dict[int, ClientUpdate] = {}
         if self._memory_cap is None:
             free = free_memory(self.runtime.trainer.strategy.root_device)
             self._memory_cap = group_size(self.runtime.live.values(), free, clients=sys.maxsize)
+        # Each member's own tensors, as its start_client leaves them: its local tensors (FedBN's BatchNorm, a personal
+        # head) from the client store, and all its weights where configure_client loads them (Ditto's personal model).
+        loads = vars(configure_client_definer(self.runtime.algorithm)).get("configure_client_loads_weights", False)
+        own_tensors = {**self.runtime.live, **self._local_tensors} if loads else self._local_tensors
         for members in group_clients([len(stream) for stream in streams], self.max_clients or self._memory_cap):
             terms = GroupTerms()
+            # The module holds only the last member's once all have started.
+            own: dict[int, State] = {}
             for i in sorted(members):
                 self.start_client(clients[i], global_state)
                 terms.add(self.runtime.module, clients[i].client_id)
+                own[i] = {name: t.detach().clone() for name, t in own_tensors.items()}
             started = sorted(members)
             inputs = terms.inputs([started.index(i) for i in members], self.runtime.trainer.strategy.root_device)
             # The group's steps, mean-step check included.
             with logging_skipped(self.runtime.module) as logged, step_count_reads(self.runtime.module) as reads:
-                state, loss_sums = self._train_group(optimizer, [streams[i] for i in members], inputs)
+                state, loss_sums = self._train_group(
+                    optimizer, [streams[i] for i in members], inputs, [own[i] for i in members]
+                )
             self._warn_skipped_logging(logged)
             self._warn_step_count_read(reads.read)
             for j, i in sorted(enumerate(members), key=lambda member: member[1]):
@@ -287,23 +327,24 @@ class BatchedExecutor(ClientExecutor):
                     client.metrics["train_loss"] = task
                     if regularized:
                         client.metrics["train_regularizer"] = regularizer
-                load_into(self.runtime.live, state.local_state(j))
+                load_into({**self.runtime.live, **self._local_tensors}, state.local_state(j))
                 updates[i] = self.finish_client(client, global_state)
         return [updates[i] for i in range(len(clients))]
 
     def _train_group(
-        self, optimizer: torch.optim.Optimizer, streams: Sequence[FlatStream], terms: TermInputs
+        self, optimizer: torch.optim.Optimizer, streams: Sequence[FlatStream], terms: TermInputs, own: Sequence[State]
     ) -> tuple[StackedState, Tensor]:
         """Trains one group of clients, sorted by their number of steps (most first), from the module's
-        weights, with their loss terms. Returns their stacked local state and each one's summed step
-        ``(task loss, regularizer, steps with one)``."""
+        weights and each one's ``own`` local tensors, with their loss terms. Returns their stacked local state
+        and each one's summed step ``(task loss, regularizer, steps with one)``."""
         trainer = self.runtime.trainer
         kinds = self.runtime.algorithm.federation.kinds
         # Each client gets its own copy of the frozen buffers too (a frozen BatchNorm in training mode updates its
         # statistics in place, which vmap refuses on an unstacked tensor); the copies are dropped after the group.
         frozen = self.runtime.client_tensors.frozen_buffers if self.runtime.client_tensors else {}
-        tensors = {**self.runtime.live, **frozen}
+        tensors = {**self.runtime.live, **self._local_tensors, **frozen}
         state = StackedState(tensors, optimizer, len(streams), kinds.aliases if kinds is not None else {})
+        state.load_rows(own)
         # Momentum buffers (SGD) or moments (Adam, AdamW), stacked like the weights, by tensor name.
         optimizer_state: dict[str, Any] = {}
         adam = type(optimizer) is not torch.optim.SGD
@@ -340,6 +381,12 @@ class BatchedExecutor(ClientExecutor):
             schedulers.step(batch_idx)
             loss_sums[:active] += parts.float()
         return state, loss_sums.cpu()
+
+    @property
+    def _local_tensors(self) -> State:
+        """The module's local tensors (live), each client's own (``FederatedParameters`` ``local``); none without."""
+        client_tensors = self.runtime.client_tensors
+        return dict(client_tensors.local) if client_tensors else {}
 
     def _stack(
         self, batches: list[list[Tensor]], structure: type | TreeSpec, rows: int | None, clients: int
@@ -394,6 +441,17 @@ class BatchedExecutor(ClientExecutor):
                 "use client_executor='lightning' to log every step ('lean' keeps the on_epoch ones)."
             )
             self._logging_warned = True
+
+    def _warn_nested(self) -> None:
+        """Says once that the algorithm trains a client again from its ``client_update``, one client at a time."""
+        if not self._nested_warned:
+            rank_zero_warn(
+                f"{PREFIX}: {type(self.runtime.algorithm).__name__}.client_update trains its client again "
+                "(services.train_client: Ditto's personal pass), one client at a time, so each such pass runs as a group "
+                "of one client, equal to the other executors but slower than client_executor='lean' (Ditto: 0.44-0.61x "
+                "lean's clients/s, benchmarks/results/batched.md)."
+            )
+            self._nested_warned = True
 
     def _warn_step_count_read(self, read: bool) -> None:
         """Says once that ``training_step`` reads ``self.global_step``, which cannot advance per client here."""

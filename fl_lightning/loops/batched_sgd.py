@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -255,6 +255,13 @@ class StackedState:
             for _, params in self.groups:
                 if name in params:
                     params[name] = new
+
+    @torch.no_grad()
+    def load_rows(self, rows: Sequence[Mapping[str, Tensor]]) -> None:
+        """Puts ``rows[j]`` (tensors by ``state_dict`` name, a client's own local tensors) into client ``j``'s row."""
+        for j, tensors in enumerate(rows):
+            for name, t in tensors.items():
+                self.by_name[name][j].copy_(t)
 
     def local_state(self, j: int) -> dict[str, Tensor]:
         """Client ``j``'s tensors by ``state_dict`` name."""

@@ -111,7 +111,7 @@ class SequentialExecutor(ClientExecutor):
 
     def train_client(self, client: ClientContext, global_state: State) -> ClientUpdate:
         self.start_client(client, global_state)
-        batches = self.runtime.batches(client)  # after configure_client, which may change the local work
+        batches = self.runtime.batches(client)  # after configure_client, which may change the local work (Ditto)
         try:
             client.completed_steps = self.run_steps(batches) if len(batches) else 0
         except ValueError as error:

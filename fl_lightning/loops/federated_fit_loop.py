@@ -686,8 +686,9 @@ class FederatedFitLoop(compat.FitLoopBase):
         return max(steps(cid) for cid in range(data.num_clients))
 
     def client_context(self, round_idx: int, cid: int, *, seed: int | None = None) -> ClientContext:
-        """The context of client ``cid`` in round ``round_idx``; its data seed defaults to one derived from both."""
-        return ClientContext(
+        """The context of client ``cid`` in round ``round_idx``, its local work planned by the algorithm; its data
+        seed defaults to one derived from both."""
+        client = ClientContext(
             round_idx=round_idx,
             client_id=cid,
             num_samples=int(self.federation.num_samples[cid]),
@@ -695,6 +696,8 @@ class FederatedFitLoop(compat.FitLoopBase):
             num_steps=self.local_steps,
             seed=derive_seed(self.seed, "client", round_idx, cid) if seed is None else seed,
         )
+        self.algorithm.plan_client(client)
+        return client
 
     def client_batches(self, client: ClientContext) -> Sized:
         """The client's local batch stream for this round, ordered by ``client.seed`` (an iterable

@@ -160,7 +160,3 @@ def test_a_module_without_the_proximal_mixin_is_rejected():
     with pytest.raises(TypeError, match=r"Ditto needs a LightningModule that inherits `fl_lightning.ProximalMixin`"):
         trainer.fit(Quadratic(), datamodule=quadratic_data())
 
-
-def test_the_batched_executor_is_refused():
-    with pytest.raises(ValueError, match=r"client_executor='batched'.*Ditto overrides configure_client"):
-        fit(Ditto(), client_executor="batched")

@@ -178,7 +178,3 @@ def test_a_checkpoint_naming_an_unknown_client_is_refused():
     with pytest.raises(ValueError, match=r"`personal` names client 7, but this federation has clients 0..2"):
         algorithm.load_state_dict(saved)
 
-
-def test_the_batched_executor_is_refused():
-    with pytest.raises(ValueError, match=r"client_executor='batched'.*does not support local tensors.*net.1.bias"):
-        fit(FedBN(), client_executor="batched")

@@ -182,7 +182,3 @@ def test_dp_and_robust_aggregators_refuse_it():
     with pytest.raises(ValueError, match=r"TrimmedMean replaces the average of a group of client updates, but FedNova"):
         TrimmedMean(algorithm=FedNova())
 
-
-def test_the_batched_executor_refuses_it():
-    with pytest.raises(ValueError, match=r"FedNova overrides configure_client"):
-        fit(FedNova(), client_executor="batched")

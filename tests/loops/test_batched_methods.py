@@ -11,13 +11,14 @@ from typing import Any
 import pytest
 import torch
 
-from fl_lightning import SCAFFOLD, FedDyn, FedProx
+from fl_lightning import SCAFFOLD, Ditto, FedBN, FedDyn, FedNova, FedPer, FedProx, FlexibleParticipation
 from fl_lightning.algorithms.shared.algorithm import ClientContext
 from fl_lightning.callbacks.federated_callback import FederatedCallback
-from fl_lightning.models import MLP
+from fl_lightning.models import CNN, MLP
+from fl_lightning.participation import BinomialSteps
 
 from ..quiet import quiet_trainer
-from .test_batched_clients import fit, max_diff, synthetic_data
+from .test_batched_clients import OrderRecordingFedAvg, fit, max_diff, synthetic_data
 
 #: Weights and updates after 3 rounds equal the Lightning executor's to this, by precision.
 TOL = {"64-true": 1e-10, "32-true": 1e-6}
@@ -56,12 +57,15 @@ OPTIMIZERS: dict[str, Callable[[], Configured]] = {
 }
 
 
-def compare(model_fn: Callable[[], Any], precision: str = "64-true", **kwargs: Any) -> tuple[Any, Any]:
+def compare(
+    model_fn: Callable[[], Any], precision: str = "64-true", *, own_tol: float | None = None, **kwargs: Any
+) -> tuple[Any, Any]:
     """Lightning's and the batched executor's runs (3 rounds of 4 ragged clients, two local epochs): asserts that
-    the weights and every update agree to :data:`TOL`, every client's losses to :data:`LOSS_TOL`; returns both logs."""
+    the weights and every update agree to :data:`TOL`, every client's own tensors (``algorithm.personal``, where it
+    keeps them) to ``own_tol`` (default the same), every client's losses to :data:`LOSS_TOL`; returns both logs."""
     kwargs = {"max_epochs": 3, "local_epochs": 2, "precision": precision, **kwargs}
-    ref_model, ref_log, _ = fit("lightning", model_fn, **kwargs)
-    model, log, _ = fit("batched", model_fn, **kwargs)
+    ref_model, ref_log, ref_algorithm = fit("lightning", model_fn, **kwargs)
+    model, log, algorithm = fit("batched", model_fn, **kwargs)
     tol = TOL[precision]
     assert log.updates.keys() == ref_log.updates.keys()
     assert len({u.num_steps for u in log.updates.values()}) > 1  # ragged: unequal step counts in one group
@@ -73,6 +77,10 @@ def compare(model_fn: Callable[[], Any], precision: str = "64-true", **kwargs: A
         for name, value in want.metrics.items():
             assert got.metrics[name] == pytest.approx(value, abs=LOSS_TOL), (key, name)
     assert max_diff(model.state_dict(), ref_model.state_dict()) <= tol
+    if hasattr(ref_algorithm, "personal"):
+        assert algorithm.personal.ids() == ref_algorithm.personal.ids() != []
+        for cid, want_own in ref_algorithm.personal.items():
+            assert max_diff(algorithm.personal.get(cid), want_own) <= (own_tol or tol), cid
     return ref_log, log
 
 
@@ -85,8 +93,8 @@ def test_adamw_with_a_step_schedule_in_float32() -> None:
     compare(OPTIMIZERS["adamw-steplr-step"], precision="32-true")
 
 
-def mlp() -> MLP:
-    return MLP(in_features=12, hidden=(16,), num_classes=4, lr=0.1)
+def mlp(**kwargs: Any) -> MLP:
+    return MLP(in_features=12, hidden=(16,), num_classes=4, lr=0.1, **kwargs)
 
 
 METHODS: dict[str, Callable[[], Any]] = {
@@ -101,6 +109,82 @@ METHODS: dict[str, Callable[[], Any]] = {
 def test_methods_with_loss_terms_equal_lightnings(method: str, precision: str) -> None:
     ref_log, _ = compare(mlp, precision, algorithm=METHODS[method])
     assert any(u.metrics["train_regularizer"] != 0 for u in ref_log.updates.values())  # the terms acted
+
+
+#: Step counts unequal from unequal client sizes (two local epochs), or drawn per client and round by a participation
+#: model out of ``local_steps`` (0 included: an inactive client) in ``Algorithm.plan_client``, before the groups are made.
+DRAWN = {"local_epochs": None, "local_steps": 5}
+STEP_PLANS: dict[str, dict[str, Any]] = {
+    "fednova-epochs": {"algorithm": FedNova},
+    "fednova-participation": {"algorithm": lambda: FedNova(participation=BinomialSteps(0.6)), **DRAWN},
+    "flexible-participation": {"algorithm": lambda: FlexibleParticipation(participation=BinomialSteps(0.6)), **DRAWN},
+}
+
+
+@pytest.mark.parametrize("precision", ["64-true", "32-true"])
+@pytest.mark.parametrize("plan", list(STEP_PLANS))
+def test_methods_that_plan_local_steps_equal_lightnings(plan: str, precision: str) -> None:
+    ref_log, _ = compare(lambda: mlp(momentum=0.5), precision, **STEP_PLANS[plan])
+    if "participation" in plan:  # the drawn counts, not the data, set the steps
+        assert {u.num_steps for u in ref_log.updates.values()} - {5}
+
+
+class OwnStart(OrderRecordingFedAvg):
+    """Starts each client from weights of its own (the global ones moved by 0.01 x its id), declared."""
+
+    configure_client_sets_terms = True
+    configure_client_loads_weights = True
+
+    def configure_client(self, client: ClientContext, module: Any, global_state: Any) -> None:
+        own = {name: t + 0.01 * client.client_id for name, t in self.federation.local_weights().items()}
+        self.federation.load_local_weights(own)
+
+
+def test_a_configure_client_that_loads_each_clients_weights_equals_lightnings() -> None:
+    """Each member of a group starts from its own weights (copied after its configure_client), not the last one's."""
+    compare(mlp, algorithm=OwnStart)
+
+
+@pytest.mark.parametrize("precision", ["64-true", "32-true"])
+@pytest.mark.parametrize("personal_steps", [None, 3])
+def test_ditto_equals_lightnings(personal_steps: int | None, precision: str) -> None:
+    """Step 1 batched over the group; the personal pass (each client's v_k, loaded in configure_client, pulled towards
+    w^t by the proximal term, for the trainer's local work or ``personal_steps``) as a group of one: the stored v_k
+    agree too; the one-client passes are said once."""
+    with pytest.warns(UserWarning, match=r"Ditto.client_update trains its client again .* a group of one client"):
+        compare(mlp, precision, algorithm=lambda: Ditto(lam=0.5, personal_steps=personal_steps))
+
+
+def batch_norm_cnn() -> CNN:
+    return CNN(in_channels=1, image_size=8, num_classes=4, batch_norm=True, lr=0.05, momentum=0.5)
+
+
+#: Batches of one shape (no padding, which BatchNorm's batch statistics refuse), unequal steps (two local epochs).
+EQUAL_BATCHES = {"image": True, "data": {"batch_size": 4, "drop_last": True}}
+
+
+#: FedBN's stored running statistics in float32: the statistics of a convolution's outputs (800-term sums that
+#: cancel) move by up to 2.5e-6 (on values near 1.9) after one round when the weights differ by one unit in the last
+#: place (1.2e-7), which the batched backward pass's other summation order gives; 1e-10 in float64.
+RUNNING_STATISTICS_TOL_32 = 1e-5
+
+
+@pytest.mark.parametrize("precision", ["64-true", "32-true"])
+def test_fedbn_equals_lightnings(precision: str) -> None:
+    """Each client's own BatchNorm (affine tensors and running statistics, trained in training mode) is loaded into
+    its row of the group and stored back from it: the clients' stores, updates and the global weights agree."""
+    own_tol = RUNNING_STATISTICS_TOL_32 if precision == "32-true" else None
+    compare(batch_norm_cnn, precision, own_tol=own_tol, algorithm=FedBN, **EQUAL_BATCHES)
+
+
+def test_fedper_with_padded_batches_equals_lightnings() -> None:
+    """A local head on ragged clients: their batches are padded, the head is each client's own."""
+    compare(mlp, algorithm=lambda: FedPer(personal=["net.3"]))
+
+
+def test_fedbn_on_batches_that_need_padding_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"BatchNorm layers in training mode \(net\.1, net\.5\)"):
+        fit("batched", batch_norm_cnn, image=True, algorithm=FedBN, max_epochs=1, local_epochs=2)
 
 
 def test_fedprox_with_adamw_and_a_step_schedule_equals_lightnings() -> None:

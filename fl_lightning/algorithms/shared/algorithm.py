@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 class Algorithm(RecordsInitArgs, ABC):
     """Server-side logic of a synchronous federated algorithm.
 
-    The loop calls, every round: :meth:`select_clients`; per client :meth:`configure_client`
+    The loop calls, every round: :meth:`select_clients`; per client :meth:`plan_client` (its local work), :meth:`configure_client`
     (after loading the global weights), local training, :meth:`client_update`; then
     :meth:`aggregate`, which updates the global state in place. Subclass and override only
     what differs; see ``examples/custom_algorithm.py``.
@@ -48,6 +48,13 @@ class Algorithm(RecordsInitArgs, ABC):
     #: (:mod:`~fl_lightning.loops.batched_terms`). Read from the class that defines ``configure_client``, so a
     #: subclass that overrides it again must declare it again; ``Algorithm``'s own does nothing.
     configure_client_sets_terms: ClassVar[bool] = False
+    #: Whether this class's :meth:`configure_client` also loads the client's own weights
+    #: (``federation.load_local_weights``: Ditto's personal model), declared beside :attr:`configure_client_sets_terms`:
+    #: the batched executor then copies each member's weights after its ``configure_client`` into the member's row.
+    configure_client_loads_weights: ClassVar[bool] = False
+    #: Why the batched executor cannot train this algorithm's clients (its one error at fit start); empty when it can
+    #: or when the generic checks of :func:`~fl_lightning.loops.batched_executor.check_batched_support` say why.
+    batched_refusal: ClassVar[str] = ""
 
     federation: Federation
 
@@ -106,6 +113,11 @@ class Algorithm(RecordsInitArgs, ABC):
         fed = self.federation
         order = torch.randperm(fed.num_clients, generator=fed.generator("select", round_idx))
         return sorted(order[: fed.clients_per_round].tolist())
+
+    def plan_client(self, client: ClientContext) -> None:
+        """Decides the client's local work (``client.num_epochs`` / ``client.num_steps``, exactly one set) when its
+        context is made, before any executor trains it: the batched executor groups clients by their step counts
+        before it configures any. Nothing else of the run may change here; by default the trainer's local work."""
 
     def configure_client(self, client: ClientContext, module: pl.LightningModule, global_state: State) -> None:
         """Prepares the module for the client's local training (the global weights are already

@@ -20,7 +20,7 @@ TRAINING_METRICS = ("train_loss", "train_regularizer")
 class ClientContext:
     """One client's assignment in one round.
 
-    ``configure_client`` may change the local work (``num_epochs`` / ``num_steps``, exactly
+    ``Algorithm.plan_client`` may change the local work (``num_epochs`` / ``num_steps``, exactly
     one of them set); the loop fills ``completed_steps`` and ``metrics`` after local training.
     """
 

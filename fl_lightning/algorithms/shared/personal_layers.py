@@ -22,7 +22,8 @@ class PersonalLayers(OwnStateFedAvg):
     uploads, DP noise, codecs and robust rules cover the shared tensors only. The global model keeps the
     initial local tensors; :class:`~fl_lightning.FederatedEvaluation` scores each client with its own
     (``clients/personal/*``, :meth:`personalized_state`). Multi-process client sharding is refused (the
-    personalised evaluation reads every client's tensors on each process); the batched executor too.
+    personalised evaluation reads every client's tensors on each process). The batched executor loads each member's
+    own local tensors into its row of the group and stores them back from it.
 
     Args:
         local: patterns of the layers each client keeps (a module name such as ``"head"``, a ``state_dict``

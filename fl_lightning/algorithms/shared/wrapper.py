@@ -48,6 +48,10 @@ class AlgorithmWrapper(Algorithm):
         return self.inner.federated_parameters()
 
     @override
+    def plan_client(self, client: ClientContext) -> None:
+        self.inner.plan_client(client)
+
+    @override
     def configure_client(self, client: ClientContext, module: pl.LightningModule, global_state: State) -> None:
         self.inner.configure_client(client, module, global_state)
 
