@@ -37,7 +37,7 @@ from reporting import emit, header, load
 from fl_lightning import FedAvg, FederatedTrainer
 from fl_lightning.data import FederatedDataModule, Natural, SyntheticTopicText
 from fl_lightning.loops import batched_sgd
-from fl_lightning.loops.batched_attention import folded_attention
+from fl_lightning.mixins.applied_term import attribute_set
 from fl_lightning.models import LoRACausalLM
 
 SEED = 0
@@ -70,20 +70,10 @@ def run(way: str, dm: FederatedDataModule, per_round: int, steps: int, rounds: i
     fallback = way == "fallback"
     with contextlib.ExitStack() as stack:
         if fallback:  # the step looks the context manager up in its module when it runs
-            stack.enter_context(_patched(batched_sgd, "folded_attention", contextlib.nullcontext))
+            stack.enter_context(attribute_set(batched_sgd, "folded_attention", contextlib.nullcontext))
         trainer.fit(model, datamodule=dm)
     adapters = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
     return np.diff(np.stack(timer.marks), axis=0), adapters
-
-
-@contextlib.contextmanager
-def _patched(owner: object, name: str, value: object):  # noqa: ANN202
-    old = getattr(owner, name)
-    setattr(owner, name, value)
-    try:
-        yield
-    finally:
-        setattr(owner, name, old)
 
 
 def stacked_bytes(dm: FederatedDataModule, clients: int) -> tuple[int, int]:
@@ -96,7 +86,7 @@ def stacked_bytes(dm: FederatedDataModule, clients: int) -> tuple[int, int]:
         init(self, *args, **kwargs)
         states.append(self)
 
-    with _patched(batched_sgd.StackedState, "__init__", recording):
+    with attribute_set(batched_sgd.StackedState, "__init__", recording):
         run("batched", dm, clients, 1, 1)
     unique = {id(t): t for t in states[0].by_name.values()}.values()
     every = {id(t): t for t in module().state_dict(keep_vars=True).values()}.values()

@@ -8,15 +8,15 @@ client dimension into the batch (``[K, B, H, T, D] -> [K * B, H, T, D]``), runs 
 tensors and unfolds its output. Each ``(sample, head)`` is computed as alone, so the result is the per-client
 kernel's bit for bit, and autograd records the one native kernel, whose own backward runs.
 
-Measured (``benchmarks/llm_lora.py``'s notes, 1 CPU thread, 32 clients of 8 x 32 tokens, 2 heads of 32): forward
-and backward of the vmapped attention 198 ms with the fallback, 55 ms with the ``MATH`` backend (which differs
-by 1.5e-6), 41 ms folded (difference 0).
+Measured on a 2-core CPU, 1 thread, 32 clients of 8 x 32 tokens, 2 heads of 32 (2026-11-28): forward and backward
+of the vmapped attention 198 ms with the fallback, 55 ms with the ``MATH`` backend (which differs by 1.5e-6), 41 ms
+folded (difference 0); end to end, ``benchmarks/results/llm_lora.md``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -24,6 +24,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch._C._functorch import is_batchedtensor
 from torch.func import vjp
+
+from fl_lightning.mixins.applied_term import attribute_set
 
 #: The unpatched kernel, called on folded (or unbatched) tensors.
 _SDPA: Callable[..., Tensor] = F.scaled_dot_product_attention
@@ -101,13 +103,8 @@ class _FoldedAttention(torch.autograd.Function):
         return out.reshape(clients, batch, *out.shape[1:]), 0
 
 
-@contextmanager
-def folded_attention() -> Iterator[None]:
+def folded_attention() -> AbstractContextManager[None]:
     """``torch.nn.functional.scaled_dot_product_attention`` as :func:`attention` inside the block (looked up at call
     time, as ``transformers``' ``attn_implementation="sdpa"`` does; a module that imported the function by name
     before keeps the original, and with it ``vmap``'s fallback)."""
-    F.scaled_dot_product_attention = attention
-    try:
-        yield
-    finally:
-        F.scaled_dot_product_attention = _SDPA
+    return attribute_set(F, "scaled_dot_product_attention", attention)
