@@ -13,6 +13,7 @@ from torch.func import functional_call, grad_and_value, vmap
 from torch.utils._pytree import TreeSpec, tree_unflatten
 
 from fl_lightning import _lightning_compat as compat
+from fl_lightning.loops.batched_attention import folded_attention
 from fl_lightning.loops.batched_terms import TermInputs, bound
 from fl_lightning.mixins.regularized import split_losses
 
@@ -163,6 +164,8 @@ def batched_step(
     The forward pass is vmapped; the backward pass is one ordinary autograd pass over the sum of
     the clients' losses (each client's weights only reach its own loss, so its gradient is its
     loss's), which is several times cheaper than ``vmap(grad(...))``'s per-op gradient tracking.
+    Attention runs once over the clients folded into its batch
+    (:func:`~fl_lightning.loops.batched_attention.folded_attention`), not once per client.
     """
     wrapper = _TrainingStep(module)
 
@@ -202,7 +205,7 @@ def batched_step(
 
     def step(trained: dict[str, Tensor], others: dict[str, Tensor], *args: Any) -> tuple[dict[str, Tensor], Tensor]:
         leaves = {name: t.detach().requires_grad_() for name, t in trained.items()}
-        with torch.enable_grad():
+        with torch.enable_grad(), folded_attention():
             losses, parts = forward(leaves, others, *args)
         grads = torch.autograd.grad(losses.sum(), list(leaves.values()), allow_unused=True)
         return {name: g for name, g in zip(leaves, grads) if g is not None}, parts
