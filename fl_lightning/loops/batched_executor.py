@@ -47,6 +47,7 @@ from typing_extensions import override
 from fl_lightning import _lightning_compat as compat
 from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientContext, ClientUpdate
 from fl_lightning.loops.batched_adam import adam_step
+from fl_lightning.loops.batched_exactness import random_step_calls, warn_randomness
 from fl_lightning.loops.batched_group_size import free_memory, group_size
 from fl_lightning.loops.batched_sgd import (
     BatchedStep,
@@ -254,6 +255,7 @@ class BatchedExecutor(ClientExecutor):
         self._memory_cap: int | None = None
         self._steps: dict[tuple[type | TreeSpec, bool], BatchedStep] = {}
         self._mean_checked = False
+        self._randomness_checked = False
         self._logging_warned = False
         self._step_count_warned = False
 
@@ -274,6 +276,7 @@ class BatchedExecutor(ClientExecutor):
             inputs = terms.inputs([started.index(i) for i in members], self.runtime.trainer.strategy.root_device)
             # The group's steps, mean-step check included.
             with logging_skipped(self.runtime.module) as logged, step_count_reads(self.runtime.module) as reads:
+                self._check_randomness(streams[members[0]])
                 state, loss_sums = self._train_group(optimizer, [streams[i] for i in members], inputs)
             self._warn_skipped_logging(logged)
             self._warn_step_count_read(reads.read)
@@ -383,6 +386,17 @@ class BatchedExecutor(ClientExecutor):
         if not self._mean_checked:
             check_mean_step(self.runtime.module, self._on_device(leaves), structure)
             self._mean_checked = True
+
+    def _check_randomness(self, stream: FlatStream) -> None:
+        """Once per executor, before the first step: names what ``training_step`` draws at random
+        (:func:`~fl_lightning.loops.batched_exactness.warn_randomness`), from one side-effect-free call on a batch."""
+        if self._randomness_checked or not stream:
+            return
+        module, (leaves, structure) = self.runtime.module, stream[0]
+        with self.runtime.trainer.precision_plugin.train_step_context():
+            calls = random_step_calls(module, lambda: call_training_step(module, unflatten(self._on_device(leaves), structure), 0))
+        warn_randomness(module, calls)
+        self._randomness_checked = True
 
     def _warn_skipped_logging(self, names: set[str]) -> None:
         """Says once which metrics ``training_step`` logs that this executor skips."""
