@@ -4,7 +4,9 @@ The weights of ``K`` clients are stacked along a new leading dimension and their
 together: per step, one ``vmap`` over ``grad_and_value`` of the module's own ``training_step``
 (called through ``functional_call``), then a functional SGD update of the stacked weights
 (:mod:`~fl_lightning.loops.batched_sgd`). Each client's update equals the sequential
-executors' to float rounding: the same batches in the same order.
+executors' to float rounding: the same batches in the same order (a ``training_step`` that draws random numbers
+agrees in distribution only, and a parameter kept outside the module's registered tensors is refused:
+:mod:`~fl_lightning.loops.batched_exactness`).
 
 *Ragged clients* (other numbers of steps, other batch sizes) train together:
 
