@@ -45,8 +45,9 @@ _ALWAYS_RANDOM = frozenset({
     "normal", "normal_", "uniform_", "exponential_", "geometric_", "cauchy_", "log_normal_", "random_", "multinomial",
     "poisson", "gumbel_softmax", "native_dropout",
 })
-#: Random functions that draw only in training, with a probability above 0: ``name -> (p, training)`` as
-#: ``(position, keyword, default)`` in their signatures (``torch.nn.functional``'s).
+#: Random functions that draw only in training and with a rate above 0 (a dropout probability, RReLU's lower slope):
+#: ``name -> (rate, training)``, each as ``(position, keyword, default)`` in ``torch.nn.functional``'s signature
+#: (``training=None``: the function has no such argument).
 _RANDOM_IF = {
     **{name: ((1, "p", 0.5), (2, "training", True)) for name in (
         "dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout")},
