@@ -1,88 +1,42 @@
 """Federated algorithms: the server-side logic of each method."""
 
-from fl_lightning.algorithms.shared.aggregation import apply_delta, weighted_average, weighted_sum
-from fl_lightning.algorithms.shared.asynchronous import AsyncAlgorithm
-from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientContext, ClientUpdate
-from fl_lightning.algorithms.compressed import CompressedFedAvg
-from fl_lightning.algorithms.shared.epsilon_schedules import ConstantEpsilon, EpsilonSchedule, LinearEpsilon, StepEpsilon
-from fl_lightning.algorithms.fedalign import AllClients, FedALIGN, PriorityOnly, alignment_decision
-from fl_lightning.algorithms.fedasync import FedAsync, staleness_weight
-from fl_lightning.algorithms.fedavg import FedAvg
-from fl_lightning.algorithms.fedavg_sm import FedAvgSM
-from fl_lightning.algorithms.ditto import Ditto
-from fl_lightning.algorithms.fedbn import FedBN
-from fl_lightning.algorithms.fedper import FedPer, LGFedAvg
-from fl_lightning.algorithms.fedmrn import FedMRN, FedMRNS
-from fl_lightning.algorithms.fedpm import FedPM
-from fl_lightning.algorithms.fedbuff import FedBuff
-from fl_lightning.algorithms.fedprox import FedProx
-from fl_lightning.algorithms.fednova import FedNova
-from fl_lightning.algorithms.qffl import QFedAvg
-from fl_lightning.algorithms.feddyn import FedDyn
-from fl_lightning.algorithms.scaffold import SCAFFOLD
-from fl_lightning.algorithms.fedstaleweight import FedStaleWeight
-from fl_lightning.algorithms.fedem import FedEM
-from fl_lightning.algorithms.fedsoft import FedSoft
-from fl_lightning.algorithms.ifca import IFCA
-from fl_lightning.algorithms.local_only import LocalOnly
-from fl_lightning.algorithms.flexible import FlexibleParticipation, scheme_coefficients
-from fl_lightning.algorithms.shared.staleness import StalenessTracker
-from fl_lightning.algorithms.shared.summable import SummableAggregation, SupportsWeightedSum
-from fl_lightning.algorithms.shared.server_optimizers import (
-    ServerAdagrad,
-    ServerAdam,
-    ServerOptimizer,
-    ServerSGD,
-    ServerYogi,
-)
+from fl_lightning._lazy import lazy_exports
 
-__all__ = [
-    "AllClients",
-    "Algorithm",
-    "AsyncAlgorithm",
-    "ClientContext",
-    "ClientUpdate",
-    "CompressedFedAvg",
-    "Ditto",
-    "ConstantEpsilon",
-    "EpsilonSchedule",
-    "FedALIGN",
-    "FedAsync",
-    "FedAvg",
-    "FedAvgSM",
-    "FedBN",
-    "FedPer",
-    "LGFedAvg",
-    "FedBuff",
-    "FedMRN",
-    "FedMRNS",
-    "FedPM",
-    "FedProx",
-    "FedNova",
-    "QFedAvg",
-    "FedDyn",
-    "SCAFFOLD",
-    "FedStaleWeight",
-    "FedEM",
-    "FedSoft",
-    "FlexibleParticipation",
-    "IFCA",
-    "LinearEpsilon",
-    "LocalOnly",
-    "PriorityOnly",
-    "ServerAdagrad",
-    "ServerAdam",
-    "ServerOptimizer",
-    "ServerSGD",
-    "ServerYogi",
-    "StalenessTracker",
-    "SummableAggregation",
-    "SupportsWeightedSum",
-    "StepEpsilon",
-    "alignment_decision",
-    "apply_delta",
-    "scheme_coefficients",
-    "staleness_weight",
-    "weighted_average",
-    "weighted_sum",
-]
+__all__, __getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "fl_lightning.algorithms.shared.aggregation": ("apply_delta", "weighted_average", "weighted_sum"),
+        "fl_lightning.algorithms.shared.asynchronous": ("AsyncAlgorithm",),
+        "fl_lightning.algorithms.shared.algorithm": ("Algorithm", "ClientContext", "ClientUpdate"),
+        "fl_lightning.algorithms.compressed": ("CompressedFedAvg",),
+        "fl_lightning.algorithms.shared.epsilon_schedules": (
+            "ConstantEpsilon", "EpsilonSchedule", "LinearEpsilon", "StepEpsilon",
+        ),
+        "fl_lightning.algorithms.fedalign": ("AllClients", "FedALIGN", "PriorityOnly", "alignment_decision"),
+        "fl_lightning.algorithms.fedasync": ("FedAsync", "staleness_weight"),
+        "fl_lightning.algorithms.fedavg": ("FedAvg",),
+        "fl_lightning.algorithms.fedavg_sm": ("FedAvgSM",),
+        "fl_lightning.algorithms.ditto": ("Ditto",),
+        "fl_lightning.algorithms.fedbn": ("FedBN",),
+        "fl_lightning.algorithms.fedper": ("FedPer", "LGFedAvg"),
+        "fl_lightning.algorithms.fedmrn": ("FedMRN", "FedMRNS"),
+        "fl_lightning.algorithms.fedpm": ("FedPM",),
+        "fl_lightning.algorithms.fedbuff": ("FedBuff",),
+        "fl_lightning.algorithms.fedprox": ("FedProx",),
+        "fl_lightning.algorithms.fednova": ("FedNova",),
+        "fl_lightning.algorithms.qffl": ("QFedAvg",),
+        "fl_lightning.algorithms.feddyn": ("FedDyn",),
+        "fl_lightning.algorithms.scaffold": ("SCAFFOLD",),
+        "fl_lightning.algorithms.fedstaleweight": ("FedStaleWeight",),
+        "fl_lightning.algorithms.fedem": ("FedEM",),
+        "fl_lightning.algorithms.fedsoft": ("FedSoft",),
+        "fl_lightning.algorithms.ifca": ("IFCA",),
+        "fl_lightning.algorithms.local_only": ("LocalOnly",),
+        "fl_lightning.algorithms.flexible": ("FlexibleParticipation", "scheme_coefficients"),
+        "fl_lightning.algorithms.shared.staleness": ("StalenessTracker",),
+        "fl_lightning.algorithms.shared.summable": ("SummableAggregation", "SupportsWeightedSum"),
+        "fl_lightning.algorithms.shared.server_optimizers": (
+            "ServerAdagrad", "ServerAdam", "ServerOptimizer", "ServerSGD", "ServerYogi",
+        ),
+    },
+)

@@ -4,33 +4,18 @@ The callback is :class:`fl_lightning.FederatedEvaluation`; this package holds it
 algorithms and data implement, per-client scoring, the summaries (pure NumPy) and the table.
 """
 
-from fl_lightning.evaluation.clients import evaluate_clients
-from fl_lightning.evaluation.protocols import SupportsClientGroups, SupportsHoldout, SupportsPersonalizedState
-from fl_lightning.evaluation.results import ClientEvaluation
-from fl_lightning.evaluation.summary import (
-    accuracy_summary,
-    grouped_summary,
-    loss_summary,
-    summarize,
-    weighted_mean,
-    worst10_mean,
-    worst_count,
-)
-from fl_lightning.evaluation.table import ClientTable, table_rows
+from fl_lightning._lazy import lazy_exports
 
-__all__ = [
-    "ClientEvaluation",
-    "ClientTable",
-    "SupportsClientGroups",
-    "SupportsHoldout",
-    "SupportsPersonalizedState",
-    "accuracy_summary",
-    "evaluate_clients",
-    "grouped_summary",
-    "loss_summary",
-    "summarize",
-    "table_rows",
-    "weighted_mean",
-    "worst10_mean",
-    "worst_count",
-]
+__all__, __getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "fl_lightning.evaluation.clients": ("evaluate_clients",),
+        "fl_lightning.evaluation.protocols": ("SupportsClientGroups", "SupportsHoldout", "SupportsPersonalizedState"),
+        "fl_lightning.evaluation.results": ("ClientEvaluation",),
+        "fl_lightning.evaluation.summary": (
+            "accuracy_summary", "grouped_summary", "loss_summary", "summarize", "weighted_mean", "worst10_mean",
+            "worst_count",
+        ),
+        "fl_lightning.evaluation.table": ("ClientTable", "table_rows"),
+    },
+)

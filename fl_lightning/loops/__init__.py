@@ -1,6 +1,11 @@
 """Federated fit loops."""
 
-from fl_lightning.loops.async_fit_loop import AsyncFitLoop
-from fl_lightning.loops.federated_fit_loop import FederatedFitLoop
+from fl_lightning._lazy import lazy_exports
 
-__all__ = ["AsyncFitLoop", "FederatedFitLoop"]
+__all__, __getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "fl_lightning.loops.async_fit_loop": ("AsyncFitLoop",),
+        "fl_lightning.loops.federated_fit_loop": ("FederatedFitLoop",),
+    },
+)

@@ -4,7 +4,9 @@ The weights of ``K`` clients are stacked along a new leading dimension and their
 together: per step, one ``vmap`` over ``grad_and_value`` of the module's own ``training_step``
 (called through ``functional_call``), then a functional SGD update of the stacked weights
 (:mod:`~fl_lightning.loops.batched_sgd`). Each client's update equals the sequential
-executors' to float rounding: the same batches in the same order.
+executors' to float rounding: the same batches in the same order (a ``training_step`` that draws random numbers
+agrees in distribution only, and a parameter kept outside the module's registered tensors is refused:
+:mod:`~fl_lightning.loops.batched_exactness`).
 
 *Ragged clients* (other numbers of steps, other batch sizes) train together:
 
@@ -56,6 +58,7 @@ from typing_extensions import override
 from fl_lightning import _lightning_compat as compat
 from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientContext, ClientUpdate
 from fl_lightning.loops.batched_adam import adam_step
+from fl_lightning.loops.batched_exactness import random_step_calls, warn_randomness
 from fl_lightning.loops.batched_group_size import free_memory, group_size
 from fl_lightning.loops.batched_sgd import (
     BatchedStep,
@@ -272,6 +275,7 @@ class BatchedExecutor(ClientExecutor):
         self._memory_cap: int | None = None
         self._steps: dict[tuple[type | TreeSpec, bool], BatchedStep] = {}
         self._mean_checked = False
+        self._randomness_checked = False
         self._logging_warned = False
         self._step_count_warned = False
         #: Whether a group is training (a train call inside one comes from ``client_update``: ``services.train_client``).
@@ -312,6 +316,7 @@ class BatchedExecutor(ClientExecutor):
             inputs = terms.inputs([started.index(i) for i in members], self.runtime.trainer.strategy.root_device)
             # The group's steps, mean-step check included.
             with logging_skipped(self.runtime.module) as logged, step_count_reads(self.runtime.module) as reads:
+                self._check_randomness(streams[members[0]])
                 state, loss_sums = self._train_group(
                     optimizer, [streams[i] for i in members], inputs, [own[i] for i in members]
                 )
@@ -430,6 +435,17 @@ class BatchedExecutor(ClientExecutor):
         if not self._mean_checked:
             check_mean_step(self.runtime.module, self._on_device(leaves), structure)
             self._mean_checked = True
+
+    def _check_randomness(self, stream: FlatStream) -> None:
+        """Once per executor, before the first step: names what ``training_step`` draws at random
+        (:func:`~fl_lightning.loops.batched_exactness.warn_randomness`), from one side-effect-free call on a batch."""
+        if self._randomness_checked or not stream:
+            return
+        module, (leaves, structure) = self.runtime.module, stream[0]
+        with self.runtime.trainer.precision_plugin.train_step_context():
+            calls = random_step_calls(module, lambda: call_training_step(module, unflatten(self._on_device(leaves), structure), 0))
+        warn_randomness(module, calls)
+        self._randomness_checked = True
 
     def _warn_skipped_logging(self, names: set[str]) -> None:
         """Says once which metrics ``training_step`` logs that this executor skips."""

@@ -23,6 +23,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from typing_extensions import override
 
 from fl_lightning import _lightning_compat as compat
+from fl_lightning.loops.batched_exactness import check_parameter_references
 from fl_lightning.loops.batched_executor import BatchedExecutor, check_batched_support, warn_rounding
 from fl_lightning.loops.client_executor import ClientExecutor, ClientRuntime, SequentialExecutor
 from fl_lightning.loops.lean_executor import LeanExecutor
@@ -99,6 +100,7 @@ def make_executor(
         return AutoExecutor(runtime) if auto_choice_before_fit(runtime.trainer) is None else LightningExecutor(runtime)
     if client_executor == "batched":
         check_batched_support(runtime)  # refused when the fit starts, not in its first round
+        check_parameter_references(runtime.module)
         warn_skipped("batched", skipped_step_features(runtime.trainer))
         warn_rounding(runtime.trainer)
         return BatchedExecutor(runtime, max_clients=max_batched_clients, compile_backend=compile_backend)

@@ -28,7 +28,9 @@ STEP_HOOKS = (
     "on_before_zero_grad",
 )
 #: Module methods through which Lightning runs a step, which the direct executors do not call.
-MODULE_STEP_METHODS = ("backward", "optimizer_step", "optimizer_zero_grad", "configure_gradient_clipping", "lr_scheduler_step")
+MODULE_STEP_METHODS = (
+    "backward", "optimizer_step", "optimizer_zero_grad", "configure_gradient_clipping", "clip_gradients", "lr_scheduler_step"
+)
 
 
 def skipped_step_features(trainer: pl.Trainer) -> list[str]:

@@ -1,17 +1,15 @@
 """Client-side behaviour added to any LightningModule."""
 
-from fl_lightning.mixins.linear_term import LinearTermMixin
-from fl_lightning.mixins.masked_noise import MaskedNoiseMixin
-from fl_lightning.mixins.mixture_weighted import MixtureWeightedMixin
-from fl_lightning.mixins.probability_mask import ProbabilityMaskMixin
-from fl_lightning.mixins.proximal import ProximalMixin
-from fl_lightning.mixins.required import require_mixin
+from fl_lightning._lazy import lazy_exports
 
-__all__ = [
-    "LinearTermMixin",
-    "MaskedNoiseMixin",
-    "MixtureWeightedMixin",
-    "ProbabilityMaskMixin",
-    "ProximalMixin",
-    "require_mixin",
-]
+__all__, __getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "fl_lightning.mixins.linear_term": ("LinearTermMixin",),
+        "fl_lightning.mixins.masked_noise": ("MaskedNoiseMixin",),
+        "fl_lightning.mixins.mixture_weighted": ("MixtureWeightedMixin",),
+        "fl_lightning.mixins.probability_mask": ("ProbabilityMaskMixin",),
+        "fl_lightning.mixins.proximal": ("ProximalMixin",),
+        "fl_lightning.mixins.required": ("require_mixin",),
+    },
+)

@@ -4,42 +4,20 @@ Pluggable into every algorithm; see :class:`ParticipationModel` for the contract
 al., "Towards Flexible Device Participation in Federated Learning" (AISTATS 2021).
 """
 
-from fl_lightning.participation.participation_model import ParticipationModel
-from fl_lightning.participation.events import Arrival, Departure, ObjectiveSchedule, should_exclude
-from fl_lightning.participation.inactivity import Inactivity
-from fl_lightning.participation.recovery import crossing_rounds, recovery_rounds
-from fl_lightning.participation.speed import (
-    ConstantDelay,
-    DelayGroups,
-    DelayModel,
-    ExponentialDelay,
-    LogNormalDelay,
-    TraceDelay,
-    UniformDelay,
-)
-from fl_lightning.participation.steps import BinomialSteps, FixedSteps, FullParticipation
-from fl_lightning.participation.traces import PAPER_TRACE_SUBSTITUTE, TraceParticipation, percentage_to_steps
+from fl_lightning._lazy import lazy_exports
 
-__all__ = [
-    "PAPER_TRACE_SUBSTITUTE",
-    "Arrival",
-    "Departure",
-    "ObjectiveSchedule",
-    "BinomialSteps",
-    "ConstantDelay",
-    "DelayGroups",
-    "DelayModel",
-    "ExponentialDelay",
-    "FixedSteps",
-    "FullParticipation",
-    "Inactivity",
-    "LogNormalDelay",
-    "ParticipationModel",
-    "TraceDelay",
-    "TraceParticipation",
-    "UniformDelay",
-    "crossing_rounds",
-    "percentage_to_steps",
-    "recovery_rounds",
-    "should_exclude",
-]
+__all__, __getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "fl_lightning.participation.participation_model": ("ParticipationModel",),
+        "fl_lightning.participation.events": ("Arrival", "Departure", "ObjectiveSchedule", "should_exclude"),
+        "fl_lightning.participation.inactivity": ("Inactivity",),
+        "fl_lightning.participation.recovery": ("crossing_rounds", "recovery_rounds"),
+        "fl_lightning.participation.speed": (
+            "ConstantDelay", "DelayGroups", "DelayModel", "ExponentialDelay", "LogNormalDelay", "TraceDelay",
+            "UniformDelay",
+        ),
+        "fl_lightning.participation.steps": ("BinomialSteps", "FixedSteps", "FullParticipation"),
+        "fl_lightning.participation.traces": ("PAPER_TRACE_SUBSTITUTE", "TraceParticipation", "percentage_to_steps"),
+    },
+)

@@ -3,18 +3,13 @@
 See ``docs/comparing.md``; the command line is ``fl-lightning-compare STUDY.yaml``.
 """
 
-from fl_lightning.study.callback import CompletionMarker, WandbRunSummary
-from fl_lightning.study.compare import StudyResult, run_study
-from fl_lightning.study.spec import Arm, StudySpec, WandbSpec, load_study, study_from_dict
+from fl_lightning._lazy import lazy_exports
 
-__all__ = [
-    "Arm",
-    "CompletionMarker",
-    "StudyResult",
-    "StudySpec",
-    "WandbRunSummary",
-    "WandbSpec",
-    "load_study",
-    "run_study",
-    "study_from_dict",
-]
+__all__, __getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "fl_lightning.study.callback": ("CompletionMarker", "WandbRunSummary"),
+        "fl_lightning.study.compare": ("StudyResult", "run_study"),
+        "fl_lightning.study.spec": ("Arm", "StudySpec", "WandbSpec", "load_study", "study_from_dict"),
+    },
+)

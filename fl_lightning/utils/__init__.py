@@ -1,5 +1,5 @@
-"""Small shared utilities."""
+"""Small shared utilities (loaded on first use: the package imports ``fl_lightning.utils._quiet``, which needs no torch)."""
 
-from fl_lightning.utils.seeding import derive_seed, make_generator
+from fl_lightning._lazy import lazy_exports
 
-__all__ = ["derive_seed", "make_generator"]
+__all__, __getattr__, __dir__ = lazy_exports(__name__, {"fl_lightning.utils.seeding": ("derive_seed", "make_generator")})

@@ -10,7 +10,6 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from lightning.pytorch.utilities.warnings import PossibleUserWarning
 from typing_extensions import override
 
 #: Lightning 2.6's ``_tree_flatten`` builds a ``LeafSpec``, which the torch we require (2.15) deprecates
@@ -38,6 +37,9 @@ def sync_dist_advice_silenced() -> Iterator[None]:
     set, so the advice does not apply. It still shows for metrics a ``training_step`` logs on
     epoch level, which under DDP are each rank's own clients'.
     """
+    # Here, not at the top: the package imports this module, and ``import fl_lightning`` does not import Lightning.
+    from lightning.pytorch.utilities.warnings import PossibleUserWarning
+
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_SYNC_DIST_ADVICE, category=PossibleUserWarning)
         yield

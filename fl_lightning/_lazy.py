@@ -1,0 +1,36 @@
+"""A package's public names imported from their modules on first access (PEP 562), so that importing a package
+imports none of its modules until a name is read: ``import fl_lightning`` loads neither the algorithms nor Lightning,
+and ``from fl_lightning.data import Dirichlet`` loads the partitioners, not every dataset."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+
+def lazy_exports(
+    package: str, exports: Mapping[str, Sequence[str]]
+) -> tuple[list[str], Callable[[str], Any], Callable[[], list[str]]]:
+    """``(__all__, __getattr__, __dir__)`` for ``package`` (its ``__name__``), whose public names are ``exports``
+    (defining module -> names). A name read is imported from its module and kept as the package's attribute; a
+    submodule's name (``fl_lightning.data.datasets``) imports the submodule, as an eager ``__init__`` would have."""
+    module_of = {name: module for module, names in exports.items() for name in names}
+    namespace = sys.modules[package].__dict__
+
+    def __getattr__(name: str) -> Any:
+        if name in module_of:
+            value = getattr(importlib.import_module(module_of[name]), name)
+        elif not name.startswith("_") and name in {info.name for info in pkgutil.iter_modules(namespace["__path__"])}:
+            value = importlib.import_module(f"{package}.{name}")
+        else:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        namespace[name] = value
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted({*namespace, *module_of})
+
+    return sorted(module_of), __getattr__, __dir__
