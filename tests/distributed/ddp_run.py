@@ -191,8 +191,21 @@ def main() -> None:
     parser.add_argument("--step-schedule", action="store_true", help="a per-step cosine LR schedule")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds a process waits for the others")
     parser.add_argument("--client-state-memory", type=int, default=None, help="bytes of per-client state in memory")
+    parser.add_argument(
+        "--cases", nargs="+", default=None, metavar="CASE",
+        help="several fits in one launch, each ALGORITHM:EXECUTOR:FAULT[:step] into <out>/<CASE> (one process start "
+        "and one process group for all: a launch costs far more than a fit)",
+    )  # fmt: skip
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.cases:
+        for case in args.cases:
+            algorithm, executor, fault, *schedule = case.split(":")
+            fit(
+                args.out / case, devices=args.devices, algorithm=algorithm, executor=executor, fault=fault,
+                step_schedule=schedule == ["step"], timeout=args.timeout,
+            )  # fmt: skip
+        return
     fit(
         args.out,
         devices=args.devices,

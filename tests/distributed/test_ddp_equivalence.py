@@ -1,8 +1,8 @@
 """Clients sharded over 2 CPU processes (gloo) give the global weights of 1 process (issue 3).
 
-A 2-process run is ``ddp_run.py`` in a subprocess, launched the usual Lightning way
-(``devices=2`` re-runs the script for rank 1), about 10 s each; the 1-process reference runs
-the same ``fit`` in the test process.
+A 2-process run is ``ddp_run.py`` in a subprocess, launched the usual Lightning way (``devices=2`` re-runs the
+script for rank 1); the cases that only compare with 1 process all run in one ``torchrun`` launch, since starting
+the processes costs more than the fits. The 1-process reference runs the same ``fit`` in the test process.
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from filelock import FileLock
 
 from tests.distributed.ddp_run import fit
-from tests.distributed.launch import run_together
+from tests.distributed.launch import free_port, run_together
 from tests.waiting import CEILING
 
 SCRIPT = Path(__file__).with_name("ddp_run.py")
@@ -35,46 +36,71 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
 
 
-@pytest.mark.parametrize(
-    ("algorithm", "executor"),
-    [
-        ("fedavg", "lightning"), ("fedprox", "lean"), ("fedalign", "lean"), ("fedavgm", "batched"), ("dpfedavg", "lean"),
-        ("median", "lightning"), ("krum", "lean"), ("secagg", "lean"), ("byzantine", "lean"), ("qffedavg", "lean"),
-        ("scaffold", "lean"), ("feddyn", "lightning"),
-    ],  # fmt: skip
-    ids=[
-        "fedavg-lightning", "fedprox-lean", "fedalign-lean", "fedavgm-batched", "dpfedavg-lean", "median-lightning", "krum-lean",
-        "secagg-lean", "byzantine-lean", "qffedavg-lean", "scaffold-lean", "feddyn-lightning",
-    ],  # fmt: skip
-)
-def test_two_processes_match_one(tmp_path, algorithm, executor):
+#: The 2-process fits that only need comparing with 1 process, as ``ALGORITHM:EXECUTOR:FAULT[:step]``: all run in
+#: one launch (:func:`two_process_matrix`), since starting 2 processes costs several times a 3-round fit.
+SUMMED = [
+    "fedavg:lightning:none", "fedprox:lean:none", "fedalign:lean:none", "fedavgm:batched:none", "dpfedavg:lean:none",
+    "median:lightning:none", "krum:lean:none", "secagg:lean:none", "byzantine:lean:none", "qffedavg:lean:none",
+    "scaffold:lean:none", "feddyn:lightning:none",
+]  # fmt: skip
+COMPRESSED = ["fedmrn:lightning:none", "topk:lean:corrupt", "dpfedmrn:lightning:none", "median-fedmrn:lightning:none"]
+#: Ranks train 3 and 2 clients: every client must still start the round's per-step schedule from its start.
+SCHEDULED = ["fedavg:lightning:none:step", "fedavg:lean:none:step"]
+
+@pytest.fixture(scope="session")
+def two_process_matrix(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> tuple[Path, str]:
+    """Every case of the matrix on 2 processes (``torchrun``, so that one process pair runs every fit), launched once
+    per session whichever pytest-xdist worker asks first (the others wait on its lock): the folder of their results,
+    and the launch's failure report (empty when it succeeded)."""
+    shared = tmp_path_factory.getbasetemp() if worker_id == "master" else tmp_path_factory.getbasetemp().parent
+    out, report = shared / "two_process_matrix", shared / "two_process_matrix.failure"
+    with FileLock(shared / "two_process_matrix.lock"):
+        if not report.exists():
+            command = [
+                sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2", "--master-addr",
+                "127.0.0.1", "--master-port", str(free_port()), str(SCRIPT), "--devices", "2", "--out", str(out),
+                "--cases", *SUMMED, *COMPRESSED, *SCHEDULED,
+            ]  # fmt: skip
+            try:
+                run_together([command], timeout=CEILING)
+                report.write_text("")
+            except AssertionError as failure:  # a case's test fails with it unless its own fit finished first
+                report.write_text(str(failure))
+    return out, report.read_text()
+
+
+@pytest.mark.parametrize("case", SUMMED)
+def test_two_processes_match_one(tmp_path, two_process_matrix, case):
     # Every round metric must match, so Byzantine's round/malicious_clients is counted when clients shard too.
-    two_processes_match_one(tmp_path, algorithm, executor)
+    two_processes_match_one(tmp_path, two_process_matrix, case)
 
 
 @pytest.mark.filterwarnings("ignore:Round .* sent an undecodable payload")
-@pytest.mark.parametrize(
-    ("algorithm", "executor", "fault"),
-    [
-        ("fedmrn", "lightning", "none"), ("topk", "lean", "corrupt"), ("dpfedmrn", "lightning", "none"),
-        ("median-fedmrn", "lightning", "none"),
-    ],  # fmt: skip
-)
-def test_compressed_uploads_are_decoded_and_summed_per_rank(tmp_path, algorithm, executor, fault):
+@pytest.mark.parametrize("case", COMPRESSED)
+def test_compressed_uploads_are_decoded_and_summed_per_rank(tmp_path, two_process_matrix, case):
     # FedMRN (masked noise, FedAvgM server step) and Top-k with malformed uploads of clients 2 and 3,
     # rejected by the rank that trained each: the counts and the mean payload bytes still match. DP over
     # FedMRN clips and sums per rank; the median over FedMRN gathers the decoded updates to every rank.
-    metrics = two_processes_match_one(tmp_path, algorithm, executor, fault)
-    assert metrics["round/rejected_clients"] == (2.0 if fault == "corrupt" else 0.0)
+    metrics = two_processes_match_one(tmp_path, two_process_matrix, case)
+    assert metrics["round/rejected_clients"] == (2.0 if case.endswith(":corrupt") else 0.0)
     assert metrics["round/payload_bytes"] > 0 and metrics["round/compression_ratio"] > 1
 
 
-def two_processes_match_one(tmp_path: Path, algorithm: str, executor: str, fault: str = "none") -> dict[str, float]:
-    """Runs ``algorithm`` in 1 process and in 2, checks they agree, and returns rank 0's last round metrics."""
+@pytest.mark.parametrize("case", SCHEDULED)
+def test_a_step_lr_schedule_gives_two_processes_the_weights_of_one(tmp_path, two_process_matrix, case):
+    two_processes_match_one(tmp_path, two_process_matrix, case)
+
+
+def two_processes_match_one(tmp_path: Path, matrix_run: tuple[Path, str], case: str) -> dict[str, float]:
+    """Runs ``case`` in 1 process, checks it agrees with the matrix's 2-process run, and returns rank 0's last
+    round metrics."""
     # 5 clients per round over 2 ranks: an uneven 3/2 split, so ranks train different numbers of steps.
-    fit(tmp_path / "one", algorithm=algorithm, executor=executor, fault=fault)
-    run(tmp_path / "two", "--devices", "2", "--algorithm", algorithm, "--executor", executor, "--fault", fault)
-    one, rank0, rank1 = result(tmp_path / "one"), result(tmp_path / "two", 0), result(tmp_path / "two", 1)
+    algorithm, executor, fault, *schedule = case.split(":")
+    two, failure = matrix_run[0] / case, matrix_run[1]
+    if not (two / "rank1.pt").exists():
+        pytest.fail(f"The 2-process launch did not finish {case}:\n{failure}")
+    fit(tmp_path / "one", algorithm=algorithm, executor=executor, fault=fault, step_schedule=schedule == ["step"])
+    one, rank0, rank1 = result(tmp_path / "one"), result(two, 0), result(two, 1)
 
     assert rank0["history"] == one["history"]
     assert max_diff(rank0["global_state"], rank1["global_state"]) == 0.0  # one all-reduce: every rank agrees exactly
@@ -84,15 +110,6 @@ def two_processes_match_one(tmp_path: Path, algorithm: str, executor: str, fault
         if key != "round/wall_time_s":
             assert rank0["metrics"][key] == pytest.approx(value, rel=1e-6), key
     return rank0["metrics"]
-
-
-@pytest.mark.parametrize("executor", ["lightning", "lean"])
-def test_a_step_lr_schedule_gives_two_processes_the_weights_of_one(tmp_path, executor):
-    # Ranks train 3 and 2 clients: every client must still start the round's schedule from its start.
-    fit(tmp_path / "one", executor=executor, step_schedule=True)
-    run(tmp_path / "two", "--devices", "2", "--executor", executor, "--step-schedule")
-    one, rank0 = result(tmp_path / "one"), result(tmp_path / "two", 0)
-    assert max_diff(one["global_state"], rank0["global_state"]) <= TOLERANCE
 
 
 def test_resume_with_two_processes_matches_one_uninterrupted(tmp_path):
