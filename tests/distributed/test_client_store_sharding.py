@@ -14,7 +14,7 @@ STATEFUL = ("--algorithm", "stateful", "--executor", "lean", "--client-state-mem
 
 def test_a_stateful_algorithm_on_two_processes_equals_one(tmp_path):
     fit(tmp_path / "one", algorithm="stateful", executor="lean", rounds=4, client_state_memory=0)
-    run(tmp_path / "two", "--devices", "2", "--rounds", "4", *STATEFUL)
+    run(tmp_path / "two", "--rounds", "4", *STATEFUL)
     one, rank0, rank1 = result(tmp_path / "one"), result(tmp_path / "two", 0), result(tmp_path / "two", 1)
     assert rank0["history"] == one["history"]
     assert len({c for clients in one["history"] for c in clients}) < sum(map(len, one["history"]))  # clients return
@@ -23,7 +23,7 @@ def test_a_stateful_algorithm_on_two_processes_equals_one(tmp_path):
 
 
 def test_a_two_process_checkpoint_holds_every_ranks_clients_and_resumes_on_one_or_two(tmp_path):
-    run(tmp_path / "first", "--devices", "2", "--rounds", "2", *STATEFUL)
+    run(tmp_path / "first", "--rounds", "2", *STATEFUL)
     checkpoint = tmp_path / "first" / "checkpoints" / "last.ckpt"
     saved = torch.load(checkpoint, weights_only=False)["loops"]["fit_loop"]["state_dict"]["federated"]
     trained = sorted({c for clients in saved["history"] for c in clients})
@@ -31,7 +31,7 @@ def test_a_two_process_checkpoint_holds_every_ranks_clients_and_resumes_on_one_o
     assert {c % 2 for c in trained} == {0, 1}
 
     fit(tmp_path / "one", algorithm="stateful", executor="lean", rounds=4, client_state_memory=0)
-    run(tmp_path / "resumed", "--devices", "2", "--rounds", "4", "--resume", str(checkpoint), *STATEFUL)
+    run(tmp_path / "resumed", "--rounds", "4", "--resume", str(checkpoint), *STATEFUL)
     fit(tmp_path / "resumed-one", algorithm="stateful", executor="lean", rounds=4, resume=checkpoint, client_state_memory=0)
     one = result(tmp_path / "one")
     assert set(one["history"][2] + one["history"][3]) & set(trained)  # the resumed rounds read the saved state
@@ -41,7 +41,7 @@ def test_a_two_process_checkpoint_holds_every_ranks_clients_and_resumes_on_one_o
 
 
 def test_scaffold_checks_its_controls_over_every_ranks_clients(tmp_path):
-    scaffold = ("--devices", "2", "--algorithm", "scaffold", "--executor", "lean", "--client-state-memory", "0")
+    scaffold = ("--algorithm", "scaffold", "--executor", "lean", "--client-state-memory", "0")
     run(tmp_path / "first", "--rounds", "2", *scaffold)
     checkpoint = tmp_path / "first" / "checkpoints" / "last.ckpt"
     run(tmp_path / "resumed", "--rounds", "3", "--resume", str(checkpoint), *scaffold)  # each rank holds half the c_i

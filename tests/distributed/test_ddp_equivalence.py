@@ -1,8 +1,8 @@
 """Clients sharded over 2 CPU processes (gloo) give the global weights of 1 process (issue 3).
 
-A 2-process run is ``ddp_run.py`` in a subprocess, launched the usual Lightning way (``devices=2`` re-runs the
-script for rank 1); the cases that only compare with 1 process all run in one ``torchrun`` launch, since starting
-the processes costs more than the fits. The 1-process reference runs the same ``fit`` in the test process.
+A 2-process run is ``ddp_run.py`` started by ``torchrun`` (Lightning's own launcher, which re-runs the script for
+rank 1, is tested by ``test_cli_ddp.py`` and ``test_hung_peer.py``); the cases that only compare with 1 process all
+run in one launch, since starting the processes costs more than the fits. The 1-process reference runs the same ``fit`` in the test process.
 """
 
 from __future__ import annotations
@@ -22,9 +22,18 @@ SCRIPT = Path(__file__).with_name("ddp_run.py")
 TOLERANCE = 1e-6
 
 
+def torchrun(*args: str, processes: int = 2) -> list[str]:
+    """The command that runs ``ddp_run.py`` as ``processes`` processes started together by ``torchrun`` (the
+    Lightning launcher would start rank 1 only once rank 0 has imported everything: twice the start-up)."""
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(processes),
+        "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(SCRIPT), *args,
+    ]  # fmt: skip
+
+
 def run(out: Path, *args: str) -> None:
-    """Runs ``ddp_run.py`` (with ``--devices 2``, as 2 processes)."""
-    run_together([[sys.executable, str(SCRIPT), "--out", str(out), *args]], timeout=CEILING)
+    """Runs ``ddp_run.py`` as 2 processes (``--devices 2``)."""
+    run_together([torchrun("--out", str(out), "--devices", "2", *args)], timeout=CEILING)
 
 
 def result(out: Path, rank: int = 0) -> dict:
@@ -56,13 +65,8 @@ def two_process_matrix(tmp_path_factory: pytest.TempPathFactory, worker_id: str)
     out, report = shared / "two_process_matrix", shared / "two_process_matrix.failure"
     with FileLock(shared / "two_process_matrix.lock"):
         if not report.exists():
-            command = [
-                sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2", "--master-addr",
-                "127.0.0.1", "--master-port", str(free_port()), str(SCRIPT), "--devices", "2", "--out", str(out),
-                "--cases", *SUMMED, *COMPRESSED, *SCHEDULED,
-            ]  # fmt: skip
             try:
-                run_together([command], timeout=CEILING)
+                run(out, "--cases", *SUMMED, *COMPRESSED, *SCHEDULED)
                 report.write_text("")
             except AssertionError as failure:  # a case's test fails with it unless its own fit finished first
                 report.write_text(str(failure))
@@ -114,9 +118,9 @@ def two_processes_match_one(tmp_path: Path, matrix_run: tuple[Path, str], case: 
 
 def test_resume_with_two_processes_matches_one_uninterrupted(tmp_path):
     # FedAvgM: the server momentum must survive the checkpoint too.
-    run(tmp_path / "first", "--devices", "2", "--algorithm", "fedavgm", "--rounds", "2")
+    run(tmp_path / "first", "--algorithm", "fedavgm", "--rounds", "2")
     checkpoint = tmp_path / "first" / "checkpoints" / "last.ckpt"
-    run(tmp_path / "resumed", "--devices", "2", "--algorithm", "fedavgm", "--rounds", "4", "--resume", str(checkpoint))
+    run(tmp_path / "resumed", "--algorithm", "fedavgm", "--rounds", "4", "--resume", str(checkpoint))
     fit(tmp_path / "one", algorithm="fedavgm", rounds=4)
     resumed, one = result(tmp_path / "resumed"), result(tmp_path / "one")
 

@@ -34,7 +34,7 @@ def test_a_frozen_peer_ends_the_run_within_its_timeout_and_the_run_resumes(tmp_p
     assert expected in output, output[-4000:]
     assert f"waits 0:00:{TIMEOUT_S}" in output
 
-    run(tmp_path / "resumed", "--devices", "2", "--algorithm", "fedavgm", "--resume", str(frozen / "checkpoints" / "last.ckpt"))
+    run(tmp_path / "resumed", "--algorithm", "fedavgm", "--resume", str(frozen / "checkpoints" / "last.ckpt"))
     fit(tmp_path / "one", algorithm="fedavgm")
     resumed, one = result(tmp_path / "resumed"), result(tmp_path / "one")
     assert resumed["history"] == one["history"]

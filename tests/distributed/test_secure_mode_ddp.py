@@ -10,7 +10,7 @@ from tests.distributed.test_ddp_equivalence import max_diff, result, run
 
 
 def test_secure_mode_ranks_agree_and_differ_from_the_seeded_run(tmp_path):
-    run(tmp_path / "two", "--devices", "2", "--algorithm", "dpfedavg-secure", "--executor", "lean")
+    run(tmp_path / "two", "--algorithm", "dpfedavg-secure", "--executor", "lean")
     ranks = [result(tmp_path / "two", rank) for rank in (0, 1)]
     assert ranks[0]["history"] == ranks[1]["history"]
     assert max_diff(ranks[0]["global_state"], ranks[1]["global_state"]) == 0.0
