@@ -5,8 +5,10 @@ and ``from fl_lightning.data import Dirichlet`` loads the partitioners, not ever
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import pkgutil
 import sys
+from pathlib import Path
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -34,3 +36,21 @@ def lazy_exports(
         return sorted({*namespace, *module_of})
 
     return sorted(module_of), __getattr__, __dir__
+
+
+def import_every_export(package: str = "fl_lightning") -> None:
+    """Imports every public name of ``package`` and of its subpackages made lazy by :func:`lazy_exports`, as eager
+    ``__init__``\\ s did. The CLI needs this: jsonargparse resolves a short ``class_path`` (``QFedAvg``) among the
+    subclasses already imported."""
+    module = importlib.import_module(package)
+    for name in getattr(module, "__all__", ()):
+        getattr(module, name)
+    for info in pkgutil.iter_modules(getattr(module, "__path__", ())):
+        if info.ispkg and not info.name.startswith("_") and _is_lazy(f"{package}.{info.name}"):
+            import_every_export(f"{package}.{info.name}")
+
+
+def _is_lazy(package: str) -> bool:
+    """Whether ``package``'s ``__init__`` exports its names through :func:`lazy_exports` (read without importing)."""
+    spec = importlib.util.find_spec(package)
+    return bool(spec and spec.origin and "lazy_exports(" in Path(spec.origin).read_text())

@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.table import Table
 from typing_extensions import override
 
+from fl_lightning._lazy import import_every_export
 from fl_lightning.checkpointing.checkpoint_io import CheckpointWriteError, model_settings_replaced, read_checkpoint
 from fl_lightning.checkpointing import run_directory
 from fl_lightning.cli.errors import DEBUG_ENV, ConsoleParser, RunStarted, configuration_errors, file_system_errors
@@ -152,6 +153,9 @@ class FederatedCLI(LightningCLI):
         kwargs.setdefault("parser_kwargs", {}).setdefault("description", _DESCRIPTION)
         kwargs["parser_kwargs"].setdefault("parser_mode", strict_yaml.MODE)  # duplicate keys, alias bombs refused
         self._fit_started = 0.0
+        # A config may name a class by its short name (`class_path: QFedAvg`), which jsonargparse finds among the
+        # subclasses already imported: the CLI imports every public class, not on first use as `import fl_lightning`.
+        import_every_export()
         super().__init__(*args, **kwargs)
 
     @override

@@ -1,5 +1,6 @@
 """What would make the batched executor's weights differ from the sequential executors' by more than float rounding,
-found before the first step: refused (:func:`check_parameter_references`) or named once (:func:`warn_randomness`).
+refused before the first step (:func:`check_parameter_references`) or named once, as the first step runs
+(:func:`warn_randomness`).
 
 *Parameter references.* The batched executor runs ``training_step`` through ``torch.func.functional_call``, which
 swaps the tensors registered in the module's ``_parameters`` and ``_buffers`` for each client's slice of the stacked
@@ -30,7 +31,7 @@ from torch.overrides import TorchFunctionMode
 from fl_lightning.mixins.applied_term import AppliedTermMixin
 
 __all__ = [
-    "RandomCalls", "check_parameter_references", "dropout_modules", "hidden_parameter_references", "random_step_calls",
+    "RandomCalls", "check_parameter_references", "dropout_modules", "hidden_parameter_references",
     "warn_randomness",
 ]
 
@@ -164,21 +165,6 @@ def dropout_modules(module: nn.Module) -> list[str]:
             return m.p > 0
         return isinstance(m, (nn.RNNBase, nn.MultiheadAttention)) and m.dropout > 0
     return [name or type(module).__name__ for name, m in module.named_modules() if m.training and drops(m)]
-
-
-def random_step_calls(module: nn.Module, step: Callable[[], Any]) -> list[str]:
-    """The random operations one call of ``step`` (the module's ``training_step`` on a batch) runs, found by running
-    it once with the random-number generators' states and the module's buffers restored after (no side effect)."""
-    buffers = [(b, b.clone()) for b in module.buffers()]
-    devices = sorted({b.device.index or 0 for b in (*module.parameters(), *module.buffers()) if b.device.type == "cuda"})
-    with torch.random.fork_rng(devices=devices), RandomCalls() as calls:
-        try:
-            step()
-        finally:
-            with torch.no_grad():
-                for buffer, saved in buffers:
-                    buffer.copy_(saved)
-    return sorted(calls.names)
 
 
 def warn_randomness(module: nn.Module, calls: list[str]) -> None:

@@ -44,7 +44,8 @@ many as half the device's free memory holds (:mod:`~fl_lightning.loops.batched_g
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import lightning.pytorch as pl
@@ -58,7 +59,7 @@ from typing_extensions import override
 from fl_lightning import _lightning_compat as compat
 from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientContext, ClientUpdate
 from fl_lightning.loops.batched_adam import adam_step
-from fl_lightning.loops.batched_exactness import random_step_calls, warn_randomness
+from fl_lightning.loops.batched_exactness import RandomCalls, warn_randomness
 from fl_lightning.loops.batched_group_size import free_memory, group_size
 from fl_lightning.loops.batched_sgd import (
     BatchedStep,
@@ -316,7 +317,6 @@ class BatchedExecutor(ClientExecutor):
             inputs = terms.inputs([started.index(i) for i in members], self.runtime.trainer.strategy.root_device)
             # The group's steps, mean-step check included.
             with logging_skipped(self.runtime.module) as logged, step_count_reads(self.runtime.module) as reads:
-                self._check_randomness(streams[members[0]])
                 state, loss_sums = self._train_group(
                     optimizer, [streams[i] for i in members], inputs, [own[i] for i in members]
                 )
@@ -370,7 +370,7 @@ class BatchedExecutor(ClientExecutor):
             others = {name: t[:width] for name, t in state.others.items()}
             step_terms = ({m: {n: t[:width] for n, t in ts.items()} for m, ts in terms[0].items()}, terms[1])
             step = self._step(state.tied, structure, padded=mask is not None)
-            with precision.train_step_context():
+            with precision.train_step_context(), self._noting_random_calls():
                 grads, parts = self._run(
                     step, trained, others, step_terms, inputs, batch_idx, *(() if mask is None else (mask,))
                 )
@@ -436,16 +436,23 @@ class BatchedExecutor(ClientExecutor):
             check_mean_step(self.runtime.module, self._on_device(leaves), structure)
             self._mean_checked = True
 
-    def _check_randomness(self, stream: FlatStream) -> None:
-        """Once per executor, before the first step: names what ``training_step`` draws at random
-        (:func:`~fl_lightning.loops.batched_exactness.warn_randomness`), from one side-effect-free call on a batch."""
-        if self._randomness_checked or not stream:
+    @contextmanager
+    def _noting_random_calls(self) -> Iterator[None]:
+        """Around the executor's first step: names what ``training_step`` draws at random, once
+        (:func:`~fl_lightning.loops.batched_exactness.warn_randomness`), noted while that step runs (no extra call, so
+        no side effect of the user's code is repeated). A compiled step is not traced by a mode: there only the
+        dropout layers are named."""
+        if self._randomness_checked:
+            yield
             return
-        module, (leaves, structure) = self.runtime.module, stream[0]
-        with self.runtime.trainer.precision_plugin.train_step_context():
-            calls = random_step_calls(module, lambda: call_training_step(module, unflatten(self._on_device(leaves), structure), 0))
-        warn_randomness(module, calls)
         self._randomness_checked = True
+        if self.compile_backend:
+            yield
+            warn_randomness(self.runtime.module, [])
+            return
+        with RandomCalls() as calls:
+            yield
+        warn_randomness(self.runtime.module, sorted(calls.names))
 
     def _warn_skipped_logging(self, names: set[str]) -> None:
         """Says once which metrics ``training_step`` logs that this executor skips."""

@@ -46,7 +46,7 @@ def one_line_error(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
         (["--trainer.clients_per_round", "50"], "error: `clients_per_round=50` is not allowed with num_clients=20"),
         (["--ckpt_path", "missing.ckpt"], "error: Checkpoint file not found: missing.ckpt"),
         (
-            ["--trainer.client_executor", "batched", "--trainer.algorithm", "fl_lightning.FedNova"],
+            ["--trainer.client_executor", "batched", "--trainer.algorithm", "fl_lightning.QFedAvg"],
             "error: client_executor='batched' runs algorithms whose configure_client at most sets the module's loss terms",
         ),
     ],
