@@ -37,8 +37,10 @@ running statistics (its row of the stacked buffers), as alone. Batches that need
 BatchNorm in training mode (:func:`check_mean_step`): the padded copies would enter the batch statistics.
 
 Extra memory: the stacked weights, gradients (and momentum buffers) and activations of one
-group of at most ``max_batched_clients`` clients, about ``3 K`` models; by default ``K`` is as
-many as half the device's free memory holds (:mod:`~fl_lightning.loops.batched_group_size`).
+group of at most ``max_batched_clients`` clients, about ``3 K`` models; by default the fit's first client trains
+alone, its forward outputs are measured, and ``K`` is as many as half the device's free memory holds, activations
+counted, and on a CPU as many as keep the group's activations within a cache-friendly bound
+(:mod:`~fl_lightning.loops.batched_group_size`).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from typing_extensions import override
 
 from fl_lightning import _lightning_compat as compat
 from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientContext, ClientUpdate
+from fl_lightning.loops.batched_activations import ForwardBytes
 from fl_lightning.loops.batched_adam import adam_step
 from fl_lightning.loops.batched_exactness import RandomCalls, warn_randomness
 from fl_lightning.loops.batched_group_size import free_memory, group_size
@@ -272,8 +275,11 @@ class BatchedExecutor(ClientExecutor):
         super().__init__(runtime)
         self.compile_backend = compile_backend
         self.max_clients = max_clients
-        #: The default group size's memory bound, read once per fit so that every round groups alike.
-        self._memory_cap: int | None = None
+        #: The default group size (:func:`group_size`), set once per fit after its first client, trained as a group of
+        #: one, measured ``training_step``'s forward outputs; every later group is cut by it.
+        self._default_size: int | None = None
+        #: The bytes of the first client's forward outputs (:class:`ForwardBytes`), ``None`` until measured.
+        self._forward_bytes: int | None = None
         self._steps: dict[tuple[type | TreeSpec, bool], BatchedStep] = {}
         self._mean_checked = False
         self._randomness_checked = False
@@ -298,14 +304,11 @@ class BatchedExecutor(ClientExecutor):
         optimizer = check_batched_support(self.runtime)
         streams = [flatten_stream(self.runtime.batches(client)) for client in clients]
         updates: dict[int, ClientUpdate] = {}
-        if self._memory_cap is None:
-            free = free_memory(self.runtime.trainer.strategy.root_device)
-            self._memory_cap = group_size(self.runtime.live.values(), free, clients=sys.maxsize)
         # Each member's own tensors, as its start_client leaves them: its local tensors (FedBN's BatchNorm, a personal
         # head) from the client store, and all its weights where configure_client loads them (Ditto's personal model).
         loads = vars(configure_client_definer(self.runtime.algorithm)).get("configure_client_loads_weights", False)
         own_tensors = {**self.runtime.live, **self._local_tensors} if loads else self._local_tensors
-        for members in group_clients([len(stream) for stream in streams], self.max_clients or self._memory_cap):
+        for members in self._groups([len(stream) for stream in streams]):
             terms = GroupTerms()
             # The module holds only the last member's once all have started.
             own: dict[int, State] = {}
@@ -335,6 +338,28 @@ class BatchedExecutor(ClientExecutor):
                 load_into({**self.runtime.live, **self._local_tensors}, state.local_state(j))
                 updates[i] = self.finish_client(client, global_state)
         return [updates[i] for i in range(len(clients))]
+
+    def _groups(self, num_steps: Sequence[int]) -> Iterator[list[int]]:
+        """The round's groups (:func:`group_clients`), cut lazily: of ``max_clients``, or, by default, the fit's first
+        client alone (its step measures the forward outputs) and then as few groups as :func:`group_size` allows,
+        of equal sizes (49 clients under a bound of 24: 17 + 17 + 15, not 24 + 24 + 1)."""
+        order = group_clients(num_steps)[0] if num_steps else []
+        if self.max_clients is None and self._default_size is None and order and not self.compile_backend:
+            yield order[:1]
+            order = order[1:]
+        size = self.max_clients
+        if size is None:  # the default: as many groups as its bound needs, of sizes as equal as can be
+            size = -(-len(order) // -(-len(order) // self._default_group_size())) if order else 1
+        yield from (order[i : i + size] for i in range(0, len(order), size))
+
+    def _default_group_size(self) -> int:
+        if self._default_size is None:
+            device = self.runtime.trainer.strategy.root_device
+            self._default_size = group_size(
+                self.runtime.live.values(), free_memory(device), clients=sys.maxsize,
+                forward_bytes=self._forward_bytes or 0, on_cpu=device.type == "cpu",
+            )  # fmt: skip
+        return self._default_size
 
     def _train_group(
         self, optimizer: torch.optim.Optimizer, streams: Sequence[FlatStream], terms: TermInputs, own: Sequence[State]
@@ -370,10 +395,12 @@ class BatchedExecutor(ClientExecutor):
             others = {name: t[:width] for name, t in state.others.items()}
             step_terms = ({m: {n: t[:width] for n, t in ts.items()} for m, ts in terms[0].items()}, terms[1])
             step = self._step(state.tied, structure, padded=mask is not None)
-            with precision.train_step_context(), self._noting_random_calls():
+            with precision.train_step_context(), self._noting_random_calls(), self._measuring_forward() as measured:
                 grads, parts = self._run(
                     step, trained, others, step_terms, inputs, batch_idx, *(() if mask is None else (mask,))
                 )
+            if measured is not None:
+                self._forward_bytes = measured.bytes
             if width > active:  # the finished clients' padding-only steps are dropped
                 grads, parts = {name: g[:active] for name, g in grads.items()}, parts[:active]
             if batch_idx == 0:
@@ -435,6 +462,16 @@ class BatchedExecutor(ClientExecutor):
         if not self._mean_checked:
             check_mean_step(self.runtime.module, self._on_device(leaves), structure)
             self._mean_checked = True
+
+    @contextmanager
+    def _measuring_forward(self) -> Iterator[ForwardBytes | None]:
+        """Around the fit's first eager step when the group size is the default: the forward outputs of one client
+        (under ``vmap``, each output has one client's shape); ``None`` otherwise."""
+        if self._forward_bytes is not None or self.max_clients is not None or self.compile_backend:
+            yield None
+            return
+        with ForwardBytes() as measured:
+            yield measured
 
     @contextmanager
     def _noting_random_calls(self) -> Iterator[None]:

@@ -91,7 +91,10 @@ def test_only_the_adapters_are_stacked(monkeypatch: pytest.MonkeyPatch) -> None:
     for state in states:
         assert state.others == {}  # no frozen buffer, no base weight
         assert state.by_name.keys() == state.trained.keys() == shapes.keys()
-        assert all(t.shape == (CLIENTS_PER_ROUND, *shapes[n]) for n, t in state.by_name.items())
+    # The fit's first client alone (it measures the forward's activations for the default group size), then the rest.
+    assert [len(next(iter(state.by_name.values()))) for state in states] == [1, CLIENTS_PER_ROUND - 1]
+    for state in states:
+        assert all(t.shape[1:] == shapes[n] for n, t in state.by_name.items())
 
 
 def per_client(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, **kwargs: Any) -> Tensor:
