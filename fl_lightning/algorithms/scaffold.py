@@ -34,6 +34,7 @@ class SCAFFOLD(Algorithm):
     :math:`c_i` (in a :class:`~fl_lightning.server.client_store.ClientStore`; :math:`c_i = 0` until its
     first round, as :math:`c = 0` at the start). Round :math:`t`, with :math:`S` the sampled clients:
 
+    - line 6, the server sends :math:`(x, c)`, counted in ``download_bytes`` (the model plus its trainable parameters);
     - line 10, each of the :math:`K` local steps:
       :math:`y_i \leftarrow y_i - \eta_l (g_i(y_i) - c_i + c)`, through the linear term
       :math:`\langle y, c - c_i \rangle` of :class:`~fl_lightning.LinearTermMixin`;
@@ -91,6 +92,10 @@ class SCAFFOLD(Algorithm):
     def configure_client(self, client: ClientContext, module: pl.LightningModule, global_state: State) -> None:
         c_i = self._client_control(client.client_id)
         module.set_linear_term({name: c - c_i[name] for name, c in self.control.items()})  # type: ignore[attr-defined]
+
+    def download_bytes(self, global_state: State) -> int:
+        """Line 6 sends each sampled client the server's :math:`(x, c)`: the model and the control variate."""
+        return super().download_bytes(global_state) + tensor_bytes(self.control)
 
     def client_update(self, client: ClientContext, module: pl.LightningModule, delta: State) -> ClientUpdate:
         update = super().client_update(client, module, delta)

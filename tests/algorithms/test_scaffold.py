@@ -58,10 +58,12 @@ def test_matches_a_plain_pytorch_algorithm_1(executor, global_lr):
     assert not torch.allclose(fedavg.net.weight.detach(), x, atol=1e-4)
 
 
-def test_uploads_twice_the_model_and_logs_the_control_norm():
+def test_sends_and_uploads_twice_the_model_and_logs_the_control_norm():
+    """Algorithm 1 line 6 sends (x, c), line 13 uploads (Delta y_i, Delta c_i): both twice the model's bytes."""
     _, trainer = fit(SCAFFOLD(), rounds=1)
     model_bytes = 10 * 8  # Linear(10 -> 1) without bias, float64
     assert trainer.callback_metrics["round/upload_bytes"] == CLIENTS_PER_ROUND * 2 * model_bytes
+    assert trainer.callback_metrics["round/download_bytes"] == CLIENTS_PER_ROUND * 2 * model_bytes
     expected = torch.linalg.vector_norm(trainer.algorithm.control["net.weight"])
     assert float(trainer.callback_metrics["round/control_norm"]) == pytest.approx(float(expected))
 
