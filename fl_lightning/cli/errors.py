@@ -14,7 +14,9 @@ import contextlib
 import difflib
 import errno
 import importlib
+import inspect
 import os
+import pkgutil
 import re
 import shutil
 import sys
@@ -176,6 +178,70 @@ _NOT_A_REASON = re.compile(
 )
 _MISSING_ATTRIBUTE = re.compile(r"module '([\w.]+)' has no attribute '(\w+)'")
 _MISSING_MODULE = re.compile(r"No module named '([\w.]+)'")
+_UNKNOWN_ARGUMENT = re.compile(r"Option '(\w+)' is not accepted")
+_UNKNOWN_OPTION = re.compile(r"Subcommand '(\w+)' does not accept option '([\w.]+)'")
+_BARE_CLASS = re.compile(r"Expected a dot import path string: (\w+)\b")
+#: Method names of the papers that are spelt as a setting here (README's method table).
+_SPELT_AS_SETTINGS = {
+    "FedAvgM": "fl_lightning.FedAvg with server_optimizer: fl_lightning.ServerSGD (momentum > 0)",
+    "FedAdagrad": "fl_lightning.FedAvg with server_optimizer: fl_lightning.ServerAdagrad",
+    "FedAdam": "fl_lightning.FedAvg with server_optimizer: fl_lightning.ServerAdam",
+    "FedYogi": "fl_lightning.FedAvg with server_optimizer: fl_lightning.ServerYogi",
+}
+
+
+def closest(name: str, candidates: list[str]) -> str | None:
+    """The candidate ``name`` most likely means: one equal but for case first, else the closest spelling."""
+    folded = {candidate.casefold(): candidate for candidate in candidates}
+    close = difflib.get_close_matches(name.casefold(), list(folded), n=1)
+    match = name.casefold() if name.casefold() in folded else (close[0] if close else None)
+    return None if match is None else folded[match]
+
+
+def public_class_paths() -> dict[str, str]:
+    """Every public name of fl_lightning and its subpackages (read from their ``__all__``, importing nothing else),
+    by its full import path, the package's own spelling first."""
+    import fl_lightning
+
+    paths = {name: f"fl_lightning.{name}" for name in fl_lightning.__all__}
+    for sub in pkgutil.iter_modules(fl_lightning.__path__):
+        if sub.ispkg:
+            module = importlib.import_module(f"fl_lightning.{sub.name}")
+            paths.update({name: f"{module.__name__}.{name}" for name in getattr(module, "__all__", ()) if name not in paths})
+    return paths
+
+
+def init_arguments(class_path: str) -> list[str]:
+    """The keyword arguments the constructors of ``class_path``'s class and its bases take (none if it does not import)."""
+    module, _, name = class_path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
+        return []
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return sorted({
+        p.name for base in inspect.getmro(cls) if "__init__" in vars(base)
+        for p in inspect.signature(base.__init__).parameters.values() if p.kind in kinds and p.name != "self"
+    })  # fmt: skip
+
+
+def _suggestion(reason: str, class_path: str | None) -> str:
+    """`` (did you mean ...?)`` for a misspelt class path, argument or class name in ``reason``, else ``""``."""
+    if missing := _MISSING_ATTRIBUTE.search(reason):
+        module, name = missing.groups()
+        match = closest(name, dir(importlib.import_module(module)))
+        return f" (did you mean {module}.{match}?)" if match else ""
+    if (unknown := _UNKNOWN_ARGUMENT.search(reason)) and class_path:
+        match = closest(unknown.group(1), init_arguments(class_path))
+        return f" (did you mean {match}?)" if match else ""
+    if bare := _BARE_CLASS.search(reason):
+        name = bare.group(1)
+        if name in _SPELT_AS_SETTINGS:
+            return f" ({name} is {_SPELT_AS_SETTINGS[name]})"
+        paths = public_class_paths()
+        match = closest(name, list(paths))
+        return f" (did you mean {paths[match]}?)" if match else ""
+    return ""
 
 
 def condense_parse_error(message: str) -> str:
@@ -209,11 +275,7 @@ def condense_parse_error(message: str) -> str:
     if given and reason.startswith("Expected") and "Got value" not in reason and len(given.group(1)) <= 80:
         reason += f", got {given.group(1)}"
     keys = ".".join(re.findall(r'Parser key "([^"]+)"', message))
-    missing = _MISSING_ATTRIBUTE.search(reason)
-    if missing:
-        module, name = missing.groups()
-        close = difflib.get_close_matches(name, dir(importlib.import_module(module)), n=1)
-        reason += f" (did you mean {module}.{close[0]}?)" if close else ""
+    reason += _suggestion(reason, class_paths[-1] if class_paths else None)
     if _MISSING_MODULE.search(reason):
         reason += f" (modules are imported from the working directory {os.getcwd()} and the installed packages)"
     return f"{keys}: {reason}" if keys else reason
@@ -228,5 +290,17 @@ class ConsoleParser(PlainHelpParser):
         if not self.exit_on_error or debugging():
             super().error(message, ex)
         prog = self.prog.replace(" [options]", "")
-        print(f"error: {condense_parse_error(message)}\ntip: the accepted options: {prog} --help", file=sys.stderr)
+        line = condense_parse_error(message)
+        if unknown := _UNKNOWN_OPTION.search(message):  # raised by the top parser, about one subcommand's option
+            subcommand, option = unknown.groups()
+            prog = f"{prog} {subcommand}"
+            match = closest(option, self._subcommand_options(subcommand))
+            line += f" (did you mean {match}?)" if match else ""
+        print(f"error: {line}\ntip: the accepted options: {prog} --help", file=sys.stderr)
         raise SystemExit(EXIT_STATUS)
+
+    def _subcommand_options(self, subcommand: str) -> list[str]:
+        """The option keys (``trainer.local_epochs``, ...) that ``subcommand`` accepts; none if it has no parser here."""
+        subcommands = getattr(self, "_subcommands_action", None)
+        parser = getattr(subcommands, "_name_parser_map", {}).get(subcommand)
+        return [action.dest for action in parser._actions] if parser is not None else []

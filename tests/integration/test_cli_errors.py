@@ -80,6 +80,53 @@ def test_a_config_that_does_not_parse_is_one_error_line_and_a_tip(
     assert capsys.readouterr().err.splitlines() == [expected, "tip: the accepted options: fl-lightning fit --help"]
 
 
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        (
+            ("local_epochs: 2", "local_epoch: 2"),
+            "error: Subcommand 'fit' does not accept option 'trainer.local_epoch' (did you mean trainer.local_epochs?)",
+        ),
+        (
+            ("fl_lightning.FedAvg", "fl_lightning.FedAVG"),
+            "error: trainer.algorithm: fl_lightning.FedAVG: module 'fl_lightning' has no attribute 'FedAVG' "
+            "(did you mean fl_lightning.FedAvg?)",
+        ),
+        (
+            ("{alpha: 0.5}", "{alpah: 0.5}"),
+            "error: data.partitioner: fl_lightning.data.Dirichlet: Option 'alpah' is not accepted (did you mean alpha?)",
+        ),
+        (
+            ("batch_size: 10", "batch_sise: 10"),
+            "error: data: fl_lightning.data.FederatedDataModule: Option 'batch_sise' is not accepted (did you mean batch_size?)",
+        ),
+        (
+            ("class_path: fl_lightning.FedAvg", "class_path: fedavg"),
+            "error: trainer.algorithm: Expected a dot import path string: fedavg, got {'class_path': 'fedavg'} "
+            "(did you mean fl_lightning.FedAvg?)",
+        ),
+        (
+            ("class_path: fl_lightning.FedAvg", "class_path: FedAvgM"),
+            "error: trainer.algorithm: Expected a dot import path string: FedAvgM, got {'class_path': 'FedAvgM'} "
+            "(FedAvgM is fl_lightning.FedAvg with server_optimizer: fl_lightning.ServerSGD (momentum > 0))",
+        ),
+    ],
+    ids=["trainer-key", "class-case", "argument", "datamodule-argument", "bare-lowercase", "paper-method-name"],
+)
+def test_a_misspelt_yaml_key_or_name_gets_the_closest_spelling_and_the_subcommands_help(
+    edit: tuple[str, str], expected: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "typo.yaml"
+    text = Path(QUICKSTART).read_text()
+    assert edit[0] in text
+    config.write_text(text.replace(edit[0], edit[1], 1))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(config)])
+    assert exit_info.value.code == EXIT_STATUS
+    assert capsys.readouterr().err.splitlines() == [expected, "tip: the accepted options: fl-lightning fit --help"]
+
+
 def test_the_debug_variable_keeps_the_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(DEBUG_ENV, "1")
     with pytest.raises(ValueError, match=r"`alpha` must be a finite number > 0, got -1.0"):
