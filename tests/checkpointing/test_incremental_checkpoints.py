@@ -15,7 +15,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from fl_lightning import SCAFFOLD
-from fl_lightning.checkpointing import round_checkpoint
+from fl_lightning.checkpointing import newest_intact_checkpoint, round_checkpoint
 from fl_lightning.checkpointing.checkpoint_io import CheckpointError, read_checkpoint
 from fl_lightning.checkpointing.client_shards import SHARD, referenced
 from fl_lightning.data import FederatedDataModule, InMemoryDataset
@@ -163,3 +163,28 @@ def test_read_checkpoint_and_trainer_test_resolve_the_references(tmp_path: Path)
         read_checkpoint(last)
     with pytest.raises(CheckpointError, match=r"client shard .*clients-\d+-[0-9a-f]+\.pt is missing"):
         trainer.test(model, datamodule=data(), ckpt_path=str(last))
+
+
+class Killed(BaseException):
+    """Stands for SIGKILL: no ``except Exception`` on the way out catches it."""
+
+
+def test_a_kill_between_the_shard_and_the_round_file_resumes_bit_exact_and_sweeps_the_shard(tmp_path: Path) -> None:
+    reference, _ = fit(tmp_path / "reference", 4)
+    folder = tmp_path / "run" / "checkpoints"
+    replace = os.replace
+
+    def killed_at_round_2(src: Any, dst: Any) -> None:
+        if os.path.basename(dst) == "round_2.ckpt":  # the round's shard is already in place
+            raise Killed(dst)
+        replace(src, dst)
+
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(Killed):
+        patch.setattr(os, "replace", killed_at_round_2)
+        fit(tmp_path / "run", 4)
+    used = set().union(*(referenced(path) for path in folder.glob("*.ckpt")))
+    (orphan,) = shards(folder) - used
+    assert os.path.realpath(newest_intact_checkpoint(folder)) == str(folder / "round_1.ckpt")
+    resumed, _ = fit(tmp_path / "run", 4, ckpt_path="last")
+    assert not (folder / orphan).exists()
+    assert same(resumed.state_dict(), reference.state_dict())
