@@ -17,7 +17,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from fl_lightning import SCAFFOLD
 from fl_lightning.checkpointing import newest_intact_checkpoint, round_checkpoint
 from fl_lightning.checkpointing.checkpoint_io import CheckpointError, read_checkpoint
-from fl_lightning.checkpointing.client_shards import SHARD, referenced
+from fl_lightning.checkpointing.client_shards import SHARD, referenced, split_shards
 from fl_lightning.data import FederatedDataModule, InMemoryDataset
 from fl_lightning.models import LogisticRegression
 
@@ -188,3 +188,26 @@ def test_a_kill_between_the_shard_and_the_round_file_resumes_bit_exact_and_sweep
     resumed, _ = fit(tmp_path / "run", 4, ckpt_path="last")
     assert not (folder / orphan).exists()
     assert same(resumed.state_dict(), reference.state_dict())
+
+
+def store_checkpoint(revisions: dict[int, str]) -> dict[str, Any]:
+    """A checkpoint whose one store holds a 10-value float32 entry (40 bytes) per client, at these revisions."""
+    store = {"entries": {cid: {"c": torch.full((10,), float(cid))} for cid in revisions}, "revisions": revisions}
+    return {"loops": {"fit_loop": {"state_dict": {"federated": {"algorithm": {"client_controls": store}}}}}}
+
+
+@pytest.mark.parametrize(("superseded", "compacted"), [(1, False), (3, True)])
+def test_shards_mostly_superseded_are_compacted_into_the_new_one(tmp_path: Path, superseded: int, compacted: bool) -> None:
+    old = "clients-1-00.pt"
+    (tmp_path / old).write_bytes(b"")
+    # The old shard holds client 0's current entry and `superseded` entries no store holds any more.
+    written = {"s-0": (old, 40), **{f"gone-{i}": (old, 40) for i in range(superseded)}}
+    checkpoint = store_checkpoint({0: "s-0", 1: "s-1"})
+    referencing, new, name = split_shards(checkpoint, str(tmp_path), written)
+    # Not compacted, the round references 40 + 40 x superseded old bytes plus its own 40: at most 2 x its 80 bytes.
+    assert set(new) == ({"s-0", "s-1"} if compacted else {"s-1"})
+    refs = referencing["loops"]["fit_loop"]["state_dict"]["federated"]["algorithm"]["client_controls"]["shards"]
+    assert refs == {0: [name if compacted else old, "s-0"], 1: [name, "s-1"]}
+    assert "entries" in checkpoint["loops"]["fit_loop"]["state_dict"]["federated"]["algorithm"]["client_controls"]
+    os.remove(tmp_path / old)  # a shard that is gone is written again
+    assert set(split_shards(checkpoint, str(tmp_path), written)[1]) == {"s-0", "s-1"} and not written
