@@ -101,19 +101,25 @@ class Rounds(pl.Callback):
         self._written(trainer)
 
 
-def child(args: argparse.Namespace) -> dict[str, Any]:
-    """One configuration, in this fresh process."""
-    from fl_lightning import SCAFFOLD, FederatedTrainer
+def federation(clients: int) -> Any:
+    """``clients`` clients of :data:`SAMPLES` random samples each (one local batch), seeded."""
     from fl_lightning.data import FederatedDataModule, InMemoryDataset
-    from fl_lightning.models import MLP
 
-    torch.set_num_threads(1)
     g = torch.Generator().manual_seed(0)
-    n = args.clients * SAMPLES
+    n = clients * SAMPLES
     dataset = InMemoryDataset(
         inputs=torch.randn(n, FEATURES, generator=g), labels=torch.randint(0, CLASSES, (n,), generator=g), num_classes=CLASSES
     )
-    data = FederatedDataModule(dataset, num_clients=args.clients, batch_size=SAMPLES, holdout_fraction=0.0, seed=0)
+    return FederatedDataModule(dataset, num_clients=clients, batch_size=SAMPLES, holdout_fraction=0.0, seed=0)
+
+
+def child(args: argparse.Namespace) -> dict[str, Any]:
+    """One configuration, in this fresh process."""
+    from fl_lightning import SCAFFOLD, FederatedTrainer
+    from fl_lightning.models import MLP
+
+    torch.set_num_threads(1)
+    data = federation(args.clients)
     torch.manual_seed(0)
     model = MLP(in_features=FEATURES, hidden=(), num_classes=CLASSES, lr=0.05)
     root = tempfile.mkdtemp(prefix="scaffold_budget-", dir=args.folder)

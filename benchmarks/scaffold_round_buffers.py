@@ -20,13 +20,10 @@ import os
 import lightning.pytorch as pl
 import torch
 from client_store_memory import rss_parts  # benchmarks/ is on sys.path when run as a script
+from scaffold_budget import CLASSES, FEATURES, MIB, federation
 
 from fl_lightning import SCAFFOLD, FederatedCallback, FederatedTrainer
-from fl_lightning.data import FederatedDataModule, InMemoryDataset
 from fl_lightning.models import MLP
-
-MIB = 2**20
-FEATURES, CLASSES, SAMPLES = 1000, 100, 4
 
 
 def live_storages() -> tuple[int, int]:
@@ -65,12 +62,7 @@ def main() -> None:
     parser.add_argument("--budget", default="4MB")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    g = torch.Generator().manual_seed(0)
-    n = args.clients * SAMPLES
-    dataset = InMemoryDataset(
-        inputs=torch.randn(n, FEATURES, generator=g), labels=torch.randint(0, CLASSES, (n,), generator=g), num_classes=CLASSES
-    )
-    data = FederatedDataModule(dataset, num_clients=args.clients, batch_size=SAMPLES, holdout_fraction=0.0, seed=0)
+    data = federation(args.clients)
     torch.manual_seed(0)
     trainer = FederatedTrainer(
         algorithm=SCAFFOLD(), clients_per_round=args.per_round, local_steps=1, max_epochs=args.rounds,
