@@ -12,7 +12,7 @@ evaluation every 10 rounds (about 20 % of pfl's forward work over a run), pfl's 
 (with replacement across rounds, by its own sampler) — here clients are drawn without replacement
 per round by the library's seeded ``randperm`` — and pfl's fixed per-user sample order (here each
 client's batches are shuffled per round by its seeded generator). A run of pfl's own simulator
-side by side needs pfl-research in its own environment and is not part of this script.
+side by side with pfl's own simulator, in its own environment, is ``pfl_side_by_side.py``.
 
 Four ways, side by side:
 
@@ -318,6 +318,14 @@ def render(rows: list[Row], diffs: dict[str, float], work: Workload, args: argpa
     return "\n".join(out)
 
 
+def quiet() -> None:
+    """Silence Lightning's start-up logging and the warnings every benchmark Trainer would repeat."""
+    for name in ("lightning.pytorch", "lightning.fabric", "lightning"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    for message in (r".*does not have many workers.*", r".*GPU available but not used.*", r".*validation_step.*"):
+        warnings.filterwarnings("ignore", message=message)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
@@ -353,10 +361,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--device cuda: CUDA is not available")
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    for name in ("lightning.pytorch", "lightning.fabric", "lightning"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    for message in (r".*does not have many workers.*", r".*GPU available but not used.*", r".*validation_step.*"):
-        warnings.filterwarnings("ignore", message=message)
+    quiet()
 
     started, load_before = time.perf_counter(), load()
     work = make_workload(args)
