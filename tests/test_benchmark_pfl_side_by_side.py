@@ -1,0 +1,63 @@
+"""``benchmarks/pfl_side_by_side.py`` without pfl-research: one SKIP line; with it, pfl's rounds read from the last
+line its simulator prints (pfl logs its metrics above it), and a failing simulator raises with its error."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+
+@pytest.fixture
+def side_by_side(monkeypatch: pytest.MonkeyPatch):
+    # The benchmark scripts import their siblings as top-level modules (run with benchmarks/ on sys.path).
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    monkeypatch.delitem(sys.modules, "pfl_side_by_side", raising=False)
+    import pfl_side_by_side
+
+    return pfl_side_by_side
+
+
+def fake_python(tmp_path: Path, body: str) -> str:
+    """An executable standing in for pfl's Python: a shell script running ``body``, whatever its arguments."""
+    path = tmp_path / "python"
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_without_pfl_python_it_prints_one_skip_line(side_by_side, capsys: pytest.CaptureFixture[str]) -> None:
+    side_by_side.main([])
+    assert capsys.readouterr().out == "SKIP: pfl-research side by side not run: no --pfl-python given\n"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("pfl") is not None, reason="this environment has pfl")
+def test_a_python_without_pfl_is_named_in_the_skip_line(side_by_side, capsys: pytest.CaptureFixture[str]) -> None:
+    side_by_side.main(["--pfl-python", sys.executable])
+    out = capsys.readouterr().out
+    assert out.startswith(f"SKIP: pfl-research side by side not run: --pfl-python {sys.executable!r} cannot import pfl")
+    assert "ModuleNotFoundError" in out and out.count("\n") == 1
+
+
+def test_a_missing_interpreter_is_named(side_by_side, tmp_path: Path) -> None:
+    assert "cannot be started" in side_by_side.pfl_missing(str(tmp_path / "absent"))
+
+
+def test_pfls_rounds_are_the_last_line_it_prints(side_by_side, tmp_path: Path) -> None:
+    python = fake_python(
+        tmp_path, """echo 'Train population | loss : 2.3'; echo '{"rounds": [[2.0, 1.5], [1.0, 0.5]], "pfl": "0.6.0"}'"""
+    )
+    args = argparse.Namespace(clients=1000, threads=1)
+    rounds, about = side_by_side.run_pfl(python, args, per_round=10, rounds=2, evaluate=False)
+    np.testing.assert_array_equal(rounds, [[2.0, 1.5], [1.0, 0.5]])
+    assert about["pfl"] == "0.6.0"
+
+
+def test_a_failing_simulator_raises_with_its_error(side_by_side, tmp_path: Path) -> None:
+    python = fake_python(tmp_path, "echo 'pfl ran 1 rounds, expected 3' >&2; exit 1")
+    with pytest.raises(RuntimeError, match=r"exited with 1: pfl ran 1 rounds, expected 3"):
+        side_by_side.run_pfl(python, argparse.Namespace(clients=10, threads=1), per_round=2, rounds=3, evaluate=True)
