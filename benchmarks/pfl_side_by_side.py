@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--per-round", type=int, nargs="+", default=[10, 50], help="cohort sizes")
     parser.add_argument("--clients", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=2, help="timed rounds per run")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed rounds per run")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed rounds per run (>= 1: pfl always evaluates its first)")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--executors", default="lightning,lean,batched", help="FederatedTrainer client executors")
     parser.add_argument("--pfl-evaluate", action="store_true", help="add pfl with its evaluation schedule")
@@ -147,6 +147,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--clock", choices=CLOCKS, default="cpu")
     parser.add_argument("--out", help="also write the Markdown report to this file")
     args = parser.parse_args(argv)
+    for name in ("clients", "rounds", "repeats", "threads", "warmup"):
+        if getattr(args, name) < 1:  # pfl's first round evaluates (always): it must be a warm-up round
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if min(args.per_round) < 1 or max(args.per_round) > args.clients:
+        parser.error(f"--per-round must lie in 1..--clients ({args.clients}), got {args.per_round}")
     if (why := pfl_missing(args.pfl_python)) is not None:
         print(f"SKIP: pfl-research side by side not run: {why}")
         return

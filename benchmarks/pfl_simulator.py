@@ -115,10 +115,10 @@ def run(users: int, cohort: int, rounds: int, evaluate: bool, seed: int) -> list
         model=net, local_optimizer_create=torch.optim.SGD, central_optimizer=torch.optim.SGD(net.parameters(), 1.0)
     )
     callbacks: list[TrainingProcessCallback] = []
+    eval_params = NNEvalHyperParams(local_batch_size=CENTRAL_IMAGES)
     if evaluate:
         central = Dataset(raw_data=[torch.randn(CENTRAL_IMAGES, SIDE, SIDE, 3, generator=g),
                                     torch.randint(0, CLASSES, (CENTRAL_IMAGES,), generator=g)])  # fmt: skip
-        eval_params = NNEvalHyperParams(local_batch_size=CENTRAL_IMAGES)
         callbacks.append(CentralEvaluationCallback(central, model_eval_params=eval_params, frequency=EVALUATION_EVERY))
     clock = RoundClock()  # after the evaluation: a round's mark includes the evaluation that follows it
     callbacks.append(clock)
@@ -132,7 +132,7 @@ def run(users: int, cohort: int, rounds: int, evaluate: bool, seed: int) -> list
         backend=SimulatedBackend(training_data=train, val_data=None, postprocessors=[WeightByUser()]),
         model=model,
         model_train_params=NNTrainHyperParams(local_learning_rate=0.1, local_num_epochs=1, local_batch_size=10),
-        model_eval_params=NNEvalHyperParams(local_batch_size=CENTRAL_IMAGES),
+        model_eval_params=eval_params,
         callbacks=callbacks,
     )
     marks = np.asarray(clock.marks)
@@ -150,6 +150,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    for name in ("users", "cohort", "rounds", "threads"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
     torch.set_num_threads(args.threads)
     rounds = run(args.users, args.cohort, args.rounds, args.evaluate, args.seed)
     print(json.dumps({"rounds": rounds, "pfl": version("pfl"), "torch": torch.__version__, "threads": torch.get_num_threads()}))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import re
 import sys
 from pathlib import Path
 
@@ -61,3 +62,16 @@ def test_a_failing_simulator_raises_with_its_error(side_by_side, tmp_path: Path)
     python = fake_python(tmp_path, "echo 'pfl ran 1 rounds, expected 3' >&2; exit 1")
     with pytest.raises(RuntimeError, match=r"exited with 1: pfl ran 1 rounds, expected 3"):
         side_by_side.run_pfl(python, argparse.Namespace(clients=10, threads=1), per_round=2, rounds=3, evaluate=True)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--warmup", "0"], "--warmup must be >= 1, got 0"),  # pfl's first round always evaluates: never timed
+        (["--per-round", "10", "2000"], r"--per-round must lie in 1..--clients \(1000\), got \[10, 2000\]"),
+    ],
+)
+def test_bad_arguments_are_refused_by_name(side_by_side, capsys: pytest.CaptureFixture[str], argv, message) -> None:
+    with pytest.raises(SystemExit):
+        side_by_side.main(argv)
+    assert re.search(message, capsys.readouterr().err)
