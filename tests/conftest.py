@@ -19,6 +19,8 @@ from tests.once import once_per_session
 
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
+#: The processes the suite starts skip torchmetrics' optional imports (tests/startup/sitecustomize.py).
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent / "startup"), os.environ.get("PYTHONPATH")]))
 
 
 def pytest_configure(config: pytest.Config) -> None:
