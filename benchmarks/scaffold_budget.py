@@ -17,8 +17,8 @@ Each configuration runs in a fresh subprocess, one after the other on the same m
   floor, and the peak anonymous RSS (``RssAnon``, sampled every 5 ms: memory the process holds, without the
   shared libraries' pages) against the anonymous floor (target ≤ 1.2×);
 - seconds per round (training, aggregation and the round's checkpoint), budgeted against unbudgeted (target ≤ 1.3×);
-- the bytes each checkpoint writes, against what an incremental one would (the model and the entries the round
-  changed).
+- the bytes each round's checkpoint writes (its round file and the client shard beside it: incremental checkpoints,
+  ``fl_lightning/checkpointing/client_shards.py``), against the model and the entries the round changed.
 
 Run from the repository root (writes ~2 GB of spill file and two 2 GB checkpoints per configuration, deleted
 afterwards)::
@@ -70,10 +70,18 @@ class PeakAnon(threading.Thread):
 
 class Rounds(pl.Callback):
     """Fills every client's :math:`c_i` when the fit starts (the store is bound to its budget by then) and records
-    when each round starts, and the checkpoint each round writes."""
+    when each round starts, and the bytes of the files each round's checkpoint writes."""
 
     def __init__(self, clients: int) -> None:
         self.clients, self.starts, self.checkpoint_bytes, self.fill_s = clients, [], [], 0.0
+        self.seen: set[str] = set()
+
+    def _written(self, trainer: pl.Trainer) -> None:
+        """Appends the bytes of the files (not links) that appeared in the checkpoint folder since the last call."""
+        folder = os.path.join(trainer.default_root_dir, "checkpoints")
+        new = [e for e in os.scandir(folder) if e.is_file(follow_symlinks=False) and e.name not in self.seen]
+        self.seen.update(e.name for e in new)
+        self.checkpoint_bytes.append(sum(e.stat().st_size for e in new))
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         started = time.perf_counter()
@@ -85,27 +93,33 @@ class Rounds(pl.Callback):
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.starts.append(time.perf_counter())
+        if trainer.current_epoch > 0:
+            self._written(trainer)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.starts.append(time.perf_counter())
-        folder = os.path.join(trainer.default_root_dir, "checkpoints")
-        sizes = {name: os.path.getsize(os.path.join(folder, name)) for name in os.listdir(folder) if name.startswith("round_")}
-        self.checkpoint_bytes = [sizes[name] for name in sorted(sizes)]
+        self._written(trainer)
+
+
+def federation(clients: int) -> Any:
+    """``clients`` clients of :data:`SAMPLES` random samples each (one local batch), seeded."""
+    from fl_lightning.data import FederatedDataModule, InMemoryDataset
+
+    g = torch.Generator().manual_seed(0)
+    n = clients * SAMPLES
+    dataset = InMemoryDataset(
+        inputs=torch.randn(n, FEATURES, generator=g), labels=torch.randint(0, CLASSES, (n,), generator=g), num_classes=CLASSES
+    )
+    return FederatedDataModule(dataset, num_clients=clients, batch_size=SAMPLES, holdout_fraction=0.0, seed=0)
 
 
 def child(args: argparse.Namespace) -> dict[str, Any]:
     """One configuration, in this fresh process."""
     from fl_lightning import SCAFFOLD, FederatedTrainer
-    from fl_lightning.data import FederatedDataModule, InMemoryDataset
     from fl_lightning.models import MLP
 
     torch.set_num_threads(1)
-    g = torch.Generator().manual_seed(0)
-    n = args.clients * SAMPLES
-    dataset = InMemoryDataset(
-        inputs=torch.randn(n, FEATURES, generator=g), labels=torch.randint(0, CLASSES, (n,), generator=g), num_classes=CLASSES
-    )
-    data = FederatedDataModule(dataset, num_clients=args.clients, batch_size=SAMPLES, holdout_fraction=0.0, seed=0)
+    data = federation(args.clients)
     torch.manual_seed(0)
     model = MLP(in_features=FEATURES, hidden=(), num_classes=CLASSES, lr=0.05)
     root = tempfile.mkdtemp(prefix="scaffold_budget-", dir=args.folder)
@@ -189,13 +203,14 @@ def report(rows: dict[str, dict[str, Any]], args: argparse.Namespace, started: f
         )
     later = slice(1, None) if len(budgeted["round_s"]) > 1 else slice(None)
     ratio = sum(budgeted["round_s"][later]) / sum(free["round_s"][later])
-    written = budgeted["checkpoint_bytes"][-1]
-    incremental = budgeted["model_bytes"] + args.per_round * budgeted["entry_bytes"]
+    changed = budgeted["model_bytes"] + args.per_round * budgeted["entry_bytes"]
+    each = ", ".join(f"{b / MIB:,.0f}" for b in budgeted["checkpoint_bytes"])
     lines += [
         "",
         f"- seconds per round after the first, budgeted / unbudgeted: **{ratio:.2f}×** (target ≤ 1.3×)",
-        f"- each checkpoint writes {written / MIB:,.0f} MiB; an incremental one (the model and the {args.per_round} "
-        f"entries the round changed) would write {incremental / MIB:,.0f} MiB ({written / incremental:.1f}× less)",
+        f"- bytes each round's checkpoint writes (round file and client shard), budgeted: {each} MiB; the model and "
+        f"the {args.per_round} entries a round changes are {changed / MIB:,.0f} MiB, the whole store "
+        f"{budgeted['state_bytes'] / MIB:,.0f} MiB (the first checkpoint writes every entry once)",
     ]
     return "\n".join(lines) + "\n"
 

@@ -9,7 +9,7 @@ import importlib.util
 import pkgutil
 import sys
 from pathlib import Path
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 
@@ -38,16 +38,22 @@ def lazy_exports(
     return sorted(module_of), __getattr__, __dir__
 
 
+def public_names(package: str = "fl_lightning") -> Iterator[tuple[str, str]]:
+    """``(package, name)`` for every public name of ``package``, then of its subpackages made lazy by
+    :func:`lazy_exports`, depth first (their ``__all__``: nothing but the packages is imported)."""
+    module = importlib.import_module(package)
+    yield from ((package, name) for name in getattr(module, "__all__", ()))
+    for info in pkgutil.iter_modules(getattr(module, "__path__", ())):
+        if info.ispkg and not info.name.startswith("_") and _is_lazy(f"{package}.{info.name}"):
+            yield from public_names(f"{package}.{info.name}")
+
+
 def import_every_export(package: str = "fl_lightning") -> None:
     """Imports every public name of ``package`` and of its subpackages made lazy by :func:`lazy_exports`, as eager
     ``__init__``\\ s did. The CLI needs this: jsonargparse resolves a short ``class_path`` (``QFedAvg``) among the
     subclasses already imported."""
-    module = importlib.import_module(package)
-    for name in getattr(module, "__all__", ()):
-        getattr(module, name)
-    for info in pkgutil.iter_modules(getattr(module, "__path__", ())):
-        if info.ispkg and not info.name.startswith("_") and _is_lazy(f"{package}.{info.name}"):
-            import_every_export(f"{package}.{info.name}")
+    for owner, name in public_names(package):
+        getattr(sys.modules[owner], name)
 
 
 def _is_lazy(package: str) -> bool:

@@ -34,7 +34,8 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
 
-from fl_lightning.checkpointing.checkpoint_io import CheckpointError, sweep_orphan_temp_files, sync_folder
+from fl_lightning.checkpointing.checkpoint_io import CheckpointError, sweep_orphan_temp_files, sweep_unreferenced_shards, sync_folder
+from fl_lightning.checkpointing.client_shards import shards_problem
 from fl_lightning.checkpointing.integrity import integrity_problem
 
 #: The file name of each round's checkpoint (``round_3.ckpt``: the model after 0-based round 3).
@@ -205,9 +206,12 @@ def find_last_checkpoint(trainer: pl.Trainer) -> str | None:
 
 
 def sweep_temp_files(trainer: pl.Trainer) -> list[str]:
-    """At fit start: removes the temporary files a killed save left (``.round_<r>.ckpt.<pid>.tmp`` of a
-    dead ``pid``) in every checkpoint folder of this trainer (:func:`~fl_lightning.checkpointing.checkpoint_io.sweep_orphan_temp_files`)."""
-    return [path for folder in dict.fromkeys(_checkpoint_folders(trainer)) for path in sweep_orphan_temp_files(folder)]
+    """At fit start: removes, in every checkpoint folder of this trainer, the temporary files a killed save left
+    (``.round_<r>.ckpt.<pid>.tmp`` of a dead ``pid``, :func:`~fl_lightning.checkpointing.checkpoint_io.sweep_orphan_temp_files`)
+    and the client shards no checkpoint there references (a save killed before its round file's rename,
+    :func:`~fl_lightning.checkpointing.checkpoint_io.sweep_unreferenced_shards`)."""
+    folders = dict.fromkeys(_checkpoint_folders(trainer))
+    return [path for folder in folders for sweep in (sweep_orphan_temp_files, sweep_unreferenced_shards) for path in sweep(folder)]
 
 
 def _checkpoint_folders(trainer: pl.Trainer) -> list[str]:
@@ -232,13 +236,14 @@ _EPOCH, _STEP = re.compile(r"epoch=(\d+)"), re.compile(r"step=(\d+)")
 
 def newest_intact_checkpoint(folder: str | os.PathLike[str]) -> str | None:
     """The checkpoint ``ckpt_path="last"`` resumes in ``folder``: ``last*.ckpt`` (the newest, if there are
-    several) when it is whole (:func:`~fl_lightning.checkpointing.integrity.integrity_problem`), else the most
+    several) when it is whole (:func:`~fl_lightning.checkpointing.integrity.integrity_problem`, and the client shards
+    it references, :func:`~fl_lightning.checkpointing.client_shards.shards_problem`), else the most
     advanced whole ``*.ckpt`` of any name (``round_<r>.ckpt``, a user ``ModelCheckpoint``'s
     ``epoch=3-step=544.ckpt``; by the round, epoch and step its name gives, then by when it was written), with a
     warning naming each one passed over; ``None`` when the folder holds no checkpoint.
 
     A kill between a round's write and the link swap, a disk that filled up or a flipped bit can leave
-    ``last.ckpt`` missing, dangling, truncated or corrupt while an earlier checkpoint is whole.
+    ``last.ckpt`` missing, dangling, truncated or corrupt (or a shard it references) while an earlier checkpoint is whole.
 
     Raises:
         CheckpointError: when the folder holds checkpoints but none is whole, naming each and what is wrong:
@@ -252,6 +257,8 @@ def newest_intact_checkpoint(folder: str | os.PathLike[str]) -> str | None:
     passed = [] if lasts or not others else [f"{last} is {'dangling' if os.path.islink(last) else 'missing'}"]
     for path in [*lasts, *others]:
         problem = integrity_problem(path)
+        if problem is None:
+            problem = shards_problem(path)
         if problem is None:
             if passed:
                 rank_zero_warn(f"{'; '.join(passed)}: resuming from {path}, the newest intact checkpoint.")
@@ -275,6 +282,8 @@ def _recency(path: str) -> tuple[int, int, float]:
 
 
 def _state(problem: str) -> str:
+    if "client shard" in problem:
+        return "incomplete"
     return "truncated or corrupt" if "zip directory" in problem else "corrupt"
 
 

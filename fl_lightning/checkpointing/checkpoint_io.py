@@ -2,6 +2,8 @@
 
 * Writing is atomic (:func:`atomic_save`): a crash at any point leaves either the old file or the
   new one, never a truncated one, and a full disk is one :class:`CheckpointWriteError` naming the folder.
+* Writing is incremental (:mod:`~fl_lightning.checkpointing.client_shards`): client-store entries go into shard
+  files beside the checkpoint, each entry once per folder, before the checkpoint that references them.
 * Reading checks the file whole first (every zip member's CRC-32, :mod:`~fl_lightning.checkpointing.integrity`);
   a file that is not, cannot be read, or holds no federated run fails with one clear line naming it instead
   of a silently corrupt tensor, a raw ``OSError``, ``KeyError`` or unpickling error.
@@ -23,7 +25,8 @@ from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from typing_extensions import override
 
 from fl_lightning.checkpointing.frozen_base import base_path, frozen_digest, reference_of, split_frozen
-from fl_lightning.checkpointing.integrity import integrity_problem, one_line
+from fl_lightning.checkpointing.client_shards import entry_nbytes, resolve_shards, shard_writer, split_shards, unreferenced_shards
+from fl_lightning.checkpointing.integrity import CheckpointError, integrity_problem, one_line
 
 #: Entries of the federated loop state that every checkpoint has, and their types.
 _REQUIRED: dict[str, type] = {
@@ -33,10 +36,6 @@ _REQUIRED: dict[str, type] = {
     "total_upload_bytes": int,
     "total_download_bytes": int,
 }
-
-
-class CheckpointError(ValueError):
-    """A checkpoint file is unreadable (truncated, corrupt), foreign, or holds invalid federated state."""
 
 
 class CheckpointWriteError(OSError):
@@ -102,6 +101,20 @@ def sweep_orphan_temp_files(folder: str | os.PathLike[str]) -> list[str]:
     return removed
 
 
+def sweep_unreferenced_shards(folder: str | os.PathLike[str]) -> list[str]:
+    """Removes the client shards in ``folder`` that no checkpoint there references
+    (:func:`~fl_lightning.checkpointing.client_shards.unreferenced_shards`; none when a checkpoint there cannot be
+    read), except a live other process's, which may be about to commit the round that references it; returns their paths."""
+    removed = []
+    for path in unreferenced_shards(folder) or []:
+        writer = shard_writer(path)
+        if writer == os.getpid() or not _alive(writer):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+                removed.append(path)
+    return removed
+
+
 def _alive(pid: int) -> bool:
     if pid == os.getpid():
         return True
@@ -140,6 +153,8 @@ class CheckedCheckpointIO(CheckpointIO):
     def __init__(self, inner: CheckpointIO, before_restore: Callable[[dict[str, Any], Any], None] | None = None) -> None:
         self.inner = inner
         self.before_restore = before_restore
+        #: Per folder: revision -> the shard there that holds that client-store entry, and the entry's bytes.
+        self._written: dict[str, dict[str, tuple[str, int]]] = {}
 
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
@@ -149,8 +164,14 @@ class CheckedCheckpointIO(CheckpointIO):
             base = base_path(path, reference["digest"])
             if not os.path.exists(base):
                 atomic_save(frozen, base)
-        # Another IO (a cloud store, a user's own) keeps its own guarantees.
+        # Another IO (a cloud store, a user's own) keeps its own guarantees, and its checkpoints keep their entries inline.
         if type(self.inner) is TorchCheckpointIO and storage_options is None and _is_local_file_protocol(path):
+            folder = os.path.dirname(os.path.abspath(path))
+            written = self._written.setdefault(folder, {})
+            checkpoint, entries, shard = split_shards(checkpoint, folder, written)
+            if entries:  # before the round file, whose rename alone commits the round
+                atomic_save(entries, os.path.join(folder, shard))
+                written.update({rev: (shard, entry_nbytes(entry)) for rev, entry in entries.items()})
             atomic_save(checkpoint, path)
         else:
             self.inner.save_checkpoint(checkpoint, path, storage_options=storage_options)
@@ -176,6 +197,8 @@ class CheckedCheckpointIO(CheckpointIO):
             found = sorted(map(str, checkpoint))[:8] if isinstance(checkpoint, Mapping) else type(checkpoint).__name__
             raise CheckpointError(f"{path} is not a Lightning checkpoint (found {found}).")
         checkpoint = with_frozen_base(dict(checkpoint), path, map_location)
+        if _is_local_file_protocol(path):
+            checkpoint = resolve_shards(checkpoint, path, map_location)
         if self.before_restore is not None:
             self.before_restore(checkpoint, path)
         return checkpoint
@@ -183,6 +206,8 @@ class CheckedCheckpointIO(CheckpointIO):
     @override
     def remove_checkpoint(self, path: Any) -> None:
         self.inner.remove_checkpoint(path)
+        if _is_local_file_protocol(path):
+            sweep_unreferenced_shards(os.path.dirname(os.path.abspath(path)))
 
     @override
     def teardown(self) -> None:
@@ -216,7 +241,7 @@ def with_frozen_base(checkpoint: dict[str, Any], path: Any, map_location: Any | 
 
 
 def read_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The checkpoint at ``path`` (tensors on the CPU, no code run), checked as :class:`CheckedCheckpointIO`
+    """The checkpoint at ``path`` (tensors on the CPU, no code run; client entries read from their shards), checked as :class:`CheckedCheckpointIO`
     checks what a resume reads: for the CLI, which reads a checkpoint before the trainer exists."""
     return CheckedCheckpointIO(TorchCheckpointIO()).load_checkpoint(path, map_location="cpu", weights_only=True)
 

@@ -16,6 +16,10 @@ import zipfile
 _ZIP_MAGIC = b"PK\x03\x04"
 
 
+class CheckpointError(ValueError):
+    """A checkpoint file is unreadable (truncated, corrupt), foreign, or holds invalid federated state."""
+
+
 def integrity_problem(path: str | os.PathLike[str]) -> str | None:
     """``None`` when ``path`` is a whole ``torch.save`` archive, else what is wrong with it, in a few words
     on one line (an unreadable directory, the member whose CRC-32 does not match, not a zip archive).

@@ -16,7 +16,6 @@ import errno
 import importlib
 import inspect
 import os
-import pkgutil
 import re
 import shutil
 import sys
@@ -30,6 +29,7 @@ from typing import NoReturn
 import lightning.pytorch as pl
 from typing_extensions import override
 
+from fl_lightning._lazy import public_names
 from fl_lightning.algorithms import ClientContext
 from fl_lightning.cli.help import PlainHelpParser
 from fl_lightning.data._data_checks import ClientDataError
@@ -193,21 +193,18 @@ _SPELT_AS_SETTINGS = {
 def closest(name: str, candidates: list[str]) -> str | None:
     """The candidate ``name`` most likely means: one equal but for case first, else the closest spelling."""
     folded = {candidate.casefold(): candidate for candidate in candidates}
-    close = difflib.get_close_matches(name.casefold(), list(folded), n=1)
-    match = name.casefold() if name.casefold() in folded else (close[0] if close else None)
-    return None if match is None else folded[match]
+    key = name.casefold()
+    if key not in folded:
+        close = difflib.get_close_matches(key, list(folded), n=1)
+        key = close[0] if close else ""
+    return folded.get(key)
 
 
 def public_class_paths() -> dict[str, str]:
-    """Every public name of fl_lightning and its subpackages (read from their ``__all__``, importing nothing else),
-    by its full import path, the package's own spelling first."""
-    import fl_lightning
-
-    paths = {name: f"fl_lightning.{name}" for name in fl_lightning.__all__}
-    for sub in pkgutil.iter_modules(fl_lightning.__path__):
-        if sub.ispkg:
-            module = importlib.import_module(f"fl_lightning.{sub.name}")
-            paths.update({name: f"{module.__name__}.{name}" for name in getattr(module, "__all__", ()) if name not in paths})
+    """Every public name of fl_lightning and its lazy subpackages by its full import path, the shortest first."""
+    paths: dict[str, str] = {}
+    for package, name in public_names():
+        paths.setdefault(name, f"{package}.{name}")
     return paths
 
 

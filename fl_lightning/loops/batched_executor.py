@@ -45,6 +45,7 @@ counted, and on a CPU as many as keep the group's activations within a cache-fri
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -348,9 +349,9 @@ class BatchedExecutor(ClientExecutor):
             yield order[:1]
             order = order[1:]
         size = self.max_clients
-        if size is None:  # the default: as many groups as its bound needs, of sizes as equal as can be
-            size = -(-len(order) // -(-len(order) // self._default_group_size())) if order else 1
-        yield from (order[i : i + size] for i in range(0, len(order), size))
+        if size is None and order:  # the default: as many groups as its bound needs, of sizes as equal as can be
+            size = math.ceil(len(order) / math.ceil(len(order) / self._default_group_size()))
+        yield from (order[i : i + size] for i in range(0, len(order), size or 1))
 
     def _default_group_size(self) -> int:
         if self._default_size is None:

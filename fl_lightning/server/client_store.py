@@ -11,8 +11,10 @@ Memory: beyond its budget (:meth:`ClientStore.bind`, set by the loop from
 ``FederatedTrainer(client_state_memory=...)``) the store writes its least recently used entries to
 disk, into one file (:class:`~fl_lightning.server.spill_arena.SpillArena`) in a folder of its own
 (:mod:`~fl_lightning.server.spill_folder`), removed with the store, or by the next fit's start-up sweep after a
-kill; a spilled entry is read back bit for bit when asked for. Checkpoints hold every entry inline
-(:meth:`ClientStore.state_dict`), so a checkpoint never depends on a spill file.
+kill; a spilled entry is read back bit for bit when asked for. A checkpoint never depends on a spill file: it
+holds every entry inline (:meth:`ClientStore.state_dict`), or, written by
+:class:`~fl_lightning.checkpointing.checkpoint_io.CheckedCheckpointIO`, references to shard files beside it
+(:mod:`~fl_lightning.checkpointing.client_shards`), which find the entries a round changed by their revision.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import uuid
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -71,8 +74,9 @@ class ClientStore:
 
     The interface every stateful algorithm uses: :meth:`get`, :meth:`put`, ``in``, ``len``, :meth:`ids`,
     :meth:`items`, :meth:`nbytes`, and :meth:`state_dict` / :meth:`load_state_dict` for checkpoints.
-    ``put`` stores CPU copies (:func:`cpu_copy`), so the caller may reuse or free what it passed.
-    Unbound (the default), it keeps everything in memory; the loop binds it at set-up (:meth:`bind`).
+    ``put`` stores CPU copies (:func:`cpu_copy`), so the caller may reuse or free what it passed, and gives the
+    entry a new revision (:meth:`revision`); an entry read with ``get`` or ``items`` is never changed in place (put a
+    new one), or a checkpoint that reuses the entry's revision would hold its old values. Unbound (the default), it keeps everything in memory; the loop binds it at set-up (:meth:`bind`).
     """
 
     def __init__(self) -> None:
@@ -92,6 +96,24 @@ class ClientStore:
         #: While recording (:meth:`record_changes`): each changed client's entry before the first change (None: none).
         self._undo: dict[int, State | None] | None = None
         self._excluded = False
+        self._new_revisions()
+
+    def _new_revisions(self) -> None:
+        """A new revision prefix, drawn once per store and process, and a new revision for every entry."""
+        self._uuid, self._counter = uuid.uuid4().hex[:16], 0
+        self._revisions: dict[int, str] = {}
+        for cid in self.ids():
+            self._revise(cid)
+
+    def _revise(self, cid: int) -> None:
+        self._counter += 1
+        self._revisions[cid] = f"{self._uuid}-{self._counter}"
+
+    def revision(self, client_id: int) -> str | None:
+        """The revision of client ``client_id``'s entry (``None``: it has none): ``<store uuid>-<counter>``, new at
+        every :meth:`put`, so two entries with one revision are the same bytes without hashing them (incremental
+        checkpoints, :mod:`~fl_lightning.checkpointing.client_shards`)."""
+        return self._revisions.get(int(client_id))
 
     def bind(
         self,
@@ -116,7 +138,7 @@ class ClientStore:
         self._budget, self._parent, self._owns, self._gather = budget, None if folder is None else os.fspath(folder), owns, gather
         self._reduce = reduce
         for cid in [c for c in self.ids() if owns is not None and not owns(c)]:
-            self._discard(cid)
+            self._remove(cid)
         self._fit_budget()
 
     def owns(self, client_id: int) -> bool:
@@ -146,6 +168,7 @@ class ClientStore:
             self._undo[cid] = self.get(cid)
         self._discard(cid)
         self._keep(cid, cpu_copy(state))
+        self._revise(cid)
 
     def __contains__(self, client_id: object) -> bool:
         return client_id in self._sizes
@@ -187,12 +210,16 @@ class ClientStore:
         return self._folder
 
     def state_dict(self) -> dict[str, Any]:
-        """Every entry, inline; under client sharding rank 0's holds every rank's (a collective: every rank calls it).
-        Inside :func:`excluded_from_state_dicts`, no entry and a mark that :meth:`load_state_dict` leaves the store as is."""
+        """Every entry (``entries``) and its revision (``revisions``, which a checkpoint IO may use to write only the
+        entries it has not written yet); under client sharding rank 0's holds every rank's entries, without revisions
+        (a collective: every rank calls it). Inside :func:`excluded_from_state_dicts`, no entry and a mark that
+        :meth:`load_state_dict` leaves the store as is."""
         if self._excluded:
             return {"entries": {}, "excluded": True}
         entries = dict(self.items())
-        return {"entries": self._gather(entries) if self._gather is not None else entries}
+        if self._gather is not None:
+            return {"entries": self._gather(entries)}
+        return {"entries": entries, "revisions": {cid: self._revisions[cid] for cid in entries}}
 
     def record_changes(self) -> None:
         """Starts keeping, for each client :meth:`put` from now on, its entry before the first change, so that
@@ -205,7 +232,7 @@ class ClientStore:
         undo, self._undo = self._undo or {}, None
         for cid, before in undo.items():
             if before is None:
-                self._discard(cid)
+                self._remove(cid)
             else:
                 self.put(cid, before)
 
@@ -217,7 +244,7 @@ class ClientStore:
         if state.get("excluded"):  # from excluded_from_state_dicts: the store keeps its entries
             return
         for cid in self.ids():
-            self._discard(cid)
+            self._remove(cid)
         for cid, entry in state["entries"].items():
             if self._owns is None or self._owns(int(cid)):
                 self.put(int(cid), entry)
@@ -238,6 +265,10 @@ class ClientStore:
         self._sizes[cid] = size = state_nbytes(state)
         self._resident += size
         self._fit_budget()
+
+    def _remove(self, cid: int) -> None:
+        self._discard(cid)
+        self._revisions.pop(cid, None)
 
     def _discard(self, cid: int) -> None:
         if cid in self._memory:
@@ -279,6 +310,7 @@ class ClientStore:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self._new_revisions()  # a copy that goes its own way must not reuse the original's revisions
         self._fit_budget()
 
 

@@ -14,6 +14,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from fl_lightning import FedAvg, FedSoft, FedStaleWeight, ServerAdam
 from fl_lightning.checkpointing.checkpoint_io import CheckpointError
 
+from ..checkpoint_files import load_checkpoint_file
 from .aggregate_helpers import same, tiny_data, tiny_trainer
 from .algorithm_cases import CASES
 
@@ -80,7 +81,7 @@ TAMPERINGS: dict[str, tuple[Callable[[dict], None], str]] = {
 @pytest.mark.parametrize("tampering", list(TAMPERINGS))
 def test_tampered_state_is_one_error_naming_file_and_entry(checkpoint: Path, tmp_path: Path, tampering: str) -> None:
     change, message = TAMPERINGS[tampering]
-    state = torch.load(checkpoint, weights_only=False)
+    state = load_checkpoint_file(checkpoint)
     change(state)
     path = tmp_path / "tampered.ckpt"
     torch.save(state, path)
@@ -100,7 +101,7 @@ def test_per_client_state_of_an_unknown_client_is_refused(tmp_path: Path, cls: t
     make_algorithm, case = CASES[cls]
     fit(tmp_path / "run", make_algorithm, case, rounds=2)
     change, message = PER_CLIENT_STATE[cls]
-    state = torch.load(tmp_path / "run" / "last.ckpt", weights_only=False)
+    state = load_checkpoint_file(tmp_path / "run" / "last.ckpt")
     change(_federated(state)["algorithm"])
     path = tmp_path / "tampered.ckpt"
     torch.save(state, path)

@@ -21,9 +21,10 @@ from typing import Any
 import pytest
 import torch
 
-from fl_lightning import FedAvg, FedBuff, ServerAdam
+from fl_lightning import SCAFFOLD, FedAvg, FedBuff, ServerAdam
 from fl_lightning.algorithms.shared.algorithm import Algorithm
 from fl_lightning.checkpointing import newest_intact_checkpoint, round_checkpoint
+from fl_lightning.checkpointing.client_shards import unreferenced_shards
 from fl_lightning.participation import ConstantDelay
 
 from .aggregate_helpers import same, tiny_data, tiny_model, tiny_trainer
@@ -34,6 +35,7 @@ WRITE_CALLS = ("fsync", "replace", "symlink", "remove")
 ALGORITHMS: dict[str, Callable[[], Algorithm]] = {
     "fedavg_adam": lambda: FedAvg(server_optimizer=ServerAdam(lr=0.05)),  # server moments in the checkpoint
     "fedbuff": lambda: FedBuff(buffer_size=2, delays=ConstantDelay(1.0)),  # async events in flight
+    "scaffold": SCAFFOLD,  # per-client state: a shard of the round's entries is written before the round's file
 }
 
 
@@ -83,8 +85,10 @@ def fit(folder: Path, algorithm: str, *, ckpt_path: str | None = None) -> tuple[
 def test_a_kill_at_any_write_point_resumes_bit_exact(tmp_path: Path, algorithm: str) -> None:
     with kill_at(None) as points:
         reference, _ = fit(tmp_path / "reference", algorithm)
-    # Every save: fsync temp, rename, fsync folder; link swap: rename, fsync folder; removal of the previous round.
-    assert points.count("before replace") == 2 * ROUNDS and points.count("before symlink") == ROUNDS
+    # Every save: (the shard: fsync temp, rename, fsync folder,) fsync temp, rename, fsync folder; link swap: rename,
+    # fsync folder; removal of the previous round (and of the shards no round references any more).
+    renames = 3 if algorithm == "scaffold" else 2
+    assert points.count("before replace") == renames * ROUNDS and points.count("before symlink") == ROUNDS
     for point, label in enumerate(points):
         folder = tmp_path / f"kill_{point}"
         with pytest.raises(Killed), kill_at(point):
@@ -94,9 +98,12 @@ def test_a_kill_at_any_write_point_resumes_bit_exact(tmp_path: Path, algorithm: 
         resumed, trainer = fit(folder, algorithm, ckpt_path="last")
         assert trainer.ckpt_path == resume_from
         assert same(resumed.state_dict(), reference.state_dict()), f"killed {label} (write point {point})"
-        # Each save renames twice (the round's file, then the link): at most the round being saved is lost.
-        linked = points[:point].count("after replace") // 2
+        # Each save renames twice (the round's file, then the link) or three times (a shard first): at most the
+        # round being saved is lost.
+        linked = points[:point].count("after replace") // renames
         assert done >= linked, f"killed {label} (write point {point}): resumed from {resume_from}"
+        # A shard whose round file was never renamed into place is swept (the resumed fit's start, or its removals).
+        assert unreferenced_shards(folder / "checkpoints") == [], f"killed {label} (write point {point})"
 
 
 def rounds_done(path: str | None) -> int:

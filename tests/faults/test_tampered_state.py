@@ -16,6 +16,7 @@ from fl_lightning.participation import ConstantDelay
 from fl_lightning.privacy import DPFedBuff
 from fl_lightning.privacy.ledger_seal import KEY_ENV
 
+from ..checkpoint_files import load_checkpoint_file
 from .algorithm_cases import CASES
 from .test_algorithm_state import fit
 
@@ -162,7 +163,7 @@ def ledger_key(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 def test_tampered_state_is_one_error_naming_file_and_entry(tmp_path: Path, case: str) -> None:
     make_algorithm, change, message = CASES_10[case]
     fit(tmp_path / "run", make_algorithm, CASES[FedAvg][1], rounds=2)
-    state = torch.load(tmp_path / "run" / "last.ckpt", weights_only=False)
+    state = load_checkpoint_file(tmp_path / "run" / "last.ckpt")
     change(state)
     path = tmp_path / "tampered.ckpt"
     torch.save(state, path)
@@ -181,7 +182,7 @@ def test_an_untampered_secure_ledger_resumes_and_another_key_is_refused(tmp_path
 
 def test_a_huge_saved_clip_norm_is_not_used_without_adaptive_clipping(tmp_path: Path) -> None:
     fit(tmp_path / "run", CASES[DPFedAvg][0], CASES[FedAvg][1], rounds=2)
-    state = torch.load(tmp_path / "run" / "last.ckpt", weights_only=False)
+    state = load_checkpoint_file(tmp_path / "run" / "last.ckpt")
     _algorithm(state)["clip_norm"] = 1e30
     torch.save(state, tmp_path / "tampered.ckpt")
     clip_norms: list[float] = []
