@@ -19,7 +19,8 @@ from tests.once import once_per_session
 
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
-#: The processes the suite starts skip torchmetrics' optional imports (tests/startup/sitecustomize.py).
+#: The processes the suite starts (pytest-xdist's workers too) skip torchmetrics' optional imports
+#: (tests/startup/sitecustomize.py); test_cli_output's quickstart run starts as a user's process does, without it.
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent / "startup"), os.environ.get("PYTHONPATH")]))
 
 

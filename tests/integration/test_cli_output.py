@@ -24,7 +24,7 @@ pytestmark = pytest.mark.usefixtures("cli_in_tmp_path")
 
 def test_quickstart_in_a_log_file_prints_no_warning_and_one_line_per_round(tmp_path: Path) -> None:
     # What the console script runs, in a fresh process with Python's default warning filters, its
-    # output going to a file (SLURM, CI).
+    # output going to a file (SLURM, CI); PYTHONPATH without the suite's start-up trim (tests/startup), as a user's.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"} | {"PYTHONPATH": str(ROOT), "COLUMNS": "80"}
     script = "from fl_lightning.cli import main; main()"
     with open(tmp_path / "log.txt", "w") as log:

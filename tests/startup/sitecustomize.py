@@ -1,4 +1,4 @@
-"""Start-up of the suite's own processes (torchrun ranks, ``fl-lightning`` and study runs, fresh interpreters): on
+"""Start-up of the suite's own processes (pytest-xdist workers, torchrun ranks, ``fl-lightning`` and study runs, fresh interpreters): on
 ``PYTHONPATH`` for them only (:mod:`tests.conftest`), never for a user.
 
 ``lightning.pytorch`` imports torchmetrics, whose ``__init__`` imports its image, text and audio metrics whole and,
