@@ -37,7 +37,9 @@ def test_fit_quickstart_logs_and_prints_the_summary(tmp_path, capsys):
     summary = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in out.splitlines() if line.count("│") == 3}
     assert summary["rounds run"] == "2"
     assert 0.1 < float(summary["validation val_acc"]) <= 1.0 and float(summary["validation val_loss"]) > 0
-    assert summary["test"].startswith("not run in fit: fl-lightning test --config")  # validation is never labelled test
+    assert summary["test"] == "not run in fit: the command follows this table"  # validation is never labelled test
+    command = "fl-lightning test --config <this config> --ckpt_path logs/quickstart/version_0/checkpoints/round_1.ckpt"
+    assert out.splitlines()[-1] == command  # below the table, on its own line
     # The config's CSVLogger has a relative save_dir: the run's logs land in the working directory.
     run_dir = tmp_path / "logs" / "quickstart" / "version_0"
     rows = list(csv.DictReader((run_dir / "metrics.csv").read_text().splitlines()))
