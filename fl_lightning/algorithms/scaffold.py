@@ -56,6 +56,9 @@ class SCAFFOLD(Algorithm):
     A client's :math:`c_i^+` is stored when its update is aggregated: a dropped (non-finite) or
     rejected update leaves :math:`c_i` unchanged, so :math:`c = \frac{1}{N}\sum_i c_i` stays true.
 
+    On one process the round is streamed (:meth:`start_fold`): each client's :math:`c_i^+` is stored and its
+    :math:`\Delta y_i`, :math:`\Delta c_i` added to running sums as the client finishes, so the round holds one update;
+    :meth:`aggregate` is the same fold over a list, so both give the same bits.
     Shards over processes by gathering the round's updates to every rank (:attr:`gathers_updates`): every
     rank computes :math:`c` from all of them, and each stores the :math:`c_i^+` of the clients it owns (the
     client store's sharding: a client always trains on its owner rank). Not
