@@ -216,7 +216,7 @@ def test_a_rolled_back_aggregation_restores_only_the_entries_it_changed(tmp_path
 
     def live(values: torch.Tensor) -> bool:
         return any(
-            isinstance(o, torch.Tensor) and o is not values and o.shape == values.shape and torch.equal(o, values)
+            type(o) is torch.Tensor and o is not values and o.shape == values.shape and torch.equal(o, values)
             for o in gc.get_objects()
         )
 

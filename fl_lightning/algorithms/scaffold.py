@@ -112,6 +112,7 @@ class SCAFFOLD(Algorithm):
         r"""Yes: every rank needs every aggregated client's :math:`\Delta c_i` for :math:`c`."""
         return True
 
+    @override
     def start_fold(self, round_idx: int, global_state: State) -> RoundFold | None:
         r"""Lines 16-17 are sums over :math:`S`, folded one client at a time, except under an ``interval="step"`` LR
         scheduler, whose :math:`\eta_l` at aggregation is known only once the round's last client has trained."""
