@@ -8,7 +8,7 @@ round, the clients' contexts and the global state; the executor returns their up
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence, Sized
+from collections.abc import Callable, Iterator, Sequence, Sized
 from dataclasses import dataclass
 
 import lightning.pytorch as pl
@@ -75,6 +75,11 @@ class ClientExecutor(ABC):
         """Trains ``clients`` (each from ``global_state``, which stays unchanged); the module is
         left holding the last client's weights."""
 
+    def stream(self, clients: Sequence[ClientContext], global_state: State) -> Iterator[ClientUpdate]:
+        """:meth:`train`'s updates, in order, each given as soon as the executor has it (a streamed aggregation,
+        :mod:`~fl_lightning.algorithms.shared.folding`, frees it before the next); by default all after :meth:`train`."""
+        yield from self.train(clients, global_state)
+
     def start_client(self, client: ClientContext, global_state: State) -> None:
         """The module holds the global weights, the optimizer is fresh, step LR schedulers are at the
         round's start, the algorithm has configured the client and the callbacks know it started."""
@@ -107,7 +112,12 @@ class SequentialExecutor(ClientExecutor):
 
     @override
     def train(self, clients: Sequence[ClientContext], global_state: State) -> list[ClientUpdate]:
-        return [self.train_client(client, global_state) for client in clients]
+        return list(self.stream(clients, global_state))
+
+    @override
+    def stream(self, clients: Sequence[ClientContext], global_state: State) -> Iterator[ClientUpdate]:
+        for client in clients:
+            yield self.train_client(client, global_state)
 
     def train_client(self, client: ClientContext, global_state: State) -> ClientUpdate:
         self.start_client(client, global_state)
