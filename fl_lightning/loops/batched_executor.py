@@ -75,9 +75,10 @@ from fl_lightning.loops.batched_sgd import (
     step_count_reads,
     unflatten,
 )
-from fl_lightning.loops.batched_terms import GroupTerms, TermInputs
+from fl_lightning.loops.batched_terms import GroupTerms, TermInputs, bound
 from fl_lightning.loops.client_executor import ClientExecutor, ClientRuntime
 from fl_lightning.loops.lean_executor import StepSchedulers
+from fl_lightning.mixins._holders import holder_tensors
 from fl_lightning.server.model_state import State, load_into
 
 __all__ = [
@@ -307,8 +308,10 @@ class BatchedExecutor(ClientExecutor):
         updates: dict[int, ClientUpdate] = {}
         # Each member's own tensors, as its start_client leaves them: its local tensors (FedBN's BatchNorm, a personal
         # head) from the client store, and all its weights where configure_client loads them (Ditto's personal model).
+        # And the tensors of its round outside state_dict (FedMRN's latent update u, at 0, and its noise).
         loads = vars(configure_client_definer(self.runtime.algorithm)).get("configure_client_loads_weights", False)
-        own_tensors = {**self.runtime.live, **self._local_tensors} if loads else self._local_tensors
+        rounds = holder_tensors(self.runtime.module)
+        own_tensors = {**self.runtime.live, **self._local_tensors, **rounds} if loads else {**self._local_tensors, **rounds}
         for members in self._groups([len(stream) for stream in streams]):
             terms = GroupTerms()
             # The module holds only the last member's once all have started.
@@ -322,7 +325,7 @@ class BatchedExecutor(ClientExecutor):
             # The group's steps, mean-step check included.
             with logging_skipped(self.runtime.module) as logged, step_count_reads(self.runtime.module) as reads:
                 state, loss_sums = self._train_group(
-                    optimizer, [streams[i] for i in members], inputs, [own[i] for i in members]
+                    optimizer, [streams[i] for i in members], terms, inputs, [own[i] for i in members], rounds
                 )
             self._warn_skipped_logging(logged)
             self._warn_step_count_read(reads.read)
@@ -336,7 +339,8 @@ class BatchedExecutor(ClientExecutor):
                     client.metrics["train_loss"] = task
                     if regularized:
                         client.metrics["train_regularizer"] = regularizer
-                load_into({**self.runtime.live, **self._local_tensors}, state.local_state(j))
+                load_into({**self.runtime.live, **self._local_tensors, **rounds}, state.local_state(j))
+                terms.resume(self.runtime.module, started.index(i))
                 updates[i] = self.finish_client(client, global_state)
         return [updates[i] for i in range(len(clients))]
 
@@ -363,17 +367,19 @@ class BatchedExecutor(ClientExecutor):
         return self._default_size
 
     def _train_group(
-        self, optimizer: torch.optim.Optimizer, streams: Sequence[FlatStream], terms: TermInputs, own: Sequence[State]
+        self, optimizer: torch.optim.Optimizer, streams: Sequence[FlatStream], group_terms: GroupTerms,
+        terms: TermInputs, own: Sequence[State], rounds: State,
     ) -> tuple[StackedState, Tensor]:
         """Trains one group of clients, sorted by their number of steps (most first), from the module's
-        weights and each one's ``own`` local tensors, with their loss terms. Returns their stacked local state
+        weights and each one's ``own`` local tensors (``rounds``: its round's tensors outside ``state_dict``), with
+        their loss terms (``terms``, and ``group_terms``' per-step ones). Returns their stacked local state
         and each one's summed step ``(task loss, regularizer, steps with one)``."""
         trainer = self.runtime.trainer
         kinds = self.runtime.algorithm.federation.kinds
         # Each client gets its own copy of the frozen buffers too (a frozen BatchNorm in training mode updates its
         # statistics in place, which vmap refuses on an unstacked tensor); the copies are dropped after the group.
         frozen = self.runtime.client_tensors.frozen_buffers if self.runtime.client_tensors else {}
-        tensors = {**self.runtime.live, **self._local_tensors, **frozen}
+        tensors = {**self.runtime.live, **self._local_tensors, **frozen, **rounds}
         state = StackedState(tensors, optimizer, len(streams), kinds.aliases if kinds is not None else {})
         state.load_rows(own)
         # Momentum buffers (SGD) or moments (Adam, AdamW), stacked like the weights, by tensor name.
@@ -391,10 +397,13 @@ class BatchedExecutor(ClientExecutor):
             batches = [stream[batch_idx] for stream in streams[:active]]
             structure = batches[0][1]
             width = len(streams) if rows else active  # the clients the step runs: the active ones first
-            inputs, mask = self._stack([leaves for leaves, _ in batches], structure, rows, width)
+            per_client = {m: {n: t[:width] for n, t in ts.items()} for m, ts in terms[0].items()}
+            with precision.train_step_context():  # as the sequential executors' draws (64-true: float64 by default)
+                stepped = group_terms.step(self.runtime.module, state.by_name, active, width)
+            step_terms = ({**per_client, **stepped}, terms[1])
+            inputs, mask = self._stack([leaves for leaves, _ in batches], structure, rows, width, step_terms)
             trained = {name: t[:width] for name, t in state.trained.items()}
             others = {name: t[:width] for name, t in state.others.items()}
-            step_terms = ({m: {n: t[:width] for n, t in ts.items()} for m, ts in terms[0].items()}, terms[1])
             step = self._step(state.tied, structure, padded=mask is not None)
             with precision.train_step_context(), self._noting_random_calls(), self._measuring_forward() as measured:
                 grads, parts = self._run(
@@ -422,14 +431,14 @@ class BatchedExecutor(ClientExecutor):
         return dict(client_tensors.local) if client_tensors else {}
 
     def _stack(
-        self, batches: list[list[Tensor]], structure: type | TreeSpec, rows: int | None, clients: int
+        self, batches: list[list[Tensor]], structure: type | TreeSpec, rows: int | None, clients: int, terms: TermInputs
     ) -> tuple[list[Tensor], Tensor | None]:
         """The clients' batches stacked on the device; padded, with the mask of the real samples,
         when their shapes differ or ``rows`` (to ``rows`` samples and ``clients`` clients) is given
-        (``None``: no padding)."""
+        (``None``: no padding); the mean-step check runs with the first client's ``terms``."""
         if rows is None and len({tuple(t.shape for t in leaves) for leaves in batches}) == 1:
             return self._on_device([torch.stack(parts) for parts in zip(*batches)]), None
-        self._check_mean_step(batches[0], structure)
+        self._check_mean_step(batches[0], structure, terms)
         stacked, mask = pad_batches(batches, rows, clients)
         return self._on_device(stacked), mask.to(self.runtime.trainer.strategy.root_device)
 
@@ -458,10 +467,13 @@ class BatchedExecutor(ClientExecutor):
                 "use client_executor='lightning' or 'lean' for this module."
             ) from err
 
-    def _check_mean_step(self, leaves: list[Tensor], structure: type | TreeSpec) -> None:
-        """:func:`check_mean_step` once per executor, on the first padded step's first batch."""
+    def _check_mean_step(self, leaves: list[Tensor], structure: type | TreeSpec, terms: TermInputs) -> None:
+        """:func:`check_mean_step` once per executor, on the first padded step's first batch, with the first client's
+        terms bound (so that a term drawn per step, FedMRN's, is read, not drawn again from a client's generator)."""
         if not self._mean_checked:
-            check_mean_step(self.runtime.module, self._on_device(leaves), structure)
+            first = {m: {n: t[0] for n, t in ts.items()} for m, ts in terms[0].items()}
+            with bound(self.runtime.module, self.runtime.live, first, terms[1]):
+                check_mean_step(self.runtime.module, self._on_device(leaves), structure)
             self._mean_checked = True
 
     @contextmanager

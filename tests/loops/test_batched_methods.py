@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 import torch
 
-from fl_lightning import SCAFFOLD, Ditto, FedBN, FedDyn, FedNova, FedPer, FedProx, FlexibleParticipation
+from fl_lightning import SCAFFOLD, Ditto, FedBN, FedDyn, FedMRN, FedMRNS, FedNova, FedPer, FedProx, FlexibleParticipation
 from fl_lightning.algorithms.shared.algorithm import ClientContext
 from fl_lightning.callbacks.federated_callback import FederatedCallback
 from fl_lightning.models import CNN, MLP
+from fl_lightning.models.masked_networks import MaskedMLP
 from fl_lightning.participation import BinomialSteps
 
 from ..quiet import quiet_trainer
@@ -211,3 +212,39 @@ def test_a_group_whose_clients_set_different_coefficients_is_refused() -> None:
     with pytest.raises(ValueError, match=r"one setting per term; client \d+ has the terms \{'ProximalMixin': \(0\.\d+,\)\}"):
         run()
     run(max_batched_clients=1)  # groups of one client: nothing to share
+
+
+#: FedMRN's variants: binary and signed masks, progressive stochastic masking and its two ablations.
+MASKED_NOISE: dict[str, Callable[[], Any]] = {
+    "fedmrn": FedMRN,
+    "fedmrns": FedMRNS,
+    "fedmrn-deterministic-sm-only": lambda: FedMRN(stochastic=False, progressive=False),
+}
+
+
+@pytest.mark.parametrize("precision", ["64-true", "32-true"])
+@pytest.mark.parametrize("variant", list(MASKED_NOISE))
+def test_fedmrn_equals_lightnings(variant: str, precision: str) -> None:
+    """Each client's latent update u and noise n stacked in its row, each step's masks and P drawn from its own
+    generator as the sequential executors draw them (ragged clients: their own S, padded batches): after 3 rounds the
+    uploaded masks agree bit for bit, the biases sent in full precision, the losses and the global weights to float
+    rounding."""
+
+    def model() -> MaskedMLP:
+        return MaskedMLP(in_features=12, hidden=(16,), num_classes=4, lr=0.1, momentum=0.5)
+
+    kwargs = {"max_epochs": 3, "local_epochs": 2, "precision": precision, "algorithm": MASKED_NOISE[variant]}
+    ref_model, ref_log, ref_algorithm = fit("lightning", model, **kwargs)
+    got_model, log, algorithm = fit("batched", model, **kwargs)
+    tol = TOL[precision]
+    assert log.updates.keys() == ref_log.updates.keys()
+    assert len({u.num_steps for u in ref_log.updates.values()}) > 1  # ragged: unequal S in one group
+    for key, want in ref_log.updates.items():
+        got = log.updates[key]
+        assert got.num_steps == want.num_steps
+        assert got.metrics["train_loss"] == pytest.approx(want.metrics["train_loss"], abs=LOSS_TOL), key
+        decoded, want_decoded = algorithm.decode_update(got).payload, ref_algorithm.decode_update(want).payload
+        for name in ("net.1.weight", "net.3.weight"):  # n * m: the masks, bit for bit
+            assert torch.equal(decoded[name], want_decoded[name]), (key, name)
+        assert max_diff(decoded, want_decoded) <= tol, key
+    assert max_diff(got_model.state_dict(), ref_model.state_dict()) <= tol
