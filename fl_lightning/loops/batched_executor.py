@@ -31,7 +31,9 @@ group and the last one) and, once, a ``batch_idx`` that becomes a symbolic integ
 each member's own, loaded from the client store by its ``start_client``, is copied into its row of the stack
 before the group trains, and written back to the store from its row by its ``finish_client``; so are all of its
 weights where the algorithm's ``configure_client`` loads the client's own (``configure_client_loads_weights``:
-Ditto's personal model). BatchNorm trains
+Ditto's personal model), and the tensors a mixin keeps outside ``state_dict`` for the round (FedMRN's latent update
+and noise, whose per-step masks each client draws from its own generator before the step:
+:mod:`~fl_lightning.loops.batched_terms`). BatchNorm trains
 in training mode under ``vmap``: each client normalises with its own batch's statistics and updates its own
 running statistics (its row of the stacked buffers), as alone. Batches that need padding are refused with
 BatchNorm in training mode (:func:`check_mean_step`): the padded copies would enter the batch statistics.

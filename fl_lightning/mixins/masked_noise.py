@@ -240,7 +240,7 @@ class MaskedNoiseMixin(AppliedTermMixin):
         self._set_effective(values)
 
     def _set_effective(self, values: Mapping[str, Tensor]) -> None:
-        """Each masked weight's effective tensor :math:`w^t + \hat u`, the gradient passing to ``u`` (eq. 9)."""
+        r"""Each masked weight's effective tensor :math:`w^t + \hat u`, the gradient passing to ``u`` (eq. 9)."""
         assert self._masked_owners is not None
         for name, (owner, local, holder) in self._masked_owners.items():
             # getattr, not get_parameter: under functional_call (the batched executor) they hold plain tensors.
