@@ -292,6 +292,8 @@ class BatchedExecutor(ClientExecutor):
         #: Whether a group is training (a train call inside one comes from ``client_update``: ``services.train_client``).
         self._training = False
         self._nested_warned = False
+        #: While a group's clients compute their updates: the runs they ask for with ``services.train_client_later``.
+        self._later: list[ClientContext] | None = None
 
     @override
     def train(self, clients: Sequence[ClientContext], global_state: State) -> list[ClientUpdate]:
@@ -303,6 +305,15 @@ class BatchedExecutor(ClientExecutor):
             return self._train(clients, global_state)
         finally:
             self._training = False
+
+    @override
+    def train_later(self, clients: Sequence[ClientContext], global_state: State) -> None:
+        """Held while a group's clients compute their updates (Ditto's personal passes), then trained as groups of
+        their own before those clients end; at once otherwise."""
+        if self._later is None:
+            self.train(clients, global_state)
+        else:
+            self._later.extend(clients)
 
     def _train(self, clients: Sequence[ClientContext], global_state: State) -> list[ClientUpdate]:
         optimizer = check_batched_support(self.runtime)
@@ -331,20 +342,35 @@ class BatchedExecutor(ClientExecutor):
                 )
             self._warn_skipped_logging(logged)
             self._warn_step_count_read(reads.read)
-            for j, i in sorted(enumerate(members), key=lambda member: member[1]):
-                client = clients[i]
-                client.completed_steps = len(streams[i])
-                compat.count_steps(self.runtime.trainer, client.completed_steps)  # the step axis the other executors give
-                if client.completed_steps:
-                    # In float32, as the loss recorder averages the other executors' losses.
-                    task, regularizer, regularized = (loss_sums[j] / client.completed_steps).tolist()
-                    client.metrics["train_loss"] = task
-                    if regularized:
-                        client.metrics["train_regularizer"] = regularizer
-                load_into({**self.runtime.live, **self._local_tensors, **rounds}, state.local_state(j))
-                terms.resume(self.runtime.module, started.index(i))
-                updates[i] = self.finish_client(client, global_state)
+            # The members' updates, then one group of the runs they ask for (services.train_client_later: Ditto's
+            # personal passes), which end before the members do.
+            later: list[ClientContext] = []
+            self._later = later
+            try:
+                for j, i in sorted(enumerate(members), key=lambda member: member[1]):
+                    self._note_steps(clients[i], len(streams[i]), loss_sums[j])
+                    load_into({**self.runtime.live, **self._local_tensors, **rounds}, state.local_state(j))
+                    terms.resume(self.runtime.module, started.index(i))
+                    updates[i] = self.compute_update(clients[i], global_state)
+            finally:
+                self._later = None
+            if later:
+                self._train(later, global_state)
+            for i in sorted(members):
+                self.end_client(clients[i], updates[i])
         return [updates[i] for i in range(len(clients))]
+
+    def _note_steps(self, client: ClientContext, steps: int, loss_sum: Tensor) -> None:
+        """The client's optimizer steps (on the trainer's step axis too) and mean losses, from its summed
+        ``(task loss, regularizer, steps with one)``."""
+        client.completed_steps = steps
+        compat.count_steps(self.runtime.trainer, steps)  # the step axis the other executors give
+        if steps:
+            # In float32, as the loss recorder averages the other executors' losses.
+            task, regularizer, regularized = (loss_sum / steps).tolist()
+            client.metrics["train_loss"] = task
+            if regularized:
+                client.metrics["train_regularizer"] = regularizer
 
     def _groups(self, num_steps: Sequence[int]) -> Iterator[list[int]]:
         """The round's groups (:func:`group_clients`), cut lazily: of ``max_clients``, or, by default, the fit's first
@@ -521,10 +547,11 @@ class BatchedExecutor(ClientExecutor):
         """Says once that the algorithm trains a client again from its ``client_update``, one client at a time."""
         if not self._nested_warned:
             rank_zero_warn(
-                f"{PREFIX}: {type(self.runtime.algorithm).__name__}.client_update trains its client again "
-                "(services.train_client: Ditto's personal pass), one client at a time, so each such pass runs as a group "
-                "of one client, equal to the other executors but slower than client_executor='lean' (Ditto: 0.44-0.61x "
-                "lean's clients/s, benchmarks/results/batched.md)."
+                f"{PREFIX}: {type(self.runtime.algorithm).__name__}.client_update trains its client again with "
+                "services.train_client, whose update it reads, so each such run trains as a group of one client: equal to "
+                "the other executors, but not vectorised over clients (Ditto's personal pass ran so at 0.44-0.61x lean's "
+                "clients/s, benchmarks/results/batched.md). A run whose update is not read can use "
+                "services.train_client_later, which this executor trains with the group's other such runs, as one group."
             )
             self._nested_warned = True
 

@@ -14,6 +14,7 @@ import torch
 from fl_lightning import SCAFFOLD, Ditto, FedBN, FedDyn, FedMRN, FedMRNS, FedNova, FedPer, FedProx, FlexibleParticipation
 from fl_lightning.algorithms.shared.algorithm import ClientContext
 from fl_lightning.callbacks.federated_callback import FederatedCallback
+from fl_lightning.loops.batched_executor import BatchedExecutor
 from fl_lightning.models import CNN, MLP
 from fl_lightning.models.masked_networks import MaskedMLP
 from fl_lightning.participation import BinomialSteps
@@ -146,14 +147,52 @@ def test_a_configure_client_that_loads_each_clients_weights_equals_lightnings() 
     compare(mlp, algorithm=OwnStart)
 
 
+class GroupSizes:
+    """Records the number of clients of every group the batched executor trains."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.sizes: list[int] = []
+        train_group = BatchedExecutor._train_group
+
+        def recording(executor: BatchedExecutor, optimizer: Any, streams: Any, *args: Any) -> Any:
+            self.sizes.append(len(streams))
+            return train_group(executor, optimizer, streams, *args)
+
+        monkeypatch.setattr(BatchedExecutor, "_train_group", recording)
+
+
 @pytest.mark.parametrize("precision", ["64-true", "32-true"])
 @pytest.mark.parametrize("personal_steps", [None, 3])
-def test_ditto_equals_lightnings(personal_steps: int | None, precision: str) -> None:
-    """Step 1 batched over the group; the personal pass (each client's v_k, loaded in configure_client, pulled towards
-    w^t by the proximal term, for the trainer's local work or ``personal_steps``) as a group of one: the stored v_k
-    agree too; the one-client passes are said once."""
-    with pytest.warns(UserWarning, match=r"Ditto.client_update trains its client again .* a group of one client"):
-        compare(mlp, precision, algorithm=lambda: Ditto(lam=0.5, personal_steps=personal_steps))
+def test_ditto_equals_lightnings(personal_steps: int | None, precision: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Step 1 batched over the group; then the group's personal passes (each client's v_k, loaded in configure_client,
+    pulled towards w^t by the proximal term, for the trainer's local work or ``personal_steps``) as one group of their
+    own: the stored v_k agree too, and each client's update (its step 1's) is the last its callbacks see."""
+    groups = GroupSizes(monkeypatch)
+    compare(mlp, precision, algorithm=lambda: Ditto(lam=0.5, personal_steps=personal_steps))
+    # Per group of step 1, the group of its personal passes: the fit's first client alone (it measures the
+    # activations), then every group of 4 clients.
+    assert groups.sizes == [1, 1, 3, 3] + [4, 4] * 2
+
+
+class TrainsAgain(OrderRecordingFedAvg):
+    """Trains each client a second time from its ``client_update`` and reads that run's update."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.again: list[int] = []
+
+    def client_update(self, client: ClientContext, module: Any, delta: Any) -> Any:
+        if len(self.again) < 2 and client.client_id not in self.again:
+            self.again.append(client.client_id)
+            assert self.federation.services.train_client(client.round_idx, client.client_id, seed=client.seed).num_steps
+        return super().client_update(client, module, delta)
+
+
+def test_a_second_run_whose_update_is_read_trains_as_a_group_of_one_and_is_said(monkeypatch: pytest.MonkeyPatch) -> None:
+    groups = GroupSizes(monkeypatch)
+    with pytest.warns(UserWarning, match=r"TrainsAgain.client_update trains its client again .* a group of one client"):
+        fit("batched", mlp, algorithm=TrainsAgain, max_epochs=1, max_batched_clients=4)
+    assert groups.sizes == [4, 1, 1]
 
 
 def batch_norm_cnn() -> CNN:
