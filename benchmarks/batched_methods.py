@@ -3,8 +3,8 @@
 Workload: the digits federation (scikit-learn's 1,437 training digits over 100 clients by Dirichlet(0.5), 64
 features), MLP 64-64-10, plain SGD (lr 0.05), one local epoch of batch 10, ``--clients`` clients per round;
 FedProx (mu 0.01), SCAFFOLD, FedNova (unequal steps from unequal clients), FedPer (the output layer local: each
-client's own row, from and back to the client store), Ditto (lambda 0.1: the personal pass runs one client at a
-time, a group of one under the batched executor) and FedMRN (binary masks over uniform noise, on the same MLP with
+client's own row, from and back to the client store), Ditto (lambda 0.1: under the batched executor a group's personal passes
+train as one group after its global passes) and FedMRN (binary masks over uniform noise, on the same MLP with
 its Linear weights masked: ``MaskedMLP``). Each repeat runs every (method, executor) pair once, interleaved, in one process
 (so the machine's load hits them alike): ``--warmup`` rounds, then ``--rounds`` measured ones. Reported: clients
 per second = clients per round / the median round's process CPU time (the wall clock beside it), the batched
