@@ -84,7 +84,8 @@ from fl_lightning.mixins._holders import holder_tensors
 from fl_lightning.server.model_state import State, load_into
 
 __all__ = [
-    "BatchedExecutor", "check_batched_support", "check_compile_backend", "check_mean_step", "flatten_stream", "group_clients",
+    "BatchedExecutor", "check_batched_support", "check_compile_backend", "check_compiled_holders", "check_mean_step",
+    "flatten_stream", "group_clients",
     "warn_rounding",
 ]
 
@@ -142,6 +143,18 @@ def check_batched_support(runtime: ClientRuntime) -> torch.optim.Optimizer:
         if value is not None:
             raise ValueError(f"{PREFIX} does not support {what} (got {value!r}); use client_executor='lightning'.")
     return optimizer
+
+
+def check_compiled_holders(module: pl.LightningModule, compile_backend: str | None) -> None:
+    """Refuses compiled steps for a module with weight-swapping holders (``MaskedNoiseMixin``: FedMRN), whose forward
+    hooks and straight-through ``autograd.Function`` ``torch.compile`` cannot trace over ``vmap``."""
+    if compile_backend is not None and holder_tensors(module):
+        raise ValueError(
+            f"{PREFIX} with compile_batched_steps={compile_backend!r} cannot train {type(module).__name__}: its masked "
+            "weights are swapped for w + u_hat by forward hooks with a straight-through autograd.Function "
+            "(MaskedNoiseMixin), which torch.compile cannot trace under vmap. Use compile_batched_steps=False (eager "
+            "batched steps), or client_executor='lean'."
+        )
 
 
 def check_compile_backend(value: object, client_executor: str) -> None:

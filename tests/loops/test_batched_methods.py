@@ -147,6 +147,14 @@ def test_a_configure_client_that_loads_each_clients_weights_equals_lightnings() 
     compare(mlp, algorithm=OwnStart)
 
 
+def test_fedmrn_with_compiled_steps_is_refused_at_fit_start() -> None:
+    def model() -> MaskedMLP:
+        return MaskedMLP(in_features=12, hidden=(16,), num_classes=4, lr=0.1)
+
+    with pytest.raises(ValueError, match=r"compile_batched_steps='aot_eager' cannot train MaskedMLP: .*MaskedNoiseMixin"):
+        fit("batched", model, algorithm=FedMRN, max_epochs=1, compile_batched_steps="aot_eager")
+
+
 class GroupSizes:
     """Records the number of clients of every group the batched executor trains."""
 
