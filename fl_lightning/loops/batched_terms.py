@@ -96,7 +96,7 @@ class GroupTerms:
         stepped: dict[str, dict[str, Tensor]] = {}
         for name, mixin in self._mixins[0].items() if self._mixins else ():
             terms = [self._clients[j][name] for j in self._order[:active]]
-            tensors = mixin.step_tensors(module, terms, {n: t[:active] for n, t in weights.items()})  # type: ignore[arg-type]
+            tensors = mixin.step_tensors(module, terms, weights)  # type: ignore[arg-type]
             if tensors:
                 stepped[name] = {
                     n: t if width == active else torch.cat([t, t.new_zeros(width - active, *t.shape[1:])])

@@ -60,8 +60,9 @@ class AppliedTermMixin:
 
     def step_tensors(self, terms: Sequence[ClientTerm], weights: Mapping[str, Tensor]) -> dict[str, Tensor]:
         """This step's tensors of a term that changes every step, stacked over the clients still training: row ``j``
-        from ``terms[j]`` (its :meth:`client_term`, whose ``state`` it advances) and ``weights`` (the module's stacked
-        tensors by name, those rows); :meth:`term_bound_to` then reads row ``j`` with the term's own tensors. Called
+        from ``terms[j]`` (its :meth:`client_term`, whose ``state`` it advances) and row ``j`` of ``weights`` (the module's
+        stacked tensors by name, every client of the group: the first ``len(terms)`` rows are those still training);
+        :meth:`term_bound_to` then reads row ``j`` with the term's own tensors. Called
         through the mixin's class, as :meth:`client_term`, once per step, before the step. Default: none (fixed term)."""
         return {}
 

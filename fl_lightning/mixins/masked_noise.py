@@ -266,7 +266,7 @@ class MaskedNoiseMixin(AppliedTermMixin):
         r"""This step's :math:`\hat u` (eq. 10) of the clients still training, stacked, by masked name: each client's
         counter advanced and its draws made from its own generator in the sequential order (tensor by tensor, the
         masking's uniforms then :math:`P`'s), then :func:`psm_value` over the stacked :math:`u` and :math:`n`
-        (``weights``, the holders' tensors by full name), elementwise as for one client."""
+        (the first rows of ``weights``, the holders' tensors by full name), elementwise as for one client."""
         assert self._masked_owners is not None
         rounds: list[_Round] = [term.state for term in terms]
         first = rounds[0]
@@ -276,7 +276,7 @@ class MaskedNoiseMixin(AppliedTermMixin):
         values = {}
         for name, (_, local, _) in self._masked_owners.items():
             holder = f"{name.rpartition('.')[0]}.{HOLDER}".lstrip(".")
-            u, n = weights[f"{holder}.{local}"], weights[f"{holder}.{local}_noise"]
+            u, n = weights[f"{holder}.{local}"][: len(rounds)], weights[f"{holder}.{local}_noise"][: len(rounds)]
             draws = [
                 psm_draws(u[j], p=p, stochastic=first.stochastic, generator=state.generator)
                 for j, (state, p) in enumerate(zip(rounds, probabilities))
