@@ -699,6 +699,12 @@ class FederatedFitLoop(compat.FitLoopBase):
         assert self._executor is not None, "clients train once the fit has set up the federation"
         return self._executor.train([self.client_context(round_idx, cid, seed=seed)], self.global_state)[0]
 
+    def train_client_later(self, round_idx: int, cid: int, *, seed: int | None = None) -> None:
+        """As :meth:`train_client`, its update unread: the executor may train it with other such runs
+        (:meth:`~fl_lightning.loops.client_executor.ClientExecutor.train_later`)."""
+        assert self._executor is not None, "clients train once the fit has set up the federation"
+        self._executor.train_later([self.client_context(round_idx, cid, seed=seed)], self.global_state)
+
     def steps_per_round(self) -> int:
         """The most optimizer steps a client takes in a round (its local work, cut to ``limit_train_batches``,
         over ``accumulate_grad_batches``): one round of a step-interval LR schedule
