@@ -79,6 +79,7 @@ class ClientExecutor(ABC):
         """:meth:`train`'s updates, in order, each given as soon as the executor has it (a streamed aggregation,
         :mod:`~fl_lightning.algorithms.shared.folding`, frees it before the next); by default all after :meth:`train`."""
         yield from self.train(clients, global_state)
+
     def train_later(self, clients: Sequence[ClientContext], global_state: State) -> None:
         """Trains ``clients`` as :meth:`train` does, for a caller that does not read their updates (the algorithm's
         ``client_update`` keeps the result): by default at once; an executor may hold them to train together."""
