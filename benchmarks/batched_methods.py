@@ -3,8 +3,9 @@
 Workload: the digits federation (scikit-learn's 1,437 training digits over 100 clients by Dirichlet(0.5), 64
 features), MLP 64-64-10, plain SGD (lr 0.05), one local epoch of batch 10, ``--clients`` clients per round;
 FedProx (mu 0.01), SCAFFOLD, FedNova (unequal steps from unequal clients), FedPer (the output layer local: each
-client's own row, from and back to the client store) and Ditto (lambda 0.1: the personal pass runs one client at a
-time, a group of one under the batched executor). Each repeat runs every (method, executor) pair once, interleaved, in one process
+client's own row, from and back to the client store), Ditto (lambda 0.1: under the batched executor a group's personal passes
+train as one group after its global passes) and FedMRN (binary masks over uniform noise, on the same MLP with
+its Linear weights masked: ``MaskedMLP``). Each repeat runs every (method, executor) pair once, interleaved, in one process
 (so the machine's load hits them alike): ``--warmup`` rounds, then ``--rounds`` measured ones. Reported: clients
 per second = clients per round / the median round's process CPU time (the wall clock beside it), the batched
 executor's over the lean one's from the same repeat, and the largest weight difference between the two runs' final
@@ -14,6 +15,7 @@ Run from the repository root::
 
     PYTHONPATH=. python benchmarks/batched_methods.py                  # ~3 min on 2 loaded CPU cores
     PYTHONPATH=. python benchmarks/batched_methods.py --repeats 1 --rounds 3   # smoke run
+    PYTHONPATH=. python benchmarks/batched_methods.py --methods FedMRN --clients 10,50
 """
 
 from __future__ import annotations
@@ -30,11 +32,12 @@ import torch
 from harness import QUIET_TRAINER, RoundTimer, max_abs_diff  # benchmarks/ is on sys.path as a script
 from reporting import emit, header, load
 
-from fl_lightning import SCAFFOLD, Ditto, FederatedTrainer, FedNova, FedPer, FedProx
+from fl_lightning import SCAFFOLD, Ditto, FederatedTrainer, FedMRN, FedNova, FedPer, FedProx
 from fl_lightning.algorithms.shared.algorithm import Algorithm
 from fl_lightning.data import Dirichlet, FederatedDataModule
 from fl_lightning.data.datasets.digits import Digits
 from fl_lightning.models import MLP
+from fl_lightning.models.masked_networks import MaskedMLP
 
 METHODS: dict[str, Callable[[], Algorithm]] = {
     "FedProx (mu 0.01)": lambda: FedProx(mu=0.01),
@@ -42,14 +45,17 @@ METHODS: dict[str, Callable[[], Algorithm]] = {
     "FedNova": FedNova,
     "FedPer (net.3 local)": lambda: FedPer(personal=["net.3"]),
     "Ditto (lambda 0.1)": lambda: Ditto(lam=0.1),
+    "FedMRN": FedMRN,
 }
+#: The methods whose clients train a model other than the plain MLP (the same layers).
+MODELS: dict[str, type[MLP]] = {"FedMRN": MaskedMLP}
 EXECUTORS = ("lean", "batched")
 
 
 def run(method: str, executor: str, clients: int, rounds: int) -> tuple[np.ndarray, dict[str, torch.Tensor]]:
     """One fit; returns each round's (wall, CPU) seconds and the final weights."""
     torch.manual_seed(0)
-    model = MLP(in_features=64, hidden=(64,), num_classes=10, lr=0.05)
+    model = MODELS.get(method, MLP)(in_features=64, hidden=(64,), num_classes=10, lr=0.05)
     data = FederatedDataModule(Digits(), partitioner=Dirichlet(alpha=0.5), num_clients=100, batch_size=10, seed=0)
     timer = RoundTimer()
     trainer = FederatedTrainer(
@@ -60,9 +66,25 @@ def run(method: str, executor: str, clients: int, rounds: int) -> tuple[np.ndarr
     return np.diff(np.stack(timer.marks), axis=0), {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+def measure(method: str, clients: int, warmup: int, rounds: int) -> str:
+    """Both executors' runs of ``method``, one after the other: the table's measured cells."""
+    speeds, weights = {}, {}
+    for executor in EXECUTORS:
+        times, weights[executor] = run(method, executor, clients, warmup + rounds)
+        wall, cpu = (statistics.median(times[warmup:, i]) for i in (0, 1))
+        speeds[executor] = (clients / cpu, clients / wall)
+    (lean_cpu, lean_wall), (batched_cpu, batched_wall) = speeds["lean"], speeds["batched"]
+    return (
+        f"{lean_cpu:.0f} ({lean_wall:.0f}) | {batched_cpu:.0f} ({batched_wall:.0f}) "
+        f"| {batched_cpu / lean_cpu:.2f}x ({batched_wall / lean_wall:.2f}x) "
+        f"| {max_abs_diff(weights['batched'], weights['lean']):.1e}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--clients", type=int, default=50, help="clients per round")
+    parser.add_argument("--clients", default="50", help="clients per round, or several comma-separated (one table each)")
+    parser.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, among: {', '.join(METHODS)}")
     parser.add_argument("--warmup", type=int, default=3, help="rounds not measured, first")
     parser.add_argument("--rounds", type=int, default=10, help="rounds measured")
     parser.add_argument("--repeats", type=int, default=3)
@@ -71,29 +93,24 @@ def main() -> None:
     torch.set_num_threads(1)
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")
+    methods = args.methods.split(",")
+    unknown = sorted(set(methods) - set(METHODS))
+    if unknown:
+        parser.error(f"--methods: unknown {unknown}; allowed: {', '.join(METHODS)}")
     started, load_before = time.perf_counter(), load()
-    rows = []
-    for repeat in range(args.repeats):
-        for method in METHODS:
-            speeds, weights = {}, {}
-            for executor in EXECUTORS:
-                times, weights[executor] = run(method, executor, args.clients, args.warmup + args.rounds)
-                wall, cpu = (statistics.median(times[args.warmup :, i]) for i in (0, 1))
-                speeds[executor] = (args.clients / cpu, args.clients / wall)
-            (lean_cpu, lean_wall), (batched_cpu, batched_wall) = speeds["lean"], speeds["batched"]
-            rows.append(
-                f"| {repeat + 1} | {method} | {lean_cpu:.0f} ({lean_wall:.0f}) | {batched_cpu:.0f} ({batched_wall:.0f}) "
-                f"| {batched_cpu / lean_cpu:.2f}x ({batched_wall / lean_wall:.2f}x) "
-                f"| {max_abs_diff(weights['batched'], weights['lean']):.1e} |"
-            )
+    rows = [
+        f"| {clients} | {repeat + 1} | {method} | {measure(method, clients, args.warmup, args.rounds)} |"
+        for clients in (int(c) for c in args.clients.split(",")) for repeat in range(args.repeats) for method in methods
+    ]
     report = [
         f"# Batched vs lean per method, {args.clients} clients per round",
         "",
         *header(started, load_before, threads=1),
         f"- {args.warmup} warm-up + {args.rounds} measured rounds per run, {args.repeats} interleaved repeats",
         "",
-        "| repeat | method | lean clients/s, CPU (wall) | batched clients/s, CPU (wall) | batched / lean | max weight diff |",
-        "|---|---|---:|---:|---:|---:|",
+        "| clients/round | repeat | method | lean clients/s, CPU (wall) | batched clients/s, CPU (wall) | batched / lean "
+        "| max weight diff |",
+        "|---:|---|---|---:|---:|---:|---:|",
         *rows,
     ]
     emit("\n".join(report), args.out)

@@ -98,7 +98,7 @@ def measure_save(store: Any, how: str, folder: str | None) -> dict[str, float]:
 
 
 def measure(
-    clients: int, budget: str, params: int, rounds: int, per_round: int, folder: str | None, save: bool = False
+    clients: int, budget: str, params: int, rounds: int, per_round: int, folder: str | None, save: str = ""
 ) -> dict[str, Any]:
     """One configuration, in this process."""
     import torch
@@ -125,7 +125,7 @@ def measure(
         round_s.append(time.perf_counter() - started)
     spill = store.spill_folder
     disk = sum(e.stat().st_size for e in os.scandir(spill)) if spill else 0
-    saves = {how: measure_save(store, how, folder) for how in ("streamed", "buffered")} if save else {}
+    saves = {how: measure_save(store, how, folder) for how in save.split(",") if how}
     return {
         **saves,
         "clients": clients,
@@ -142,7 +142,7 @@ def measure(
 
 def run_child(args: argparse.Namespace, clients: int, budget: str) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--child", str(clients), "--budget", budget, "--params", str(args.params),
-           "--rounds", str(args.rounds), "--per-round", str(args.per_round)] + (["--folder", args.folder] if args.folder else []) + (["--save"] if args.save else [])  # fmt: skip
+           "--rounds", str(args.rounds), "--per-round", str(args.per_round)] + (["--folder", args.folder] if args.folder else []) + (["--save", args.save] if args.save else [])  # fmt: skip
     env = dict(os.environ)
     if args.malloc_mmap_threshold is not None:  # fixed: glibc then serves large blocks by mmap, unmapped on free
         env["MALLOC_MMAP_THRESHOLD_"] = str(args.malloc_mmap_threshold)
@@ -185,10 +185,11 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace, started: float,
             "|---:|---|---:|---:|---:|---:|---:|",
         ]
         for r in saved:
-            st, bu = r["streamed"], r["buffered"]
+            st, bu = r["streamed"], r.get("buffered")
+            buffered = f"{bu['anon'] / MIB:,.0f} / {bu['file'] / MIB:,.0f} | {bu['seconds']:.1f}" if bu else "not run | "
             lines.append(
                 f"| {r['clients']:,} | {r['budget']} | {st['bytes'] / MIB:,.0f} | {st['anon'] / MIB:,.0f} / {st['file'] / MIB:,.0f} "
-                f"| {st['seconds']:.1f} | {bu['anon'] / MIB:,.0f} / {bu['file'] / MIB:,.0f} | {bu['seconds']:.1f} |"
+                f"| {st['seconds']:.1f} | {buffered} |"
             )
     return "\n".join(lines) + "\n"
 
@@ -205,7 +206,10 @@ def main() -> None:
     parser.add_argument(
         "--malloc-mmap-threshold", type=int, help="set glibc's MALLOC_MMAP_THRESHOLD_ (bytes) in the child processes"
     )
-    parser.add_argument("--save", action="store_true", help="also checkpoint the store, streamed and buffered (issue 39)")
+    parser.add_argument(
+        "--save", nargs="?", const="streamed,buffered", default="", choices=["streamed", "buffered", "streamed,buffered"],
+        help="also checkpoint the store, streamed and buffered (issue 39); 'streamed' alone where a buffered copy would not fit in memory",
+    )
     parser.add_argument("--out", default=None)
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()

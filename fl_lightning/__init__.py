@@ -30,7 +30,8 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
 })
 __version__ = "0.1.0"
 
-# The modules moved in 0.2 still import from their old paths, with a DeprecationWarning.
+# The modules moved by the relayout (issue 31, under [Unreleased] in CHANGELOG.md) still import from their old
+# paths, with a DeprecationWarning.
 install_moved_modules()
 # Lightning's pytree helper warns while a fit runs, not on import.
 silence_leafspec_warning()

@@ -4,15 +4,24 @@ from __future__ import annotations
 
 import compileall
 import importlib.util
+import json
 import os
+import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
+from tests.once import once_per_session
+
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
+#: The processes the suite starts (pytest-xdist's workers too) skip torchmetrics' optional imports
+#: (tests/startup/sitecustomize.py); test_cli_output's quickstart run starts as a user's process does, without it.
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent / "startup"), os.environ.get("PYTHONPATH")]))
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -47,6 +56,40 @@ def one_thread_per_worker():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="session")
+def two_process_runs(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> tuple[Path, str]:
+    """Every fit of :data:`tests.distributed.runs.RUNS` on 2 processes, in one ``torchrun`` launch per session: the
+    folder of their results (``<folder>/<name>/rank<r>.pt``) and the launch's failure report (empty if none)."""
+    from tests.distributed.runs import RUNS
+    from tests.distributed.test_ddp_equivalence import run
+
+    return once_per_session(tmp_path_factory, worker_id, "two_process_runs", lambda out: run(out, "--runs", *RUNS))
+
+
+@pytest.fixture(scope="session")
+def fresh_process(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Callable[[str], Any]:
+    """The value of a check of :mod:`tests.fresh_process`, all run in one fresh interpreter per session; a check
+    that raised fails the test that asks for it, with its traceback."""
+
+    def run_checks(folder: Path) -> None:
+        folder.mkdir()
+        command = [sys.executable, "-m", "tests.fresh_process", str(folder / "results.json")]
+        result = subprocess.run(command, cwd=Path(__file__).parents[1], capture_output=True, text=True, check=False)
+        assert result.returncode == 0, result.stderr[-4000:]
+
+    folder, failure = once_per_session(tmp_path_factory, worker_id, "fresh_process", run_checks)
+
+    def value(check: str) -> Any:
+        if failure:
+            pytest.fail(f"The fresh interpreter failed:\n{failure}")
+        result = json.loads((folder / "results.json").read_text())[check]
+        if "error" in result:
+            pytest.fail(f"{check} raised in the fresh interpreter:\n{result['error']}")
+        return result["value"]
+
+    return value
 
 
 @pytest.fixture

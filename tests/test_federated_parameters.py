@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -62,11 +63,33 @@ def test_default_resolution_follows_requires_grad_and_buffers_follow_their_modul
 
 
 def test_a_frozen_batch_norm_that_trains_its_statistics_is_still_frozen_unless_selected():
-    kinds = FederatedParameters(local=["frozen_norm"]).resolve(Net())
+    with pytest.warns(UserWarning, match="do not require grad"):  # its weight and bias: the test below
+        kinds = FederatedParameters(local=["frozen_norm"]).resolve(Net())
     assert kinds.local == names("frozen_norm", "weight", "bias", *BN)  # local needs no grad
     kinds = FederatedParameters(shared=["frozen_norm.running_*"]).resolve(Net())
     assert names("frozen_norm", "running_mean", "running_var") == tuple(n for n in kinds.shared if "frozen_norm" in n)
     assert "frozen_norm.num_batches_tracked" in kinds.frozen  # the unselected buffer follows its frozen module
+
+
+def test_a_local_parameter_that_does_not_require_grad_warns_once_naming_each_and_suggesting_frozen():
+    with pytest.warns(UserWarning) as record:
+        kinds = FederatedParameters(local=["frozen_norm", "base.weight", "head"]).resolve(Net())
+    untrained = [*names("frozen_norm", "weight", "bias"), "base.weight"]  # not its buffers, nor the trained head
+    message = (
+        f"FederatedParameters selects as local parameters that do not require grad: {untrained}. No client trains "
+        "them, so each client's copy stays the initial value, stored per client for nothing. Select them as frozen "
+        "(never sent or stored per client), or call `requires_grad_(True)` on them to train them."
+    )
+    assert [str(w.message) for w in record] == [message]
+    assert set(untrained) <= set(kinds.local)  # a warning, not a refusal: the selection holds
+
+
+def test_trained_local_tensors_buffers_and_an_algorithms_own_patterns_do_not_warn():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        FederatedParameters(local=["head", "plain_norm", "frozen_norm.running_*"]).resolve(Net())
+        # FedBN keeps every BatchNorm tensor local, frozen affine ones included: the user cannot select those frozen.
+        FederatedParameters().merged(FederatedParameters(local=["_BatchNorm"]), origin="FedBN").resolve(Net())
 
 
 @pytest.mark.parametrize(
@@ -83,6 +106,7 @@ def test_a_frozen_batch_norm_that_trains_its_statistics_is_still_frozen_unless_s
         ("_BatchNorm", names("frozen_norm", "weight", "bias", *BN) + names("plain_norm", *BN)),  # a base class
     ],
 )
+@pytest.mark.filterwarnings("ignore:FederatedParameters selects as local parameters")  # frozen_norm's, base.bias
 def test_patterns_select_by_name_glob_module_and_class(pattern, expected):
     assert FederatedParameters(local=[pattern]).resolve(Net()).local == expected
 

@@ -71,6 +71,7 @@ def test_services_outside_a_fit_name_themselves_and_the_metrics_channel_works():
         services.reload_evaluation_data,
         lambda: services.accumulate_grad_batches,
         lambda: services.train_client(0, 0, seed=0),
+        lambda: services.train_client_later(0, 0, seed=0),
         services.optimizers,
         services.lr_scheduler_intervals,
     ):

@@ -31,7 +31,7 @@ class Ditto(PersonalizedFedAvg):
        :math:`v_k \leftarrow v_k - \eta(\nabla F_k(v_k) + \lambda(v_k - w^t))`, through
        :class:`~fl_lightning.ProximalMixin` centred on :math:`w^t` (not on :math:`w_k^t`: the paper's
        :math:`h_k` is centred on the global model the client received). It is a second run of the trainer's
-       client executor (``Federation.services.train_client``, as FedEM trains its components), so hooks,
+       client executor (``Federation.services.train_client_later``: its update is not read), so hooks,
        callbacks, precision and the lean executor apply; the optimizer starts fresh (``reset_optimizer``),
        on the same batch order as step 1 (the paper does not fix one). The new :math:`v_k` stays on the
        client: it is stored in :attr:`personal` and never uploaded.
@@ -46,9 +46,10 @@ class Ditto(PersonalizedFedAvg):
     worst-client accuracy of the personalised models).
 
     Shards: no (the store is per process; see :class:`PersonalizedFedAvg`). Under the batched executor step 1
-    trains the round's clients in groups; step 2, driven from :meth:`client_update` one client at a time, is a group
-    of that one client (its :math:`v_k` loaded by :meth:`configure_client`, the proximal term stacked as FedProx's),
-    equal to the sequential executors but not vectorised over clients. Composes with ``DPFedAvg`` (the released global
+    trains the round's clients in groups, and the personal passes of a group's clients then train as one group of
+    their own (each :math:`v_k` loaded by :meth:`configure_client` into its row, the proximal term stacked as
+    FedProx's), before those clients end; the sequential executors run each client's pass right after its step 1.
+    Composes with ``DPFedAvg`` (the released global
     model is clipped and noised; :math:`v_k` is never released, but is trained on the client's data
     without noise) and with the robust rules over its global aggregation, as the paper's robustness
     experiments do.
@@ -82,23 +83,24 @@ class Ditto(PersonalizedFedAvg):
         self.lam, self.personal_steps = float(lam), personal_steps
         #: :math:`v_k^0`, every client's personal model before its first round.
         self.initial: State = {}
-        self._personal_pass = False
+        #: The clients whose next training is their personal pass (step 2), asked for by their step 1.
+        self._personal_pass: set[int] = set()
 
     @override
     def setup(self, federation: Federation) -> None:
         require_mixin(federation.module, ProximalMixin, self)
         super().setup(federation)
         self.initial = cpu_copy(federation.local_weights())
-        self._personal_pass = False
+        self._personal_pass = set()
 
     @override
     def plan_client(self, client: ClientContext) -> None:
-        if self._personal_pass and self.personal_steps is not None:
+        if client.client_id in self._personal_pass and self.personal_steps is not None:
             client.num_epochs, client.num_steps = None, self.personal_steps
 
     @override
     def configure_client(self, client: ClientContext, module: pl.LightningModule, global_state: State) -> None:
-        if not self._personal_pass:  # step 1: FedAvg's local work, with no term left from a personal pass
+        if client.client_id not in self._personal_pass:  # step 1: FedAvg's local work, no term left from a personal pass
             module.set_proximal_center(global_state, 0.0)  # type: ignore[attr-defined]
             return
         own = self.personal.get(client.client_id)
@@ -107,16 +109,14 @@ class Ditto(PersonalizedFedAvg):
 
     @override
     def client_update(self, client: ClientContext, module: pl.LightningModule, delta: State) -> ClientUpdate:
-        """Step 1's delta is the upload; step 2 then runs, driven from here, and keeps :math:`v_k` in the store."""
-        if self._personal_pass:
+        """Step 1's delta is the upload; it asks for step 2, whose own call here keeps :math:`v_k` in the store."""
+        if client.client_id in self._personal_pass:
+            self._personal_pass.discard(client.client_id)
             self.personal.put(client.client_id, self.federation.local_weights())
             return super().client_update(client, module, {})
         update = super().client_update(client, module, delta)
-        self._personal_pass = True
-        try:
-            self.federation.services.train_client(client.round_idx, client.client_id, seed=client.seed)
-        finally:
-            self._personal_pass = False
+        self._personal_pass.add(client.client_id)
+        self.federation.services.train_client_later(client.round_idx, client.client_id, seed=client.seed)
         return update
 
     @override

@@ -101,13 +101,9 @@ class FedMRN(CompressedFedAvg):
 
     codec: MaskedNoiseCodec
 
-    batched_refusal: ClassVar[str] = (
-        "its clients train latent updates u and noise n that live outside the module's state_dict (the "
-        "MaskedNoiseMixin's LatentUpdate holders), which the batched executor does not stack per client, and draw "
-        "each step's stochastic masks and P ~ Bern(tau/S) (eq. 6-10) from a torch.Generator of their own, which "
-        "torch.vmap cannot call once per client, so a batched step could not give each client the draws the "
-        "sequential executors give it."
-    )
+    #: Its configure_client sets the masked-noise term only: the batched executor stacks each client's u and n and
+    #: draws each step's masks from each client's own generator (:meth:`MaskedNoiseMixin.step_tensors`).
+    configure_client_sets_terms: ClassVar[bool] = True
 
     def __init__(
         self,

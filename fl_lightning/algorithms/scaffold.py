@@ -10,10 +10,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+from typing_extensions import override
 
 from fl_lightning.utils.saved_state import InvalidStateError
-from fl_lightning.algorithms.shared.aggregation import weighted_average
+from fl_lightning.algorithms.shared.aggregation import RunningSum
 from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.folding import RoundFold, fold_all
 from fl_lightning.algorithms.shared.parameter_state import state_norm, zero_parameter_state
 from fl_lightning.algorithms.shared.server_optimizers import ServerSGD
 from fl_lightning.mixins.linear_term import LinearTermMixin
@@ -54,6 +56,9 @@ class SCAFFOLD(Algorithm):
     A client's :math:`c_i^+` is stored when its update is aggregated: a dropped (non-finite) or
     rejected update leaves :math:`c_i` unchanged, so :math:`c = \frac{1}{N}\sum_i c_i` stays true.
 
+    On one process the round is streamed (:meth:`start_fold`): each client's :math:`c_i^+` is stored and its
+    :math:`\Delta y_i`, :math:`\Delta c_i` added to running sums as the client finishes, so the round holds one update;
+    :meth:`aggregate` is the same fold over a list, so both give the same bits.
     Shards over processes by gathering the round's updates to every rank (:attr:`gathers_updates`): every
     rank computes :math:`c` from all of them, and each stores the :math:`c_i^+` of the clients it owns (the
     client store's sharding: a client always trains on its owner rank). Not
@@ -107,26 +112,15 @@ class SCAFFOLD(Algorithm):
         r"""Yes: every rank needs every aggregated client's :math:`\Delta c_i` for :math:`c`."""
         return True
 
-    @torch.no_grad()
+    @override
+    def start_fold(self, round_idx: int, global_state: State) -> RoundFold | None:
+        r"""Lines 16-17 are sums over :math:`S`, folded one client at a time, except under an ``interval="step"`` LR
+        scheduler, whose :math:`\eta_l` at aggregation is known only once the round's last client has trained."""
+        return None if "step" in self.federation.services.lr_scheduler_intervals() else _ScaffoldFold(self, global_state)
+
     def aggregate(self, round_idx: int, global_state: State, updates: list[ClientUpdate]) -> dict[str, float]:
         """Lines 12 and 17 for the aggregated clients (each :math:`c_i^+` stored) and line 16."""
-        lr = _local_lr(self.federation.services)
-        sum_delta_c = {name: torch.zeros_like(c) for name, c in self.control.items()}
-        for update in updates:
-            steps = update.num_steps
-            if not steps:
-                continue  # option II's quotient is undefined: a client that took no step keeps its c_i
-            delta_c = {name: -c - update.payload[name].cpu() / (steps * lr) for name, c in self.control.items()}
-            if self.client_controls.owns(update.client_id):  # under client sharding, the rank that trains it
-                c_i = self._client_control(update.client_id)
-                self.client_controls.put(update.client_id, {name: c_i[name] + d for name, d in delta_c.items()})
-            for name, d in delta_c.items():
-                sum_delta_c[name].add_(d)
-        mean_delta_y = weighted_average([u.payload for u in updates], [1.0] * len(updates))  # uniform over S
-        self._server_step.step(global_state, mean_delta_y, self.federation.param_names)
-        for name, c in self.control.items():
-            c.add_(sum_delta_c[name], alpha=1.0 / self.federation.num_clients)
-        return {"control_norm": state_norm(self.control)}
+        return fold_all(_ScaffoldFold(self, global_state), updates)
 
     def check_update_bound(self, bound: UpdateBound) -> None:
         raise ValueError(
@@ -166,6 +160,43 @@ class SCAFFOLD(Algorithm):
 
 #: The round-off :meth:`SCAFFOLD.check_restored` allows between :math:`c` and the mean of the :math:`c_i`, relative.
 _CONTROL_RTOL = 1e-3
+
+
+class _ScaffoldFold(RoundFold):
+    r"""Lines 12-17 one client at a time: each :math:`c_i^+` stored and :math:`\Delta c_i` and :math:`\Delta y_i` added to
+    running sums as the client comes (:math:`\eta_l` read once, when the fold starts); :meth:`finish` steps
+    :math:`x` and :math:`c`."""
+
+    def __init__(self, scaffold: SCAFFOLD, global_state: State) -> None:
+        self.scaffold, self.global_state = scaffold, global_state
+        self.lr = _local_lr(scaffold.federation.services)
+        self.sum_delta_c = {name: torch.zeros_like(c) for name, c in scaffold.control.items()}
+        self.sum_delta_y = RunningSum()
+
+    @override
+    @torch.no_grad()
+    def add(self, update: ClientUpdate) -> None:
+        scaffold, steps = self.scaffold, update.num_steps
+        if steps:  # option II's quotient is undefined without a step: such a client keeps its c_i
+            delta_c = {name: -c - update.payload[name].cpu() / (steps * self.lr) for name, c in scaffold.control.items()}
+            if scaffold.client_controls.owns(update.client_id):  # under client sharding, the rank that trains it
+                c_i = scaffold._client_control(update.client_id)
+                scaffold.client_controls.put(update.client_id, {name: c_i[name] + d for name, d in delta_c.items()})
+            for name, d in delta_c.items():
+                self.sum_delta_c[name].add_(d)
+        self.sum_delta_y.add(update.payload, 1.0)  # uniform over S
+
+    @override
+    @torch.no_grad()
+    def finish(self) -> dict[str, float]:
+        scaffold, running = self.scaffold, self.sum_delta_y
+        if not running.count:
+            raise ValueError("Cannot aggregate an empty list of deltas.")
+        mean_delta_y = {name: t.div_(running.weight) for name, t in running.total.items()}
+        scaffold._server_step.step(self.global_state, mean_delta_y, scaffold.federation.param_names)
+        for name, c in scaffold.control.items():
+            c.add_(self.sum_delta_c[name], alpha=1.0 / scaffold.federation.num_clients)
+        return {"control_norm": state_norm(scaffold.control)}
 
 
 def _check_local_steps(services: ServerServices) -> None:

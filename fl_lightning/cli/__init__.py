@@ -10,6 +10,7 @@ A bad value in the configuration ends the command with one ``error: ...`` line a
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 import time
 import warnings
@@ -94,12 +95,22 @@ def fit_summary(trainer: Trainer, wall_time_s: float) -> Table:
     return table
 
 
+def print_fit_report(trainer: Trainer, wall_time_s: float) -> None:
+    """Prints :func:`fit_summary` to stdout, then :func:`checkpoint_test_command` on a line of its own, unwrapped."""
+    console = Console()
+    console.print(fit_summary(trainer, wall_time_s))
+    command = checkpoint_test_command(trainer)
+    if command is not None:
+        console.print("Test the global model (<this config>: this fit's --config files and overrides):")
+        console.print(command, soft_wrap=True, markup=False, highlight=False)  # one line, whatever the width
+
+
 def evaluation_rows(trainer: Trainer) -> list[tuple[str, str]]:
     """``(label, value)`` rows of the final validation and test metrics, never one labelled as the other.
 
     Validation: the ``ModelCheckpoint``/``EarlyStopping`` monitors first, then every other
     metric the module logged in validation. Test: what :class:`~fl_lightning.callbacks.TestCurve`
-    logged, else how to get test numbers.
+    logged, else a pointer to :func:`checkpoint_test_command`, printed below the table.
 
     Raises:
         ValueError: A monitored metric was never logged (names it and lists those that were).
@@ -118,9 +129,20 @@ def evaluation_rows(trainer: Trainer) -> list[tuple[str, str]]:
     tested = [m for m in logged_test_metrics(trainer) if m in metrics]
     rows += [(f"test {name} (TestCurve, not for selection)", f"{float(metrics[name]):.4f}") for name in tested]
     if not tested:
-        checkpoint = getattr(trainer.checkpoint_callback, "best_model_path", "") or "<checkpoint>"
-        rows.append(("test", f"not run in fit: fl-lightning test --config <this config> --ckpt_path {checkpoint}"))
+        rows.append(("test", "not run in fit: the command follows this table"))
     return rows
+
+
+def checkpoint_test_command(trainer: Trainer) -> str | None:
+    """The ``fl-lightning test`` command for the fit's checkpoint, or ``None`` when ``TestCurve`` logged test metrics.
+
+    The CLI prints it below the summary table, never inside it: a table cell wraps a long path over several lines
+    whenever stdout is not a terminal (a log file, CI), and a wrapped command cannot be copied.
+    """
+    if any(m in trainer.callback_metrics for m in logged_test_metrics(trainer)):
+        return None
+    checkpoint = getattr(trainer.checkpoint_callback, "best_model_path", "")
+    return f"fl-lightning test --config <this config> --ckpt_path {shlex.quote(checkpoint) if checkpoint else '<checkpoint>'}"
 
 
 def _human_bytes(n: int) -> str:
@@ -189,7 +211,7 @@ class FederatedCLI(LightningCLI):
 
     def after_fit(self) -> None:
         if self.trainer.is_global_zero:
-            Console().print(fit_summary(self.trainer, time.perf_counter() - self._fit_started))
+            print_fit_report(self.trainer, time.perf_counter() - self._fit_started)
 
 
 _DESCRIPTION = (

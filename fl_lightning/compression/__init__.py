@@ -8,7 +8,8 @@ __all__, __getattr__, __dir__ = lazy_exports(
         "fl_lightning.compression.codec": ("Codec", "UpdateCodec"),
         "fl_lightning.compression.masked_noise_codec": (
             "DEFAULT_ALPHA", "MaskedNoiseCodec", "clip_update", "deterministic_mask", "generate_noise",
-            "mask_probability", "masked_noise", "progressive_stochastic_mask", "sample_mask",
+            "mask_probability", "masked_noise", "progressive_stochastic_mask", "psm_draws", "psm_value",
+            "sample_mask",
         ),
         "fl_lightning.compression.hadamard": ("fwht",),
         "fl_lightning.compression.probability_mask_codec": (

@@ -31,7 +31,9 @@ group and the last one) and, once, a ``batch_idx`` that becomes a symbolic integ
 each member's own, loaded from the client store by its ``start_client``, is copied into its row of the stack
 before the group trains, and written back to the store from its row by its ``finish_client``; so are all of its
 weights where the algorithm's ``configure_client`` loads the client's own (``configure_client_loads_weights``:
-Ditto's personal model). BatchNorm trains
+Ditto's personal model), and the tensors a mixin keeps outside ``state_dict`` for the round (FedMRN's latent update
+and noise, whose per-step masks each client draws from its own generator before the step:
+:mod:`~fl_lightning.loops.batched_terms`). BatchNorm trains
 in training mode under ``vmap``: each client normalises with its own batch's statistics and updates its own
 running statistics (its row of the stacked buffers), as alone. Batches that need padding are refused with
 BatchNorm in training mode (:func:`check_mean_step`): the padded copies would enter the batch statistics.
@@ -75,13 +77,15 @@ from fl_lightning.loops.batched_sgd import (
     step_count_reads,
     unflatten,
 )
-from fl_lightning.loops.batched_terms import GroupTerms, TermInputs
+from fl_lightning.loops.batched_terms import GroupTerms, TermInputs, bound
 from fl_lightning.loops.client_executor import ClientExecutor, ClientRuntime
 from fl_lightning.loops.lean_executor import StepSchedulers
+from fl_lightning.mixins._holders import holder_tensors
 from fl_lightning.server.model_state import State, load_into
 
 __all__ = [
-    "BatchedExecutor", "check_batched_support", "check_compile_backend", "check_mean_step", "flatten_stream", "group_clients",
+    "BatchedExecutor", "check_batched_support", "check_compile_backend", "check_compiled_holders", "check_mean_step",
+    "flatten_stream", "group_clients",
     "warn_rounding",
 ]
 
@@ -139,6 +143,18 @@ def check_batched_support(runtime: ClientRuntime) -> torch.optim.Optimizer:
         if value is not None:
             raise ValueError(f"{PREFIX} does not support {what} (got {value!r}); use client_executor='lightning'.")
     return optimizer
+
+
+def check_compiled_holders(module: pl.LightningModule, compile_backend: str | None) -> None:
+    """Refuses compiled steps for a module with weight-swapping holders (``MaskedNoiseMixin``: FedMRN), whose forward
+    hooks and straight-through ``autograd.Function`` ``torch.compile`` cannot trace over ``vmap``."""
+    if compile_backend is not None and holder_tensors(module):
+        raise ValueError(
+            f"{PREFIX} with compile_batched_steps={compile_backend!r} cannot train {type(module).__name__}: its masked "
+            "weights are swapped for w + u_hat by forward hooks with a straight-through autograd.Function "
+            "(MaskedNoiseMixin), which torch.compile cannot trace under vmap. Use compile_batched_steps=False (eager "
+            "batched steps), or client_executor='lean'."
+        )
 
 
 def check_compile_backend(value: object, client_executor: str) -> None:
@@ -289,6 +305,8 @@ class BatchedExecutor(ClientExecutor):
         #: Whether a group is training (a train call inside one comes from ``client_update``: ``services.train_client``).
         self._training = False
         self._nested_warned = False
+        #: While a group's clients compute their updates: the runs they ask for with ``services.train_client_later``.
+        self._later: list[ClientContext] | None = None
 
     @override
     def train(self, clients: Sequence[ClientContext], global_state: State) -> list[ClientUpdate]:
@@ -301,14 +319,25 @@ class BatchedExecutor(ClientExecutor):
         finally:
             self._training = False
 
+    @override
+    def train_later(self, clients: Sequence[ClientContext], global_state: State) -> None:
+        """Held while a group's clients compute their updates (Ditto's personal passes), then trained as groups of
+        their own before those clients end; at once otherwise."""
+        if self._later is None:
+            self.train(clients, global_state)
+        else:
+            self._later.extend(clients)
+
     def _train(self, clients: Sequence[ClientContext], global_state: State) -> list[ClientUpdate]:
         optimizer = check_batched_support(self.runtime)
         streams = [flatten_stream(self.runtime.batches(client)) for client in clients]
         updates: dict[int, ClientUpdate] = {}
         # Each member's own tensors, as its start_client leaves them: its local tensors (FedBN's BatchNorm, a personal
         # head) from the client store, and all its weights where configure_client loads them (Ditto's personal model).
+        # And the tensors of its round outside state_dict (FedMRN's latent update u, at 0, and its noise).
         loads = vars(configure_client_definer(self.runtime.algorithm)).get("configure_client_loads_weights", False)
-        own_tensors = {**self.runtime.live, **self._local_tensors} if loads else self._local_tensors
+        rounds = holder_tensors(self.runtime.module)
+        own_tensors = {**self.runtime.live, **self._local_tensors, **rounds} if loads else {**self._local_tensors, **rounds}
         for members in self._groups([len(stream) for stream in streams]):
             terms = GroupTerms()
             # The module holds only the last member's once all have started.
@@ -322,23 +351,39 @@ class BatchedExecutor(ClientExecutor):
             # The group's steps, mean-step check included.
             with logging_skipped(self.runtime.module) as logged, step_count_reads(self.runtime.module) as reads:
                 state, loss_sums = self._train_group(
-                    optimizer, [streams[i] for i in members], inputs, [own[i] for i in members]
+                    optimizer, [streams[i] for i in members], terms, inputs, [own[i] for i in members], rounds
                 )
             self._warn_skipped_logging(logged)
             self._warn_step_count_read(reads.read)
-            for j, i in sorted(enumerate(members), key=lambda member: member[1]):
-                client = clients[i]
-                client.completed_steps = len(streams[i])
-                compat.count_steps(self.runtime.trainer, client.completed_steps)  # the step axis the other executors give
-                if client.completed_steps:
-                    # In float32, as the loss recorder averages the other executors' losses.
-                    task, regularizer, regularized = (loss_sums[j] / client.completed_steps).tolist()
-                    client.metrics["train_loss"] = task
-                    if regularized:
-                        client.metrics["train_regularizer"] = regularizer
-                load_into({**self.runtime.live, **self._local_tensors}, state.local_state(j))
-                updates[i] = self.finish_client(client, global_state)
+            # The members' updates, then one group of the runs they ask for (services.train_client_later: Ditto's
+            # personal passes), which end before the members do.
+            later: list[ClientContext] = []
+            self._later = later
+            try:
+                for j, i in sorted(enumerate(members), key=lambda member: member[1]):
+                    self._note_steps(clients[i], len(streams[i]), loss_sums[j])
+                    load_into({**self.runtime.live, **self._local_tensors, **rounds}, state.local_state(j))
+                    terms.resume(self.runtime.module, started.index(i))
+                    updates[i] = self.compute_update(clients[i], global_state)
+            finally:
+                self._later = None
+            if later:
+                self._train(later, global_state)
+            for i in sorted(members):
+                self.end_client(clients[i], updates[i])
         return [updates[i] for i in range(len(clients))]
+
+    def _note_steps(self, client: ClientContext, steps: int, loss_sum: Tensor) -> None:
+        """The client's optimizer steps (on the trainer's step axis too) and mean losses, from its summed
+        ``(task loss, regularizer, steps with one)``."""
+        client.completed_steps = steps
+        compat.count_steps(self.runtime.trainer, steps)  # the step axis the other executors give
+        if steps:
+            # In float32, as the loss recorder averages the other executors' losses.
+            task, regularizer, regularized = (loss_sum / steps).tolist()
+            client.metrics["train_loss"] = task
+            if regularized:
+                client.metrics["train_regularizer"] = regularizer
 
     def _groups(self, num_steps: Sequence[int]) -> Iterator[list[int]]:
         """The round's groups (:func:`group_clients`), cut lazily: of ``max_clients``, or, by default, the fit's first
@@ -363,17 +408,19 @@ class BatchedExecutor(ClientExecutor):
         return self._default_size
 
     def _train_group(
-        self, optimizer: torch.optim.Optimizer, streams: Sequence[FlatStream], terms: TermInputs, own: Sequence[State]
+        self, optimizer: torch.optim.Optimizer, streams: Sequence[FlatStream], group_terms: GroupTerms,
+        terms: TermInputs, own: Sequence[State], rounds: State,
     ) -> tuple[StackedState, Tensor]:
         """Trains one group of clients, sorted by their number of steps (most first), from the module's
-        weights and each one's ``own`` local tensors, with their loss terms. Returns their stacked local state
+        weights and each one's ``own`` local tensors (``rounds``: its round's tensors outside ``state_dict``), with
+        their loss terms (``terms``, and ``group_terms``' per-step ones). Returns their stacked local state
         and each one's summed step ``(task loss, regularizer, steps with one)``."""
         trainer = self.runtime.trainer
         kinds = self.runtime.algorithm.federation.kinds
         # Each client gets its own copy of the frozen buffers too (a frozen BatchNorm in training mode updates its
         # statistics in place, which vmap refuses on an unstacked tensor); the copies are dropped after the group.
         frozen = self.runtime.client_tensors.frozen_buffers if self.runtime.client_tensors else {}
-        tensors = {**self.runtime.live, **self._local_tensors, **frozen}
+        tensors = {**self.runtime.live, **self._local_tensors, **frozen, **rounds}
         state = StackedState(tensors, optimizer, len(streams), kinds.aliases if kinds is not None else {})
         state.load_rows(own)
         # Momentum buffers (SGD) or moments (Adam, AdamW), stacked like the weights, by tensor name.
@@ -391,10 +438,13 @@ class BatchedExecutor(ClientExecutor):
             batches = [stream[batch_idx] for stream in streams[:active]]
             structure = batches[0][1]
             width = len(streams) if rows else active  # the clients the step runs: the active ones first
-            inputs, mask = self._stack([leaves for leaves, _ in batches], structure, rows, width)
+            per_client = {m: {n: t[:width] for n, t in ts.items()} for m, ts in terms[0].items()}
+            with precision.train_step_context():  # as the sequential executors' draws (64-true: float64 by default)
+                stepped = group_terms.step(self.runtime.module, state.by_name, active, width)
+            step_terms = ({**per_client, **stepped}, terms[1])
+            inputs, mask = self._stack([leaves for leaves, _ in batches], structure, rows, width, step_terms)
             trained = {name: t[:width] for name, t in state.trained.items()}
             others = {name: t[:width] for name, t in state.others.items()}
-            step_terms = ({m: {n: t[:width] for n, t in ts.items()} for m, ts in terms[0].items()}, terms[1])
             step = self._step(state.tied, structure, padded=mask is not None)
             with precision.train_step_context(), self._noting_random_calls(), self._measuring_forward() as measured:
                 grads, parts = self._run(
@@ -422,14 +472,14 @@ class BatchedExecutor(ClientExecutor):
         return dict(client_tensors.local) if client_tensors else {}
 
     def _stack(
-        self, batches: list[list[Tensor]], structure: type | TreeSpec, rows: int | None, clients: int
+        self, batches: list[list[Tensor]], structure: type | TreeSpec, rows: int | None, clients: int, terms: TermInputs
     ) -> tuple[list[Tensor], Tensor | None]:
         """The clients' batches stacked on the device; padded, with the mask of the real samples,
         when their shapes differ or ``rows`` (to ``rows`` samples and ``clients`` clients) is given
-        (``None``: no padding)."""
+        (``None``: no padding); the mean-step check runs with the first client's ``terms``."""
         if rows is None and len({tuple(t.shape for t in leaves) for leaves in batches}) == 1:
             return self._on_device([torch.stack(parts) for parts in zip(*batches)]), None
-        self._check_mean_step(batches[0], structure)
+        self._check_mean_step(batches[0], structure, terms)
         stacked, mask = pad_batches(batches, rows, clients)
         return self._on_device(stacked), mask.to(self.runtime.trainer.strategy.root_device)
 
@@ -458,10 +508,13 @@ class BatchedExecutor(ClientExecutor):
                 "use client_executor='lightning' or 'lean' for this module."
             ) from err
 
-    def _check_mean_step(self, leaves: list[Tensor], structure: type | TreeSpec) -> None:
-        """:func:`check_mean_step` once per executor, on the first padded step's first batch."""
+    def _check_mean_step(self, leaves: list[Tensor], structure: type | TreeSpec, terms: TermInputs) -> None:
+        """:func:`check_mean_step` once per executor, on the first padded step's first batch, with the first client's
+        terms bound (so that a term drawn per step, FedMRN's, is read, not drawn again from a client's generator)."""
         if not self._mean_checked:
-            check_mean_step(self.runtime.module, self._on_device(leaves), structure)
+            first = {m: {n: t[0] for n, t in ts.items()} for m, ts in terms[0].items()}
+            with bound(self.runtime.module, self.runtime.live, first, terms[1]):
+                check_mean_step(self.runtime.module, self._on_device(leaves), structure)
             self._mean_checked = True
 
     @contextmanager
@@ -507,10 +560,11 @@ class BatchedExecutor(ClientExecutor):
         """Says once that the algorithm trains a client again from its ``client_update``, one client at a time."""
         if not self._nested_warned:
             rank_zero_warn(
-                f"{PREFIX}: {type(self.runtime.algorithm).__name__}.client_update trains its client again "
-                "(services.train_client: Ditto's personal pass), one client at a time, so each such pass runs as a group "
-                "of one client, equal to the other executors but slower than client_executor='lean' (Ditto: 0.44-0.61x "
-                "lean's clients/s, benchmarks/results/batched.md)."
+                f"{PREFIX}: {type(self.runtime.algorithm).__name__}.client_update trains its client again with "
+                "services.train_client, whose update it reads, so each such run trains as a group of one client: equal to "
+                "the other executors, but not vectorised over clients (Ditto's personal pass ran so at 0.44-0.61x lean's "
+                "clients/s, benchmarks/results/batched.md). A run whose update is not read can use "
+                "services.train_client_later, which this executor trains with the group's other such runs, as one group."
             )
             self._nested_warned = True
 

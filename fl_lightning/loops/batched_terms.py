@@ -1,4 +1,5 @@
-"""The loss terms of a batched group's clients (FedProx's centre, SCAFFOLD's and FedDyn's linear terms), stacked.
+"""The loss terms of a batched group's clients (FedProx's centre, SCAFFOLD's and FedDyn's linear terms, FedMRN's masked
+noise), stacked.
 
 A term mixin (:class:`~fl_lightning.mixins.applied_term.AppliedTermMixin`) keeps references to the module's
 parameters and the algorithm's per-client tensors (a centre, a direction). Under the batched executor the
@@ -7,7 +8,9 @@ tensors differ between clients (SCAFFOLD's :math:`c - c_i`). So, after each memb
 executor reads the set terms (:meth:`~fl_lightning.mixins.applied_term.AppliedTermMixin.client_term`), stacks
 their tensors along the client dimension, and, within the vmapped loss, binds each mixin to the client's weights
 and tensors (``term_bound_to``): the mixin's own ``training_step`` then adds the same term, with the same
-arithmetic, as under the sequential executors.
+arithmetic, as under the sequential executors. A term that changes every step (FedMRN's masked noise, drawn from each
+client's own generator) gives its stacked tensors before each step (``step_tensors``), and is set again on the module
+for each client as it finishes (``resume_client_term``).
 """
 
 from __future__ import annotations
@@ -41,12 +44,16 @@ class GroupTerms:
     def __init__(self) -> None:
         self._clients: list[dict[str, ClientTerm]] = []
         self._ids: list[int] = []
+        #: Each member's set mixins by name (a member's term may be unset by the time it finishes).
+        self._mixins: list[dict[str, type[AppliedTermMixin]]] = []
+        self._order: list[int] = []
 
     def add(self, module: object, client_id: int) -> None:
         """Reads the terms set for ``client_id``; raises a ``ValueError`` for one the batched executor cannot stack,
         or one that differs from the first member's in which terms are set or in their settings (a coefficient)."""
         terms: dict[str, ClientTerm] = {}
-        for name, mixin in _mixins(module).items():
+        mixins = _mixins(module)
+        for name, mixin in mixins.items():
             term = mixin.client_term(module)
             if term is None:
                 raise ValueError(
@@ -64,10 +71,12 @@ class GroupTerms:
                 )
         self._clients.append(terms)
         self._ids.append(client_id)
+        self._mixins.append(mixins)
 
     def inputs(self, order: Sequence[int], device: torch.device) -> TermInputs:
         """The terms' tensors: stacked on ``device`` over the members in ``order`` (positions in :meth:`add`'s
-        order), or once where every member holds the same tensor (one storage)."""
+        order), or once where every member holds the same tensor (one storage). :meth:`step` keeps ``order``."""
+        self._order = list(order)
         per_client: dict[str, dict[str, Tensor]] = {}
         shared: dict[str, dict[str, Tensor]] = {}
         for mixin in self._clients[0] if self._clients else {}:
@@ -79,6 +88,26 @@ class GroupTerms:
                 else:
                     per_client.setdefault(mixin, {})[name] = torch.stack(tensors).to(device)
         return per_client, shared
+
+    def step(self, module: object, weights: Mapping[str, Tensor], active: int, width: int) -> dict[str, dict[str, Tensor]]:
+        """This step's tensors of the terms that change every step, by mixin, from the first ``active`` rows of the
+        stacked ``weights`` (by name) in :meth:`inputs`' order; ``width - active`` rows of zeros after them (a compiled
+        step's finished clients, whose updates are dropped)."""
+        stepped: dict[str, dict[str, Tensor]] = {}
+        for name, mixin in self._mixins[0].items() if self._mixins else ():
+            terms = [self._clients[j][name] for j in self._order[:active]]
+            tensors = mixin.step_tensors(module, terms, weights)  # type: ignore[arg-type]
+            if tensors:
+                stepped[name] = {
+                    n: t if width == active else torch.cat([t, t.new_zeros(width - active, *t.shape[1:])])
+                    for n, t in tensors.items()
+                }
+        return stepped
+
+    def resume(self, module: object, position: int) -> None:
+        """Sets the terms of the member at ``position`` (in :meth:`add`'s order) on ``module`` again, before it finishes."""
+        for name, mixin in self._mixins[position].items():
+            mixin.resume_client_term(module, self._clients[position][name])  # type: ignore[arg-type]
 
 
 @contextmanager

@@ -8,7 +8,7 @@ round, the clients' contexts and the global state; the executor returns their up
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence, Sized
+from collections.abc import Callable, Iterator, Sequence, Sized
 from dataclasses import dataclass
 
 import lightning.pytorch as pl
@@ -75,6 +75,16 @@ class ClientExecutor(ABC):
         """Trains ``clients`` (each from ``global_state``, which stays unchanged); the module is
         left holding the last client's weights."""
 
+    def stream(self, clients: Sequence[ClientContext], global_state: State) -> Iterator[ClientUpdate]:
+        """:meth:`train`'s updates, in order, each given as soon as the executor has it (a streamed aggregation,
+        :mod:`~fl_lightning.algorithms.shared.folding`, frees it before the next); by default all after :meth:`train`."""
+        yield from self.train(clients, global_state)
+
+    def train_later(self, clients: Sequence[ClientContext], global_state: State) -> None:
+        """Trains ``clients`` as :meth:`train` does, for a caller that does not read their updates (the algorithm's
+        ``client_update`` keeps the result): by default at once; an executor may hold them to train together."""
+        self.train(clients, global_state)
+
     def start_client(self, client: ClientContext, global_state: State) -> None:
         """The module holds the global weights, the optimizer is fresh, step LR schedulers are at the
         round's start, the algorithm has configured the client and the callbacks know it started."""
@@ -91,15 +101,23 @@ class ClientExecutor(ABC):
         call_federated_hook(runtime.trainer, "on_client_start", client)
 
     def finish_client(self, client: ClientContext, global_state: State) -> ClientUpdate:
+        """The update of ``client`` (:meth:`compute_update`), then the callbacks know it ended (:meth:`end_client`)."""
+        update = self.compute_update(client, global_state)
+        self.end_client(client, update)
+        return update
+
+    def compute_update(self, client: ClientContext, global_state: State) -> ClientUpdate:
         """The update of ``client``, whose local weights the module holds (``delta = local - global``), once every
         term a mixin set was applied (before the algorithm's ``client_update``, which may unset it)."""
         runtime = self.runtime
         check_terms_applied(runtime.module, client.completed_steps, runtime.algorithm)
         if runtime.client_tensors:
             runtime.client_tensors.finish(client.client_id)
-        update = runtime.algorithm.client_update(client, runtime.module, compute_delta(runtime.live, global_state))
-        call_federated_hook(runtime.trainer, "on_client_end", client, update)
-        return update
+        return runtime.algorithm.client_update(client, runtime.module, compute_delta(runtime.live, global_state))
+
+    def end_client(self, client: ClientContext, update: ClientUpdate) -> None:
+        """The callbacks' ``on_client_end``."""
+        call_federated_hook(self.runtime.trainer, "on_client_end", client, update)
 
 
 class SequentialExecutor(ClientExecutor):
@@ -107,7 +125,12 @@ class SequentialExecutor(ClientExecutor):
 
     @override
     def train(self, clients: Sequence[ClientContext], global_state: State) -> list[ClientUpdate]:
-        return [self.train_client(client, global_state) for client in clients]
+        return list(self.stream(clients, global_state))
+
+    @override
+    def stream(self, clients: Sequence[ClientContext], global_state: State) -> Iterator[ClientUpdate]:
+        for client in clients:
+            yield self.train_client(client, global_state)
 
     def train_client(self, client: ClientContext, global_state: State) -> ClientUpdate:
         self.start_client(client, global_state)

@@ -17,6 +17,7 @@ from typing_extensions import override
 import lightning.pytorch as pl
 from fl_lightning import _lightning_compat as compat
 from fl_lightning.algorithms.shared.algorithm import TRAINING_METRICS, Algorithm, ClientContext, ClientUpdate, check_fresh_optimizer
+from fl_lightning.algorithms.shared.folding import RoundFold
 from fl_lightning.algorithms.shared.summable import SupportsWeightedSum, apply_sum, can_shard
 from fl_lightning.callbacks.client_loss import ClientLossRecorder
 from fl_lightning.callbacks.federated_callback import call_federated_hook
@@ -36,6 +37,7 @@ from fl_lightning.loops.executor_choice import make_executor
 from fl_lightning.loops.hparams_session import log_federated_hparams
 from fl_lightning.loops.guards import aggregate_or_roll_back, apply_bound, bound_updates, decode_and_screen
 from fl_lightning.loops.round_log import log_round, without_client_statistics
+from fl_lightning.loops.streamed_round import stream_round
 from fl_lightning.loops.frozen_heap import frozen_heap
 from fl_lightning.loops.records import kept_records
 from fl_lightning.loops.loop_services import LoopServices
@@ -109,7 +111,8 @@ class FederatedFitLoop(compat.FitLoopBase):
                 algorithm.configure_client(client, module, global)
                 ClientEpochLoop over the client's batches         # training_step, hooks, callbacks
                 update = algorithm.client_update(client, module, local - global)
-            algorithm.aggregate(round, global, finite updates)   # >= float32 master copy
+            algorithm.aggregate(round, global, finite updates)   # >= float32 master copy; or, for an algorithm
+                                                                  # with a fold, each update folded in as it comes
             module <- global weights; epoch LR schedulers step; step LR schedulers move on one round
             algorithm.evaluate(round, module); validation loop    # server evaluation
             log the round's row (round metrics + validation)       # on_train_epoch_end, checkpoints
@@ -496,7 +499,10 @@ class FederatedFitLoop(compat.FitLoopBase):
         call_federated_hook(self.trainer, "on_clients_selected", round_idx, clients)
         self._in_round = True
         download_bytes = len(clients) * self.algorithm.download_bytes(self.global_state)
-        if self._sharding is None:
+        fold = self._round_fold(round_idx)
+        if fold is not None:
+            received, metrics = self._stream_round(round_idx, clients, fold)
+        elif self._sharding is None:
             received = self.train_clients(round_idx, clients)
             metrics = self.aggregate(round_idx, received)
         else:
@@ -529,6 +535,30 @@ class FederatedFitLoop(compat.FitLoopBase):
             rejected=len(screened.rejected) + len(refused),
             rolled_back=rolled_back,
         )
+
+    def _round_fold(self, round_idx: int) -> RoundFold | None:
+        """The algorithm's fold of this round's updates when the round can stream them
+        (:mod:`~fl_lightning.loops.streamed_round`): one process, and no update bound that compares the clients' norms."""
+        bound = self.update_bound
+        if self._sharding is not None or (bound is not None and bound.needs_all_norms):
+            return None
+        return self.algorithm.start_fold(round_idx, self.global_state)
+
+    def _stream_round(self, round_idx: int, clients: list[int], fold: RoundFold) -> tuple[list[ClientUpdate], dict[str, float]]:
+        """Trains ``clients`` and folds each one's update into ``fold`` as it finishes; the payload-free reports and
+        the round's metrics, as :meth:`aggregate` gives them."""
+        assert self._executor is not None, "clients train once the fit has set up the federation"
+        contexts = [self.client_context(round_idx, cid) for cid in clients]
+        streamed = stream_round(
+            round_idx,
+            self.algorithm,
+            self._executor.stream(contexts, self.global_state),
+            fold,
+            self.global_state,
+            lambda updates: self._bound(round_idx, clients, updates),
+        )
+        counts = {"dropped": streamed.dropped, "rejected": streamed.rejected, "rolled_back": streamed.rolled_back}
+        return streamed.received, self._finish_aggregation(round_idx, streamed.metrics, aggregated=streamed.aggregated, **counts)
 
     def _aggregate_sharded(self, round_idx: int, clients: list[int]) -> tuple[list[ClientUpdate], dict[str, float]]:
         """This rank trains its share of ``clients``; one all-reduce combines every rank's weighted sum
@@ -668,6 +698,12 @@ class FederatedFitLoop(compat.FitLoopBase):
         """
         assert self._executor is not None, "clients train once the fit has set up the federation"
         return self._executor.train([self.client_context(round_idx, cid, seed=seed)], self.global_state)[0]
+
+    def train_client_later(self, round_idx: int, cid: int, *, seed: int | None = None) -> None:
+        """As :meth:`train_client`, its update unread: the executor may train it with other such runs
+        (:meth:`~fl_lightning.loops.client_executor.ClientExecutor.train_later`)."""
+        assert self._executor is not None, "clients train once the fit has set up the federation"
+        self._executor.train_later([self.client_context(round_idx, cid, seed=seed)], self.global_state)
 
     def steps_per_round(self) -> int:
         """The most optimizer steps a client takes in a round (its local work, cut to ``limit_train_batches``,

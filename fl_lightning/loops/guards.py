@@ -104,6 +104,7 @@ def aggregate_or_roll_back(
     """Runs ``aggregate`` (which updates ``global_state`` and the algorithm's state in place) and
     undoes it if the new global model or the algorithm's state holds NaN/Inf, or a BatchNorm running
     variance (a ``*running_var`` buffer) of the new global model is negative; the warning names the algorithm.
+    An exception inside ``aggregate`` undoes it too (silently) before it propagates.
 
     A finite but huge update can overflow the weighted sum (or a server optimizer's moments);
     without the rollback every later update would be dropped against an Inf model.
@@ -126,6 +127,14 @@ def aggregate_or_roll_back(
         if not finite or negative:
             for store in stores:
                 store.undo_changes()
+    except BaseException:
+        # An aggregation that stops half way (a streamed round interrupted between two clients) leaves no trace:
+        # a mid-round checkpoint then replays the round from the state before it.
+        for store in stores:
+            store.undo_changes()
+        load_into(global_state, saved_global)
+        algorithm.load_state_dict(saved_algorithm)
+        raise
     finally:
         for store in stores:
             store.stop_recording()

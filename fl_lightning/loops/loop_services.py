@@ -23,6 +23,8 @@ class RunsClients(Protocol):
 
     def train_client(self, round_idx: int, client_id: int, *, seed: int) -> ClientUpdate: ...
 
+    def train_client_later(self, round_idx: int, client_id: int, *, seed: int) -> None: ...
+
 
 class LoopServices(ServerServices):
     """Binds the algorithm's services to ``loop`` and its trainer: the only place an algorithm's
@@ -73,3 +75,7 @@ class LoopServices(ServerServices):
     @override
     def train_client(self, round_idx: int, client_id: int, *, seed: int) -> ClientUpdate:
         return self._loop.train_client(round_idx, client_id, seed=seed)
+
+    @override
+    def train_client_later(self, round_idx: int, client_id: int, *, seed: int) -> None:
+        self._loop.train_client_later(round_idx, client_id, seed=seed)

@@ -60,6 +60,16 @@ class Unsaved(nn.Module):
         """Loads nothing."""
 
 
+def holder_tensors(module: nn.Module) -> dict[str, Tensor]:
+    """The tensors of ``module``'s :class:`Unsaved` holders (FedMRN's latent updates and noise) by full name: a client's
+    state for its round, outside ``state_dict`` (the batched executor stacks them per client)."""
+    return {
+        f"{prefix}.{name}" if prefix else name: t
+        for prefix, m in module.named_modules() if isinstance(m, Unsaved)
+        for name, t in (*m.named_parameters(recurse=False), *m.named_buffers(recurse=False))
+    }
+
+
 class WeightSwap(nn.Module, ABC):
     """A holder: swaps its owner's parameters for :meth:`effective_weights` during the owner's forward."""
 

@@ -7,7 +7,7 @@ resolution order), so the term is never added and the algorithm silently degrade
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -22,10 +22,13 @@ class ClientTerm:
     Attributes:
         tensors: the term's per-parameter tensors by parameter name (a proximal centre, a linear direction).
         settings: the term's scalars (a coefficient), which every client of a batched group must share.
+        state: the client's own state of a term that changes every step (:meth:`AppliedTermMixin.step_tensors`:
+            FedMRN's mask generator and step counter); ``None`` for a term fixed for the round.
     """
 
     tensors: dict[str, Tensor]
     settings: tuple[float, ...] = ()
+    state: Any = None
 
 
 class AppliedTermMixin:
@@ -35,10 +38,10 @@ class AppliedTermMixin:
     #: Steps that applied each set term since it was set, by mixin; a mixin whose term is unset is absent.
     _applied_term_steps: dict[type, int] = {}
 
-    def _set_term(self, mixin: type, active: bool) -> None:
-        """Starts counting ``mixin``'s steps from 0 when its term is set (``active``), stops when it is removed."""
+    def _set_term(self, mixin: type, active: bool, steps: int = 0) -> None:
+        """Starts counting ``mixin``'s steps from ``steps`` when its term is set (``active``), stops when it is removed."""
         counts = {k: v for k, v in self._applied_term_steps.items() if k is not mixin}  # per instance, never the class's
-        self._applied_term_steps = {**counts, mixin: 0} if active else counts
+        self._applied_term_steps = {**counts, mixin: steps} if active else counts
 
     def _count_term_step(self, mixin: type) -> None:
         """Records that a training step applied ``mixin``'s term."""
@@ -54,6 +57,18 @@ class AppliedTermMixin:
         client's slices under ``torch.vmap``) by parameter name. Called through the mixin's class, as :meth:`client_term`;
         only for a mixin whose :meth:`client_term` gives one."""
         raise NotImplementedError(f"{type(self).__name__} has no term the batched executor can stack")
+
+    def step_tensors(self, terms: Sequence[ClientTerm], weights: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        """This step's tensors of a term that changes every step, stacked over the clients still training: row ``j``
+        from ``terms[j]`` (its :meth:`client_term`, whose ``state`` it advances) and row ``j`` of ``weights`` (the module's
+        stacked tensors by name, every client of the group: the first ``len(terms)`` rows are those still training);
+        :meth:`term_bound_to` then reads row ``j`` with the term's own tensors. Called
+        through the mixin's class, as :meth:`client_term`, once per step, before the step. Default: none (fixed term)."""
+        return {}
+
+    def resume_client_term(self, term: ClientTerm) -> None:
+        """Sets ``term`` (a client's :meth:`client_term`, after its batched steps) on the module again, before that client
+        finishes: the module held the last started client's term while the group trained. Default: nothing to set."""
 
     @property
     def applied_term_steps(self) -> dict[type, int]:

@@ -14,6 +14,10 @@ How it hooks in (any LightningModule, its own ``training_step`` and ``configure_
 - The mixin's ``training_step`` draws :math:`\hat u` (eq. 10) once per batch before calling the
   module's own ``training_step``. During a round the masked global weights are frozen
   (``requires_grad=False``, never in the graph); other parameters (biases, BatchNorm) train normally.
+- Under the batched executor (``torch.vmap`` over clients, which cannot call a client's own generator) the
+  draws are made before each step, per client from its own generator in the sequential order, and the stacked
+  :math:`\hat u` values are computed over all clients at once (:meth:`MaskedNoiseMixin.step_tensors`); within the
+  vmapped step the mixin reads its client's row (:meth:`MaskedNoiseMixin.term_bound_to`).
 
 Outside a round (:meth:`begin_masked_noise_round` … :meth:`end_masked_noise_round`) the
 mixin is inert: the module is the plain model, e.g. for FedAvg or server evaluation.
@@ -22,7 +26,8 @@ mixin is inert: the module is the plain model, e.g. for FedAvg or server evaluat
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,8 +38,10 @@ from fl_lightning.compression.masked_noise_codec import (
     MaskType,
     check_mask_type,
     deterministic_mask,
-    progressive_stochastic_mask,
+    psm_draws,
+    psm_value,
     sample_mask,
+    straight_through,
 )
 from fl_lightning.mixins._holders import (
     Unsaved,
@@ -44,7 +51,10 @@ from fl_lightning.mixins._holders import (
     install_alias_swaps,
     install_holders,
 )
-from fl_lightning.mixins.applied_term import AppliedTermMixin
+from fl_lightning.mixins.applied_term import AppliedTermMixin, ClientTerm, attribute_set
+
+#: The child attribute of a masked parameter's owner that holds its :class:`LatentUpdate`.
+HOLDER = "latent_update"
 
 
 class LatentUpdate(WeightSwap, Unsaved):
@@ -78,6 +88,12 @@ class _Round:
     batches: int = 0
     requires_grad: dict[str, bool] = field(default_factory=dict)
 
+    def probability(self, accumulate: int) -> float:
+        r"""PM's :math:`p = \tau/S` after :attr:`batches` batches (1 without progressive masking)."""
+        if not self.progressive:
+            return 1.0
+        return min(math.ceil(self.batches / accumulate) / self.total_steps, 1.0)
+
 
 class MaskedNoiseMixin(AppliedTermMixin):
     r"""Trains :math:`\hat u` in :math:`w^t + \hat u` with progressive stochastic masking (FedMRN, Li et al. 2024).
@@ -102,6 +118,8 @@ class MaskedNoiseMixin(AppliedTermMixin):
 
     _masked_owners: dict[str, tuple[nn.Module, str, LatentUpdate]] | None = None
     _masked_round: _Round | None = None
+    #: One client's :math:`\hat u` values by masked name, given by the batched executor (``None``: drawn here).
+    _bound_values: Mapping[str, Tensor] | None = None
 
     def maskable_parameter_names(self) -> list[str]:
         """Full names of the parameters to mask (default :func:`default_maskable_names`)."""
@@ -117,7 +135,7 @@ class MaskedNoiseMixin(AppliedTermMixin):
         if self._masked_owners is not None:
             return
         names = self.maskable_parameter_names()
-        self._masked_owners = install_holders(self, names, "latent_update", LatentUpdate)  # type: ignore[arg-type]
+        self._masked_owners = install_holders(self, names, HOLDER, LatentUpdate)  # type: ignore[arg-type]
         install_alias_swaps(self, self._masked_owners, "latent_update_alias")  # type: ignore[arg-type]
 
     @property
@@ -202,14 +220,11 @@ class MaskedNoiseMixin(AppliedTermMixin):
     def masking_probability(self) -> float:
         r"""PM's :math:`p = \tau/S` at the current step (1 without progressive masking; 0 outside a round)."""
         state = self._masked_round
-        if state is None:
-            return 0.0
-        if not state.progressive:
-            return 1.0
+        return 0.0 if state is None else state.probability(self._accumulate())
+
+    def _accumulate(self) -> int:
         trainer = getattr(self, "_trainer", None)
-        accumulate = trainer.accumulate_grad_batches if trainer is not None else 1
-        tau = math.ceil(state.batches / accumulate)
-        return min(tau / state.total_steps, 1.0)
+        return trainer.accumulate_grad_batches if trainer is not None else 1
 
     def draw_masked_noise(self) -> None:
         """Advances the batch counter and draws this step's effective weights (eq. 10)."""
@@ -217,18 +232,69 @@ class MaskedNoiseMixin(AppliedTermMixin):
         assert state is not None and self._masked_owners is not None
         state.batches += 1
         p = self.masking_probability
-        for owner, local, holder in self._masked_owners.values():
+        values = {}
+        for name, (_, local, holder) in self._masked_owners.items():
             u = holder.get_parameter(local)
-            update = progressive_stochastic_mask(
-                u, holder.noise(local), p=p, mask=state.mask, stochastic=state.stochastic, generator=state.generator
-            )
-            holder.effective[local] = owner.get_parameter(local).detach() + update
+            draw, chosen = psm_draws(u, p=p, stochastic=state.stochastic, generator=state.generator)
+            values[name] = psm_value(u, holder.noise(local), draw, chosen, state.mask)
+        self._set_effective(values)
+
+    def _set_effective(self, values: Mapping[str, Tensor]) -> None:
+        r"""Each masked weight's effective tensor :math:`w^t + \hat u`, the gradient passing to ``u`` (eq. 9)."""
+        assert self._masked_owners is not None
+        for name, (owner, local, holder) in self._masked_owners.items():
+            # getattr, not get_parameter: under functional_call (the batched executor) they hold plain tensors.
+            update = straight_through(getattr(holder, local), values[name])
+            holder.effective[local] = getattr(owner, local).detach() + update
 
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
         if self._masked_round is not None:
-            self.draw_masked_noise()
+            if self._bound_values is None:
+                self.draw_masked_noise()
+            else:
+                self._set_effective(self._bound_values)
             self._count_term_step(MaskedNoiseMixin)
         return super().training_step(*args, **kwargs)  # type: ignore[misc]
+
+    def client_term(self) -> ClientTerm | None:
+        """The round as the batched executor steps it: no fixed tensors; the settings; the round (generator, counter)."""
+        state = self._masked_round
+        assert state is not None
+        return ClientTerm({}, (float(state.mask == "signed"), float(state.stochastic), float(state.progressive)), state)
+
+    def step_tensors(self, terms: Sequence[ClientTerm], weights: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        r"""This step's :math:`\hat u` (eq. 10) of the clients still training, stacked, by masked name: each client's
+        counter advanced and its draws made from its own generator in the sequential order (tensor by tensor, the
+        masking's uniforms then :math:`P`'s), then :func:`psm_value` over the stacked :math:`u` and :math:`n`
+        (the first rows of ``weights``, the holders' tensors by full name), elementwise as for one client."""
+        assert self._masked_owners is not None
+        rounds: list[_Round] = [term.state for term in terms]
+        first = rounds[0]
+        for state in rounds:
+            state.batches += 1
+        probabilities = [state.probability(self._accumulate()) for state in rounds]
+        values = {}
+        for name, (_, local, _) in self._masked_owners.items():
+            holder = f"{name.rpartition('.')[0]}.{HOLDER}".lstrip(".")
+            u, n = weights[f"{holder}.{local}"][: len(rounds)], weights[f"{holder}.{local}_noise"][: len(rounds)]
+            draws = [
+                psm_draws(u[j], p=p, stochastic=first.stochastic, generator=state.generator)
+                for j, (state, p) in enumerate(zip(rounds, probabilities))
+            ]
+            draw = torch.stack([d for d, _ in draws]) if first.stochastic else None
+            chosen = None
+            if any(c is not None for _, c in draws):  # P = 1 for a client at p = 1: all of its elements masked
+                chosen = torch.stack([torch.ones_like(u[0], dtype=torch.bool) if c is None else c for _, c in draws])
+            values[name] = psm_value(u, n, draw, chosen, first.mask)
+        return values
+
+    def term_bound_to(self, params: Mapping[str, Tensor], tensors: Mapping[str, Tensor]) -> AbstractContextManager[None]:
+        return attribute_set(self, "_bound_values", tensors)
+
+    def resume_client_term(self, term: ClientTerm) -> None:
+        """The client's round again, its batched steps counted, so that :meth:`end_masked_noise_round` ends it."""
+        self._masked_round = term.state
+        self._set_term(MaskedNoiseMixin, True, term.state.batches)
 
     def _check_optimized(self) -> None:
         check_optimized(self, self.latent_updates(), "latent updates")  # type: ignore[arg-type]

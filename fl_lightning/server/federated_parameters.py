@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Literal
 
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 
 from fl_lightning.server.model_state import State
@@ -141,6 +142,8 @@ class FederatedParameters(RecordsInitArgs):
         Raises:
             ValueError: naming a pattern that selects nothing, a tensor selected as two kinds, or a frozen
                 tensor that requires grad.
+
+        Warns (once per call, naming them all) about parameters the user selects as local that do not require grad.
         """
         tensors = module.state_dict(keep_vars=True)
         owners = _owners(module, tensors)
@@ -169,10 +172,40 @@ class FederatedParameters(RecordsInitArgs):
                     f"`{name}` is selected as frozen but requires grad: each client would train it and pass its "
                     "training on to the next client. Set `requires_grad_(False)` on it, or select it as local or shared."
                 )
+        self._warn_untrained_local(kinds, tensors, owners, parameter_ids)
         by_kind = {kind: tuple(n for n, k in kinds.items() if k == kind) for kind in KINDS}
         names = {id(t): n for n, t in tensors.items() if n not in aliases}
         parameters = frozenset(names[i] for i in parameter_ids if i in names)
         return ParameterKinds(**by_kind, aliases=aliases, parameters=parameters)
+
+    def _warn_untrained_local(
+        self,
+        kinds: Mapping[str, Kind],
+        tensors: Mapping[str, Tensor],
+        owners: Mapping[str, tuple[str, nn.Module]],
+        parameter_ids: set[int],
+    ) -> None:
+        """One warning naming every parameter the user's own patterns select as local that does not require grad:
+        no client trains it, so the client store keeps a copy of the initial value per client for nothing.
+
+        A warning, not a refusal: nothing is computed wrong (unlike a frozen tensor that trains), and code that updates
+        such a parameter in place still keeps it per client. Buffers are exempt (BatchNorm statistics change without
+        grad), and so are an algorithm's patterns (FedBN keeps every BatchNorm tensor local by design; the user cannot
+        select those frozen).
+        """
+        user_patterns = [p for p in self.patterns["local"] if p not in self.origins]
+        untrained = [
+            name
+            for name, kind in kinds.items()
+            if kind == "local" and id(tensors[name]) in parameter_ids and not tensors[name].requires_grad
+            and any(_matches(p, name, *owners[name]) for p in user_patterns)
+        ]  # fmt: skip
+        if untrained:
+            rank_zero_warn(
+                f"FederatedParameters selects as local parameters that do not require grad: {untrained}. No client "
+                "trains them, so each client's copy stays the initial value, stored per client for nothing. Select "
+                "them as frozen (never sent or stored per client), or call `requires_grad_(True)` on them to train them."
+            )
 
     def _explicit(
         self, module: nn.Module, tensors: Mapping[str, Tensor], owners: Mapping[str, tuple[str, nn.Module]]

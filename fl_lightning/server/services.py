@@ -77,6 +77,12 @@ class ServerServices:
         component) with the data order of ``seed``; returns that run's update."""
         raise self._needs_loop("train_client")
 
+    def train_client_later(self, round_idx: int, client_id: int, *, seed: int) -> None:
+        """As :meth:`train_client`, for a run whose update the caller does not read (Ditto's personal pass, whose
+        ``client_update`` keeps its result): at once under the sequential executors; under the batched executor
+        with the other such runs of the group, as one group, before the group's clients end (``on_client_end``)."""
+        raise self._needs_loop("train_client_later")
+
     def report_round_metrics(self, metrics: dict[str, float]) -> None:
         """Adds metrics to this round's logged row (``round/<key>``), e.g. from ``select_clients``,
         so an algorithm need not carry them to ``aggregate`` itself."""

@@ -40,7 +40,7 @@ def _aligned(n: int) -> int:
 
 class SpillArena:
     """Entries by client id in the file ``path`` (created, or truncated): :meth:`write`, :meth:`read`,
-    :meth:`view`, :meth:`free`, :meth:`close`."""
+    :meth:`view`, :meth:`rename`, :meth:`free`, :meth:`close`."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -85,6 +85,11 @@ class SpillArena:
         """A private (copy-on-write) mapping of the file for :meth:`view`; ``None`` while it is empty. Views stay
         valid while no entry is written or freed."""
         return mmap.mmap(self._fd, self._end, access=mmap.ACCESS_COPY) if self._end else None
+
+    def rename(self, cid: int, new: int) -> None:
+        """Files client ``cid``'s entry under ``new`` (replacing any entry there) without moving its bytes."""
+        self.free(new)
+        self._layouts[new] = self._layouts.pop(cid)
 
     def free(self, cid: int) -> None:
         """Forgets client ``cid``'s entry (if any); its range is reused."""

@@ -206,9 +206,3 @@ def test_mixin_is_inert_under_fedavg():
 def test_lean_client_executor_gives_the_same_model():
     lightning, lean = states_under_each_executor(lambda: tiny(batch_norm=True), FedMRN)
     assert all(torch.equal(v, lean[k]) for k, v in lightning.items())
-
-
-def test_the_batched_executor_refuses_it_naming_why() -> None:
-    run = trainer(max_epochs=1, clients_per_round=3, algorithm=FedMRN(), client_executor="batched")
-    with pytest.raises(ValueError, match=r"cannot train FedMRN: .*outside the module's state_dict .* torch\.vmap cannot call"):
-        run.fit(tiny(), datamodule=digits())

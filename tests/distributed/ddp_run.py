@@ -41,6 +41,7 @@ from fl_lightning.models.masked_networks import MaskedMLP
 from fl_lightning.robust import Byzantine, CoordinateMedian, Krum, SignFlip
 from fl_lightning.secure import SecureAggregation
 from tests.algorithms.stateful import RunningMeanFedAvg
+from tests.distributed.runs import RUNS
 
 
 ALGORITHMS = {
@@ -192,19 +193,18 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds a process waits for the others")
     parser.add_argument("--client-state-memory", type=int, default=None, help="bytes of per-client state in memory")
     parser.add_argument(
-        "--cases", nargs="+", default=None, metavar="CASE",
-        help="several fits in one launch, each ALGORITHM:EXECUTOR:FAULT[:step] into <out>/<CASE> (one process start "
-        "and one process group for all: a launch costs far more than a fit)",
+        "--runs", nargs="+", default=None, metavar="NAME",
+        help="several fits of tests/distributed/runs.py in one launch, one after the other, each into <out>/<NAME> "
+        "(one process start and one process group for all: a launch costs far more than a fit)",
     )  # fmt: skip
     args = parser.parse_args()
     torch.set_num_threads(1)
-    if args.cases:
-        for case in args.cases:
-            algorithm, executor, fault, *schedule = case.split(":")
-            fit(
-                args.out / case, devices=args.devices, algorithm=algorithm, executor=executor, fault=fault,
-                step_schedule=schedule == ["step"], timeout=args.timeout,
-            )  # fmt: skip
+    if args.runs:
+        for name in args.runs:
+            arguments = dict(RUNS[name])
+            if "resume" in arguments:
+                arguments["resume"] = args.out / arguments["resume"] / "checkpoints" / "last.ckpt"
+            fit(args.out / name, devices=args.devices, timeout=args.timeout, **arguments)
         return
     fit(
         args.out,

@@ -1,8 +1,9 @@
 """Clients sharded over 2 CPU processes (gloo) give the global weights of 1 process (issue 3).
 
 A 2-process run is ``ddp_run.py`` started by ``torchrun`` (Lightning's own launcher, which re-runs the script for
-rank 1, is tested by ``test_cli_ddp.py`` and ``test_hung_peer.py``); the cases that only compare with 1 process all
-run in one launch, since starting the processes costs more than the fits. The 1-process reference runs the same ``fit`` in the test process.
+rank 1, is tested by ``test_cli_ddp.py`` and ``test_hung_peer.py``); the fits that only compare with 1 process
+(:mod:`tests.distributed.runs`, this folder's and others') all run in one launch per session, since starting the
+processes costs more than the fits. The 1-process reference runs the same ``fit`` in the test process.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from filelock import FileLock
 
 from tests.distributed.ddp_run import fit
+from tests.distributed.runs import COMPRESSED, SCHEDULED, SUMMED, case_arguments
 from tests.distributed.launch import free_port, run_together
 from tests.waiting import CEILING
 
@@ -45,65 +46,42 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
 
 
-#: The 2-process fits that only need comparing with 1 process, as ``ALGORITHM:EXECUTOR:FAULT[:step]``: all run in
-#: one launch (:func:`two_process_matrix`), since starting 2 processes costs several times a 3-round fit.
-SUMMED = [
-    "fedavg:lightning:none", "fedprox:lean:none", "fedalign:lean:none", "fedavgm:batched:none", "dpfedavg:lean:none",
-    "median:lightning:none", "krum:lean:none", "secagg:lean:none", "byzantine:lean:none", "qffedavg:lean:none",
-    "scaffold:lean:none", "feddyn:lightning:none",
-]  # fmt: skip
-COMPRESSED = ["fedmrn:lightning:none", "topk:lean:corrupt", "dpfedmrn:lightning:none", "median-fedmrn:lightning:none"]
-#: Ranks train 3 and 2 clients: every client must still start the round's per-step schedule from its start.
-SCHEDULED = ["fedavg:lightning:none:step", "fedavg:lean:none:step"]
-
-@pytest.fixture(scope="session")
-def two_process_matrix(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> tuple[Path, str]:
-    """Every case of the matrix on 2 processes (``torchrun``, so that one process pair runs every fit), launched once
-    per session whichever pytest-xdist worker asks first (the others wait on its lock): the folder of their results,
-    and the launch's failure report (empty when it succeeded)."""
-    shared = tmp_path_factory.getbasetemp() if worker_id == "master" else tmp_path_factory.getbasetemp().parent
-    out, report = shared / "two_process_matrix", shared / "two_process_matrix.failure"
-    with FileLock(shared / "two_process_matrix.lock"):
-        if not report.exists():
-            try:
-                run(out, "--cases", *SUMMED, *COMPRESSED, *SCHEDULED)
-                report.write_text("")
-            except AssertionError as failure:  # a case's test fails with it unless its own fit finished first
-                report.write_text(str(failure))
-    return out, report.read_text()
+def finished(runs: tuple[Path, str], name: str) -> Path:
+    """The folder of run ``name`` of the session's 2-process launch (:func:`tests.conftest.two_process_runs`); the
+    test fails with the launch's report if that run did not finish."""
+    folder, failure = runs[0] / name, runs[1]
+    if not (folder / "rank1.pt").exists():
+        pytest.fail(f"The 2-process launch did not finish {name}:\n{failure}")
+    return folder
 
 
 @pytest.mark.parametrize("case", SUMMED)
-def test_two_processes_match_one(tmp_path, two_process_matrix, case):
+def test_two_processes_match_one(tmp_path, two_process_runs, case):
     # Every round metric must match, so Byzantine's round/malicious_clients is counted when clients shard too.
-    two_processes_match_one(tmp_path, two_process_matrix, case)
+    two_processes_match_one(tmp_path, two_process_runs, case)
 
 
 @pytest.mark.filterwarnings("ignore:Round .* sent an undecodable payload")
 @pytest.mark.parametrize("case", COMPRESSED)
-def test_compressed_uploads_are_decoded_and_summed_per_rank(tmp_path, two_process_matrix, case):
+def test_compressed_uploads_are_decoded_and_summed_per_rank(tmp_path, two_process_runs, case):
     # FedMRN (masked noise, FedAvgM server step) and Top-k with malformed uploads of clients 2 and 3,
     # rejected by the rank that trained each: the counts and the mean payload bytes still match. DP over
     # FedMRN clips and sums per rank; the median over FedMRN gathers the decoded updates to every rank.
-    metrics = two_processes_match_one(tmp_path, two_process_matrix, case)
+    metrics = two_processes_match_one(tmp_path, two_process_runs, case)
     assert metrics["round/rejected_clients"] == (2.0 if case.endswith(":corrupt") else 0.0)
     assert metrics["round/payload_bytes"] > 0 and metrics["round/compression_ratio"] > 1
 
 
 @pytest.mark.parametrize("case", SCHEDULED)
-def test_a_step_lr_schedule_gives_two_processes_the_weights_of_one(tmp_path, two_process_matrix, case):
-    two_processes_match_one(tmp_path, two_process_matrix, case)
+def test_a_step_lr_schedule_gives_two_processes_the_weights_of_one(tmp_path, two_process_runs, case):
+    two_processes_match_one(tmp_path, two_process_runs, case)
 
 
-def two_processes_match_one(tmp_path: Path, matrix_run: tuple[Path, str], case: str) -> dict[str, float]:
-    """Runs ``case`` in 1 process, checks it agrees with the matrix's 2-process run, and returns rank 0's last
+def two_processes_match_one(tmp_path: Path, runs: tuple[Path, str], case: str) -> dict[str, float]:
+    """Runs ``case`` in 1 process, checks it agrees with the session's 2-process run, and returns rank 0's last
     round metrics."""
-    # 5 clients per round over 2 ranks: an uneven 3/2 split, so ranks train different numbers of steps.
-    algorithm, executor, fault, *schedule = case.split(":")
-    two, failure = matrix_run[0] / case, matrix_run[1]
-    if not (two / "rank1.pt").exists():
-        pytest.fail(f"The 2-process launch did not finish {case}:\n{failure}")
-    fit(tmp_path / "one", algorithm=algorithm, executor=executor, fault=fault, step_schedule=schedule == ["step"])
+    two = finished(runs, case)
+    fit(tmp_path / "one", **case_arguments(case))
     one, rank0, rank1 = result(tmp_path / "one"), result(two, 0), result(two, 1)
 
     assert rank0["history"] == one["history"]
@@ -116,13 +94,11 @@ def two_processes_match_one(tmp_path: Path, matrix_run: tuple[Path, str], case: 
     return rank0["metrics"]
 
 
-def test_resume_with_two_processes_matches_one_uninterrupted(tmp_path):
-    # FedAvgM: the server momentum must survive the checkpoint too.
-    run(tmp_path / "first", "--algorithm", "fedavgm", "--rounds", "2")
-    checkpoint = tmp_path / "first" / "checkpoints" / "last.ckpt"
-    run(tmp_path / "resumed", "--algorithm", "fedavgm", "--rounds", "4", "--resume", str(checkpoint))
+def test_resume_with_two_processes_matches_one_uninterrupted(tmp_path, two_process_runs):
+    # FedAvgM: the server momentum must survive the checkpoint too (2 rounds, then resumed to 4).
+    resumed = result(finished(two_process_runs, "fedavgm-resumed"))
     fit(tmp_path / "one", algorithm="fedavgm", rounds=4)
-    resumed, one = result(tmp_path / "resumed"), result(tmp_path / "one")
+    one = result(tmp_path / "one")
 
     assert resumed["history"] == one["history"]
     assert max_diff(one["global_state"], resumed["global_state"]) <= TOLERANCE

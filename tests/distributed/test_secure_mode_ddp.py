@@ -6,12 +6,12 @@ from __future__ import annotations
 import torch
 
 from tests.distributed.ddp_run import fit
-from tests.distributed.test_ddp_equivalence import max_diff, result, run
+from tests.distributed.test_ddp_equivalence import finished, max_diff, result
 
 
-def test_secure_mode_ranks_agree_and_differ_from_the_seeded_run(tmp_path):
-    run(tmp_path / "two", "--algorithm", "dpfedavg-secure", "--executor", "lean")
-    ranks = [result(tmp_path / "two", rank) for rank in (0, 1)]
+def test_secure_mode_ranks_agree_and_differ_from_the_seeded_run(tmp_path, two_process_runs):
+    two = finished(two_process_runs, "dpfedavg-secure")  # the session's 2-process fit
+    ranks = [result(two, rank) for rank in (0, 1)]
     assert ranks[0]["history"] == ranks[1]["history"]
     assert max_diff(ranks[0]["global_state"], ranks[1]["global_state"]) == 0.0
     assert all(torch.isfinite(t).all() for t in ranks[0]["global_state"].values() if t.is_floating_point())

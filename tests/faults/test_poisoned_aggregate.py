@@ -27,7 +27,7 @@ from fl_lightning.robust.update_bounds import update_norm
 
 from ..algorithms.quadratic import Quadratic, quadratic_data, quadratic_trainer
 from ..distributed.ddp_run import fit
-from ..distributed.test_ddp_equivalence import TOLERANCE, max_diff, result, run
+from ..distributed.test_ddp_equivalence import TOLERANCE, finished, max_diff, result
 from .aggregate_helpers import Poison, RoundRecorder, finite, same, tiny_data, tiny_model, tiny_trainer
 
 # Δ = 1e37 on a client of 40 samples: the float32 weighted sum (40 · 1e37) overflows to Inf.
@@ -151,12 +151,11 @@ def test_bound_applies_to_decoded_compressed_deltas():
     assert len(norms) == 4 and all(n == pytest.approx(1e-3, rel=1e-6) for n in norms)
 
 
-def test_median_filter_under_two_processes_matches_one(tmp_path):
+def test_median_filter_under_two_processes_matches_one(tmp_path, two_process_runs):
     # The filter compares every rank's updates: their norms are gathered first. In these 2 rounds
-    # it rejects one update in round 1.
+    # it rejects one update in round 1. The 2-process fit is the session's (tests/distributed/runs.py).
     fit(tmp_path / "one", update_bound="median", rounds=2)
-    run(tmp_path / "two", "--update-bound", "median", "--rounds", "2")
-    one, two = result(tmp_path / "one"), result(tmp_path / "two")
+    one, two = result(tmp_path / "one"), result(finished(two_process_runs, "median-filter"))
     assert max_diff(one["global_state"], two["global_state"]) <= TOLERANCE
     for key in ("round/aggregated_clients", "round/rejected_clients", "round/dropped_clients"):
         assert two["metrics"][key] == one["metrics"][key], key

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.usefixtures("cli_in_tmp_path")
 
 def test_quickstart_in_a_log_file_prints_no_warning_and_one_line_per_round(tmp_path: Path) -> None:
     # What the console script runs, in a fresh process with Python's default warning filters, its
-    # output going to a file (SLURM, CI).
+    # output going to a file (SLURM, CI); PYTHONPATH without the suite's start-up trim (tests/startup), as a user's.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"} | {"PYTHONPATH": str(ROOT), "COLUMNS": "80"}
     script = "from fl_lightning.cli import main; main()"
     with open(tmp_path / "log.txt", "w") as log:
@@ -74,13 +74,17 @@ def test_the_summary_prints_a_long_checkpoint_path_whole_at_80_columns(
 ) -> None:
     monkeypatch.setenv("COLUMNS", "80")
     main(["fit", "--config", QUICKSTART, "--trainer.max_epochs", "1", "--trainer.enable_progress_bar", "false"]
-         + ["--trainer.logger.init_args.name", "a_rather_long_experiment_name"])  # fmt: skip
+         + ["--trainer.logger.init_args.name", "a_rather_long_experiment_name_that_runs_past_80_columns"])  # fmt: skip
     output = capsys.readouterr().out
     assert "…" not in output, output
-    checkpoint = "logs/a_rather_long_experiment_name/version_0/checkpoints/round_0.ckpt"
-    assert (tmp_path / checkpoint).is_file()
+    run = "logs/a_rather_long_experiment_name_that_runs_past_80_columns/version_0"
+    assert (tmp_path / run / "checkpoints" / "round_0.ckpt").is_file()
     value_column = "".join(line.split("│")[2].strip() for line in output.splitlines() if line.count("│") == 3)
-    assert f"--ckpt_path{checkpoint}" in value_column  # folded across lines, every character kept
+    assert run in value_column  # the logs row: folded across lines, every character kept
+    # The test command is below the table, one line longer than 80 columns (a new-user finding: wrapped, it could
+    # not be copied).
+    command = f"fl-lightning test --config <this config> --ckpt_path {run}/checkpoints/round_0.ckpt"
+    assert len(command) > 80 and output.splitlines()[-1] == command
 
 
 def test_a_dp_run_states_epsilon_at_delta_the_accountant_and_the_relation(

@@ -13,7 +13,7 @@ from torch.utils.data import Dataset
 
 from fl_lightning import FedALIGN, FederatedTrainer
 from fl_lightning.callbacks import TestCurve
-from fl_lightning.cli import evaluation_rows
+from fl_lightning.cli import checkpoint_test_command, evaluation_rows, print_fit_report
 from fl_lightning.data import FederatedDataModule, InMemoryDataset
 from fl_lightning.models import MLP
 from tests.integration.conftest import QUIET
@@ -116,6 +116,7 @@ def fit_slash_named(tmp_path: Path, callbacks: list) -> FederatedTrainer:
 def test_summary_reports_the_modules_own_names_validation_and_test_apart(tmp_path: Path) -> None:
     trainer = fit_slash_named(tmp_path, [ModelCheckpoint(dirpath=tmp_path, monitor="val/nll", mode="min"), TestCurve()])
     metrics = trainer.callback_metrics
+    assert checkpoint_test_command(trainer) is None  # TestCurve tested: nothing to print below the table
     assert evaluation_rows(trainer) == [
         ("validation val/nll (monitored, min)", f"{float(metrics['val/nll']):.4f}"),
         ("validation val/acc", f"{float(metrics['val/acc']):.4f}"),
@@ -129,7 +130,22 @@ def test_summary_without_a_test_curve_says_how_to_test(tmp_path: Path) -> None:
     trainer = fit_slash_named(tmp_path, [checkpoint])
     rows = dict(evaluation_rows(trainer))
     assert rows.keys() == {"validation val/acc (monitored, max)", "validation val/nll", "test"}
-    assert rows["test"] == f"not run in fit: fl-lightning test --config <this config> --ckpt_path {checkpoint.best_model_path}"
+    assert rows["test"] == "not run in fit: the command follows this table"
+    command = f"fl-lightning test --config <this config> --ckpt_path {checkpoint.best_model_path}"
+    assert checkpoint_test_command(trainer) == command
+
+
+def test_the_test_command_is_printed_whole_below_the_table_when_stdout_is_not_a_terminal(tmp_path: Path, capsys) -> None:
+    """A new-user finding: inside the table the command wrapped over lines in a log file and could not be copied."""
+    directory = tmp_path / "a folder whose name makes the path longer than the table is wide"
+    checkpoint = ModelCheckpoint(dirpath=directory, monitor="val/acc", mode="max")
+    trainer = fit_slash_named(tmp_path, [checkpoint])
+    capsys.readouterr()
+    print_fit_report(trainer, wall_time_s=1.0)  # capsys: stdout is not a terminal
+    lines = capsys.readouterr().out.splitlines()
+    quoted = "'" + checkpoint.best_model_path + "'"  # a path with spaces, quoted for the shell
+    assert len(quoted) > 80 and lines[-1] == f"fl-lightning test --config <this config> --ckpt_path {quoted}"
+    assert lines[-3].startswith("└") and lines[-2].startswith("Test the global model")  # after the table, not in it
 
 
 def test_summary_names_a_monitored_metric_that_was_never_logged(tmp_path: Path) -> None:

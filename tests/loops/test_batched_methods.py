@@ -11,10 +11,12 @@ from typing import Any
 import pytest
 import torch
 
-from fl_lightning import SCAFFOLD, Ditto, FedBN, FedDyn, FedNova, FedPer, FedProx, FlexibleParticipation
+from fl_lightning import SCAFFOLD, Ditto, FedBN, FedDyn, FedMRN, FedMRNS, FedNova, FedPer, FedProx, FlexibleParticipation
 from fl_lightning.algorithms.shared.algorithm import ClientContext
 from fl_lightning.callbacks.federated_callback import FederatedCallback
+from fl_lightning.loops.batched_executor import BatchedExecutor
 from fl_lightning.models import CNN, MLP
+from fl_lightning.models.masked_networks import MaskedMLP
 from fl_lightning.participation import BinomialSteps
 
 from ..quiet import quiet_trainer
@@ -145,14 +147,60 @@ def test_a_configure_client_that_loads_each_clients_weights_equals_lightnings() 
     compare(mlp, algorithm=OwnStart)
 
 
+def test_fedmrn_with_compiled_steps_is_refused_at_fit_start() -> None:
+    def model() -> MaskedMLP:
+        return MaskedMLP(in_features=12, hidden=(16,), num_classes=4, lr=0.1)
+
+    with pytest.raises(ValueError, match=r"compile_batched_steps='aot_eager' cannot train MaskedMLP: .*MaskedNoiseMixin"):
+        fit("batched", model, algorithm=FedMRN, max_epochs=1, compile_batched_steps="aot_eager")
+
+
+class GroupSizes:
+    """Records the number of clients of every group the batched executor trains."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.sizes: list[int] = []
+        train_group = BatchedExecutor._train_group
+
+        def recording(executor: BatchedExecutor, optimizer: Any, streams: Any, *args: Any) -> Any:
+            self.sizes.append(len(streams))
+            return train_group(executor, optimizer, streams, *args)
+
+        monkeypatch.setattr(BatchedExecutor, "_train_group", recording)
+
+
 @pytest.mark.parametrize("precision", ["64-true", "32-true"])
 @pytest.mark.parametrize("personal_steps", [None, 3])
-def test_ditto_equals_lightnings(personal_steps: int | None, precision: str) -> None:
-    """Step 1 batched over the group; the personal pass (each client's v_k, loaded in configure_client, pulled towards
-    w^t by the proximal term, for the trainer's local work or ``personal_steps``) as a group of one: the stored v_k
-    agree too; the one-client passes are said once."""
-    with pytest.warns(UserWarning, match=r"Ditto.client_update trains its client again .* a group of one client"):
-        compare(mlp, precision, algorithm=lambda: Ditto(lam=0.5, personal_steps=personal_steps))
+def test_ditto_equals_lightnings(personal_steps: int | None, precision: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Step 1 batched over the group; then the group's personal passes (each client's v_k, loaded in configure_client,
+    pulled towards w^t by the proximal term, for the trainer's local work or ``personal_steps``) as one group of their
+    own: the stored v_k agree too, and each client's update (its step 1's) is the last its callbacks see."""
+    groups = GroupSizes(monkeypatch)
+    compare(mlp, precision, algorithm=lambda: Ditto(lam=0.5, personal_steps=personal_steps))
+    # Per group of step 1, the group of its personal passes: the fit's first client alone (it measures the
+    # activations), then every group of 4 clients.
+    assert groups.sizes == [1, 1, 3, 3] + [4, 4] * 2
+
+
+class TrainsAgain(OrderRecordingFedAvg):
+    """Trains each client a second time from its ``client_update`` and reads that run's update."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.again: list[int] = []
+
+    def client_update(self, client: ClientContext, module: Any, delta: Any) -> Any:
+        if len(self.again) < 2 and client.client_id not in self.again:
+            self.again.append(client.client_id)
+            assert self.federation.services.train_client(client.round_idx, client.client_id, seed=client.seed).num_steps
+        return super().client_update(client, module, delta)
+
+
+def test_a_second_run_whose_update_is_read_trains_as_a_group_of_one_and_is_said(monkeypatch: pytest.MonkeyPatch) -> None:
+    groups = GroupSizes(monkeypatch)
+    with pytest.warns(UserWarning, match=r"TrainsAgain.client_update trains its client again .* a group of one client"):
+        fit("batched", mlp, algorithm=TrainsAgain, max_epochs=1, max_batched_clients=4)
+    assert groups.sizes == [4, 1, 1]
 
 
 def batch_norm_cnn() -> CNN:
@@ -211,3 +259,39 @@ def test_a_group_whose_clients_set_different_coefficients_is_refused() -> None:
     with pytest.raises(ValueError, match=r"one setting per term; client \d+ has the terms \{'ProximalMixin': \(0\.\d+,\)\}"):
         run()
     run(max_batched_clients=1)  # groups of one client: nothing to share
+
+
+#: FedMRN's variants: binary and signed masks, progressive stochastic masking and its two ablations.
+MASKED_NOISE: dict[str, Callable[[], Any]] = {
+    "fedmrn": FedMRN,
+    "fedmrns": FedMRNS,
+    "fedmrn-deterministic-sm-only": lambda: FedMRN(stochastic=False, progressive=False),
+}
+
+
+@pytest.mark.parametrize("precision", ["64-true", "32-true"])
+@pytest.mark.parametrize("variant", list(MASKED_NOISE))
+def test_fedmrn_equals_lightnings(variant: str, precision: str) -> None:
+    """Each client's latent update u and noise n stacked in its row, each step's masks and P drawn from its own
+    generator as the sequential executors draw them (ragged clients: their own S, padded batches): after 3 rounds the
+    uploaded masks agree bit for bit, the biases sent in full precision, the losses and the global weights to float
+    rounding."""
+
+    def model() -> MaskedMLP:
+        return MaskedMLP(in_features=12, hidden=(16,), num_classes=4, lr=0.1, momentum=0.5)
+
+    kwargs = {"max_epochs": 3, "local_epochs": 2, "precision": precision, "algorithm": MASKED_NOISE[variant]}
+    ref_model, ref_log, ref_algorithm = fit("lightning", model, **kwargs)
+    got_model, log, algorithm = fit("batched", model, **kwargs)
+    tol = TOL[precision]
+    assert log.updates.keys() == ref_log.updates.keys()
+    assert len({u.num_steps for u in ref_log.updates.values()}) > 1  # ragged: unequal S in one group
+    for key, want in ref_log.updates.items():
+        got = log.updates[key]
+        assert got.num_steps == want.num_steps
+        assert got.metrics["train_loss"] == pytest.approx(want.metrics["train_loss"], abs=LOSS_TOL), key
+        decoded, want_decoded = algorithm.decode_update(got).payload, ref_algorithm.decode_update(want).payload
+        for name in ("net.1.weight", "net.3.weight"):  # n * m: the masks, bit for bit
+            assert torch.equal(decoded[name], want_decoded[name]), (key, name)
+        assert max_diff(decoded, want_decoded) <= tol, key
+    assert max_diff(got_model.state_dict(), ref_model.state_dict()) <= tol

@@ -34,11 +34,39 @@ def weighted_sum(deltas: Sequence[Mapping[str, Tensor]], weights: Sequence[float
         raise ValueError(f"Got {len(deltas)} deltas but {len(weights)} weights.")
     if not deltas:
         raise ValueError("Cannot aggregate an empty list of deltas.")
-    total = {name: torch.zeros_like(t, dtype=accumulator_dtype(t.dtype)) for name, t in deltas[0].items()}
+    running = RunningSum()
     for delta, weight in zip(deltas, weights):
-        for name, acc in total.items():
+        running.add(delta, weight)
+    return running.total
+
+
+class RunningSum:
+    r""":math:`\sum_k w_k \Delta_k` and :math:`\sum_k w_k`, folded in one client at a time (:func:`weighted_sum`'s
+    operations in the same order, so the same bits), for an aggregation that never holds a round's deltas at once.
+
+    >>> running = RunningSum()
+    >>> running.add({"w": torch.tensor([1.0, 2.0])}, 0.5)
+    >>> running.add({"w": torch.tensor([3.0, 4.0])}, 2.0)
+    >>> running.total["w"], running.weight, running.count
+    (tensor([6.5000, 9.0000]), 2.5, 2)
+    """
+
+    def __init__(self) -> None:
+        #: The weighted sum so far (empty before the first :meth:`add`).
+        self.total: State = {}
+        #: The sum of the weights so far, accumulated in Python floats from 0 as ``sum(weights)`` does.
+        self.weight = 0.0
+        #: How many deltas were added.
+        self.count = 0
+
+    def add(self, delta: Mapping[str, Tensor], weight: float) -> None:
+        """Adds ``weight * delta`` (at least float32; integer tensors in float64, unrounded)."""
+        if not self.total:
+            self.total = {name: torch.zeros_like(t, dtype=accumulator_dtype(t.dtype)) for name, t in delta.items()}
+        for name, acc in self.total.items():
             acc.add_(delta[name].to(acc.dtype), alpha=float(weight))
-    return total
+        self.weight += float(weight)
+        self.count += 1
 
 
 def weighted_average(deltas: Sequence[Mapping[str, Tensor]], weights: Sequence[float]) -> State:

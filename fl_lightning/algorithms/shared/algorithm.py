@@ -18,6 +18,7 @@ from fl_lightning.server.model_state import State, tensor_bytes
 from fl_lightning.utils.init_args import RecordsInitArgs
 
 if TYPE_CHECKING:
+    from fl_lightning.algorithms.shared.folding import RoundFold
     from fl_lightning.robust.update_bounds import UpdateBound
 
 
@@ -200,6 +201,11 @@ class Algorithm(RecordsInitArgs, ABC):
     def download_bytes(self, global_state: State) -> int:
         """Bytes the server sends one client to start its round (the float32 global model)."""
         return tensor_bytes(global_state)
+
+    def start_fold(self, round_idx: int, global_state: State) -> RoundFold | None:
+        """A fold of this round's updates (:mod:`~fl_lightning.algorithms.shared.folding`) that gives :meth:`aggregate`'s
+        bits without holding every update at once; ``None`` (the default) when the aggregation reads them all together."""
+        return None
 
     @abstractmethod
     def aggregate(self, round_idx: int, global_state: State, updates: list[ClientUpdate]) -> dict[str, float]:

@@ -9,10 +9,14 @@ sums its own clients and one all-reduce combines the partial sums
 from __future__ import annotations
 
 from abc import abstractmethod
+from dataclasses import replace
 from typing import Protocol, runtime_checkable
 
-from fl_lightning.algorithms.shared.aggregation import weighted_sum
+from typing_extensions import override
+
+from fl_lightning.algorithms.shared.aggregation import RunningSum, weighted_sum
 from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientUpdate
+from fl_lightning.algorithms.shared.folding import RoundFold
 from fl_lightning.server.model_state import State
 
 
@@ -71,6 +75,17 @@ class SummableAggregation(Algorithm):
         weights = [self.aggregation_weight(update) for update in updates]
         return weighted_sum([u.payload for u in updates], weights), float(sum(weights))
 
+    @override
+    def start_fold(self, round_idx: int, global_state: State) -> RoundFold | None:
+        """A :class:`WeightedSumFold` while the aggregation is this class's weighted sum of the uploads as sent
+        (neither ``aggregate``, ``weighted_delta_sum`` nor ``decode_update`` overridden: a decoder keeps the gathered
+        path) and an empty round aggregates nothing."""
+        own = type(self).weighted_delta_sum is SummableAggregation.weighted_delta_sum
+        plain = type(self).decode_update is Algorithm.decode_update
+        if self.summable and own and plain and not self.aggregates_empty_rounds:
+            return WeightedSumFold(self, round_idx, global_state)
+        return None
+
     @abstractmethod
     def aggregation_weight(self, update: ClientUpdate) -> float:
         """The weight :math:`w_k` of one client's delta."""
@@ -88,3 +103,24 @@ class SummableAggregation(Algorithm):
     def summable(self) -> bool:
         """Whether ``aggregate`` is still the weighted sum (no subclass overrides it)."""
         return type(self).aggregate is SummableAggregation.aggregate
+
+
+class WeightedSumFold(RoundFold):
+    r""":meth:`SummableAggregation.aggregate`, folded: :math:`(\sum_k w_k \Delta_k, \sum_k w_k)` accumulated in the
+    clients' order (:class:`~fl_lightning.algorithms.shared.aggregation.RunningSum`, :func:`weighted_sum`'s own
+    operations), then :func:`apply_sum` with the clients' payload-free reports."""
+
+    def __init__(self, algorithm: SummableAggregation, round_idx: int, global_state: State) -> None:
+        self.algorithm, self.round_idx, self.global_state = algorithm, round_idx, global_state
+        self.running = RunningSum()
+        self.reports: list[ClientUpdate] = []
+
+    @override
+    def add(self, update: ClientUpdate) -> None:
+        self.running.add(update.payload, self.algorithm.aggregation_weight(update))
+        self.reports.append(replace(update, payload={}))
+
+    @override
+    def finish(self) -> dict[str, float]:
+        running = self.running
+        return apply_sum(self.algorithm, self.round_idx, self.global_state, running.total, running.weight, self.reports)
