@@ -27,6 +27,7 @@ from typing_extensions import override
 from fl_lightning.checkpointing.frozen_base import base_path, frozen_digest, reference_of, split_frozen
 from fl_lightning.checkpointing.client_shards import entry_nbytes, resolve_shards, shard_writer, split_shards, unreferenced_shards
 from fl_lightning.checkpointing.integrity import CheckpointError, integrity_problem, one_line
+from fl_lightning.server.spill_arena import release_mapped_pages
 
 #: Entries of the federated loop state that every checkpoint has, and their types.
 _REQUIRED: dict[str, type] = {
@@ -168,10 +169,11 @@ class CheckedCheckpointIO(CheckpointIO):
         if type(self.inner) is TorchCheckpointIO and storage_options is None and _is_local_file_protocol(path):
             folder = os.path.dirname(os.path.abspath(path))
             written = self._written.setdefault(folder, {})
-            checkpoint, entries, shard = split_shards(checkpoint, folder, written)
-            if entries:  # before the round file, whose rename alone commits the round
+            checkpoint, shards = split_shards(checkpoint, folder, written)
+            for shard, entries in shards.items():  # before the round file, whose rename alone commits the round
                 atomic_save(entries, os.path.join(folder, shard))
                 written.update({rev: (shard, entry_nbytes(entry)) for rev, entry in entries.items()})
+                release_mapped_pages()  # the spilled entries just written leave this process's resident memory
             atomic_save(checkpoint, path)
         else:
             self.inner.save_checkpoint(checkpoint, path, storage_options=storage_options)

@@ -9,7 +9,10 @@ round file, which holds ``{"shards": {client: [shard, revision]}}`` in place of 
 file's rename stays the only commit: a kill before it leaves an unreferenced shard, never a round whose entries are
 missing. Reading a checkpoint puts the entries back (:func:`resolve_shards`), after checking each shard whole; a
 round whose shard is missing or corrupt is not intact (:func:`shards_problem`), so the resume falls back to the
-round before. A shard no ``*.ckpt`` of its folder references is deleted (:func:`unreferenced_shards`) once the
+round before. A save's new entries go into shards of at most about :data:`SHARD_BYTES` each; after each one is
+written, the pages of the memory-mapped spill files it read are dropped from this process
+(:func:`~fl_lightning.server.spill_arena.release_mapped_pages`), so a first save of a store mostly on disk holds no
+more than one shard's pages resident. A shard no ``*.ckpt`` of its folder references is deleted (:func:`unreferenced_shards`) once the
 round files that did are removed. A checkpoint copied elsewhere needs its shards beside it.
 """
 
@@ -31,6 +34,8 @@ SHARD = re.compile(r"clients-(\d+)-[0-9a-f]+\.pt")
 #: When the shards a save would reference hold more than this many times the bytes of its entries (most of their
 #: entries superseded), it writes every entry into its new shard instead, so that the old ones can be deleted.
 COMPACT_ABOVE = 2.0
+#: A save starts a new shard once its current one holds this many bytes of entries.
+SHARD_BYTES = 64 * 2**20
 
 
 def new_shard_name() -> str:
@@ -40,18 +45,17 @@ def new_shard_name() -> str:
 
 def split_shards(
     checkpoint: dict[str, Any], folder: str, written: dict[str, tuple[str, int]]
-) -> tuple[dict[str, Any], dict[str, State], str]:
-    """``checkpoint`` with references in place of each store's entries, the entries to write into the new shard
-    (by revision), and that shard's name. ``written`` (revision -> the shard of ``folder`` that holds it, and its
-    bytes) names the entries already on disk; those whose shard is gone are dropped from it. ``checkpoint`` itself is
-    left as it is.
+) -> tuple[dict[str, Any], dict[str, dict[str, State]]]:
+    """``checkpoint`` with references in place of each store's entries, and the new shards to write (name -> their
+    entries by revision, each about :data:`SHARD_BYTES` at most: a single entry may exceed it). ``written`` (revision ->
+    the shard of ``folder`` that holds it, and its bytes) names the entries already on disk; those whose shard is gone
+    are dropped from it. ``checkpoint`` itself is left as it is.
 
-    Every entry goes into the new shard when the shards to be reused are mostly superseded (:data:`COMPACT_ABOVE`).
+    Every entry goes into new shards when the shards to be reused are mostly superseded (:data:`COMPACT_ABOVE`).
     """
     stores = list(_stores(checkpoint.get("loops"), _has_revisions))
-    name = new_shard_name()
     if not stores:
-        return checkpoint, {}, name
+        return checkpoint, {}
     present = {shard: os.path.exists(os.path.join(folder, shard)) for shard, _ in written.values()}
     for revision in [r for r, (shard, _) in written.items() if not present[shard]]:
         del written[revision]
@@ -62,18 +66,28 @@ def split_shards(
     total = sum(sizes.values())
     if old + total - sum(sizes[rev] for rev in reused) > COMPACT_ABOVE * total:
         reused = {}
-    new: dict[str, State] = {}
+    new: dict[str, dict[str, State]] = {}
+    filled = SHARD_BYTES  # bytes in the newest shard: full, so that the first new entry starts one
+
+    def shard_for(rev: str) -> str:
+        nonlocal filled
+        if filled >= SHARD_BYTES:
+            new[new_shard_name()], filled = {}, 0
+        filled += sizes[rev]
+        return next(reversed(new))
 
     def reference(state: Mapping[str, Any]) -> dict[str, Any]:
         shards = {}
         for cid, entry in state["entries"].items():
             rev = state["revisions"][cid]
-            if rev not in reused:
-                new[rev] = entry
-            shards[cid] = [reused.get(rev, name), rev]
+            if rev in reused:
+                shards[cid] = [reused[rev], rev]
+            else:
+                shards[cid] = [shard := shard_for(rev), rev]
+                new[shard][rev] = entry
         return {**{k: v for k, v in state.items() if k not in ("entries", "revisions")}, "shards": shards}
 
-    return {**checkpoint, "loops": _replaced(checkpoint["loops"], _has_revisions, reference)}, new, name
+    return {**checkpoint, "loops": _replaced(checkpoint["loops"], _has_revisions, reference)}, new
 
 
 def resolve_shards(checkpoint: dict[str, Any], path: Any, map_location: Any | None = None) -> dict[str, Any]:

@@ -10,8 +10,10 @@ space exceeds the live entries, by compacting the entries to the front of the fi
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +25,8 @@ from fl_lightning.server.model_state import State
 _ALIGN = 64
 #: Free bytes (of sizes no entry reused) beyond which, and beyond the live entries', a new size compacts the file.
 _COMPACT_ABOVE = 64 * 2**20
+#: Every live mapping :meth:`SpillArena.map` handed out, for :func:`release_mapped_pages`.
+_MAPPINGS: weakref.WeakSet[mmap.mmap] = weakref.WeakSet()
 
 
 @dataclass(frozen=True)
@@ -84,7 +88,11 @@ class SpillArena:
     def map(self) -> mmap.mmap | None:
         """A private (copy-on-write) mapping of the file for :meth:`view`; ``None`` while it is empty. Views stay
         valid while no entry is written or freed."""
-        return mmap.mmap(self._fd, self._end, access=mmap.ACCESS_COPY) if self._end else None
+        if not self._end:
+            return None
+        mapped = mmap.mmap(self._fd, self._end, access=mmap.ACCESS_COPY)
+        _MAPPINGS.add(mapped)
+        return mapped
 
     def rename(self, cid: int, new: int) -> None:
         """Files client ``cid``'s entry under ``new`` (replacing any entry there) without moving its bytes."""
@@ -135,3 +143,16 @@ def _buffers(layout: _Layout, tensors: list[Tensor]) -> list[memoryview]:
     if layout.size > end:
         buffers.append(memoryview(bytearray(layout.size - end)))
     return buffers
+
+
+def release_mapped_pages() -> None:
+    """Drops from this process the pages of every live :meth:`SpillArena.map` mapping that reading its views brought
+    in (``madvise(MADV_DONTNEED)``; a view read again reads the file anew, the same bytes, since views are never
+    written). A checkpoint save calls it after each shard, so that writing out a store mostly on disk does not count
+    every spilled page in its resident memory (they are clean page cache, but ``ru_maxrss`` counts them)."""
+    advice = getattr(mmap, "MADV_DONTNEED", None)
+    if advice is None:  # a platform without madvise: the kernel still reclaims the pages under pressure
+        return
+    for mapped in list(_MAPPINGS):
+        with contextlib.suppress(ValueError):  # closed meanwhile
+            mapped.madvise(advice)

@@ -17,9 +17,11 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from fl_lightning import SCAFFOLD
 from fl_lightning.checkpointing import newest_intact_checkpoint, round_checkpoint
 from fl_lightning.checkpointing.checkpoint_io import CheckpointError, read_checkpoint
+from fl_lightning.checkpointing import client_shards
 from fl_lightning.checkpointing.client_shards import SHARD, referenced, split_shards
 from fl_lightning.data import FederatedDataModule, InMemoryDataset
 from fl_lightning.models import LogisticRegression
+from fl_lightning.server.spill_arena import SpillArena, release_mapped_pages
 
 from ..faults.aggregate_helpers import same, tiny_trainer
 from ..faults.corrupt import flip_tensor_byte
@@ -36,13 +38,15 @@ def data() -> FederatedDataModule:
     return FederatedDataModule(train, test, num_clients=CLIENTS, batch_size=20)
 
 
-def fit(folder: Path, rounds: int, *, ckpt_path: Any = None, callbacks: tuple[pl.Callback, ...] = ()) -> tuple[torch.nn.Module, Any]:
+def fit(
+    folder: Path, rounds: int, *, ckpt_path: Any = None, callbacks: tuple[pl.Callback, ...] = (), **trainer_args: Any
+) -> tuple[torch.nn.Module, Any]:
     """SCAFFOLD on :func:`data`, checkpointing every round into ``folder/checkpoints``."""
     torch.manual_seed(0)
     model = LogisticRegression(in_features=FEATURES, num_classes=2, lr=0.1)
     trainer = tiny_trainer(
         algorithm=SCAFFOLD(), clients_per_round=2, max_epochs=rounds, seed=3, enable_checkpointing=True, logger=False,
-        default_root_dir=folder, callbacks=[round_checkpoint(), *callbacks],
+        default_root_dir=folder, callbacks=[round_checkpoint(), *callbacks], **trainer_args,
     )  # fmt: skip
     trainer.fit(model, datamodule=data(), ckpt_path=ckpt_path)
     return model, trainer
@@ -203,11 +207,44 @@ def test_shards_mostly_superseded_are_compacted_into_the_new_one(tmp_path: Path,
     # The old shard holds client 0's current entry and `superseded` entries no store holds any more.
     written = {"s-0": (old, 40), **{f"gone-{i}": (old, 40) for i in range(superseded)}}
     checkpoint = store_checkpoint({0: "s-0", 1: "s-1"})
-    referencing, new, name = split_shards(checkpoint, str(tmp_path), written)
+    referencing, shards = split_shards(checkpoint, str(tmp_path), written)
     # Not compacted, the round references 40 + 40 x superseded old bytes plus its own 40: at most 2 x its 80 bytes.
+    ((name, new),) = shards.items()
     assert set(new) == ({"s-0", "s-1"} if compacted else {"s-1"})
     refs = referencing["loops"]["fit_loop"]["state_dict"]["federated"]["algorithm"]["client_controls"]["shards"]
     assert refs == {0: [name if compacted else old, "s-0"], 1: [name, "s-1"]}
     assert "entries" in checkpoint["loops"]["fit_loop"]["state_dict"]["federated"]["algorithm"]["client_controls"]
     os.remove(tmp_path / old)  # a shard that is gone is written again
-    assert set(split_shards(checkpoint, str(tmp_path), written)[1]) == {"s-0", "s-1"} and not written
+    ((_, rewritten),) = split_shards(checkpoint, str(tmp_path), written)[1].items()
+    assert set(rewritten) == {"s-0", "s-1"} and not written
+
+
+def test_a_save_cuts_its_new_entries_into_shards_of_bounded_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(client_shards, "SHARD_BYTES", 100)  # the entries are 40 bytes: 3 to a shard
+    checkpoint = store_checkpoint({cid: f"s-{cid}" for cid in range(7)})
+    referencing, shards = split_shards(checkpoint, str(tmp_path), {})
+    assert [sorted(entries) for entries in shards.values()] == [["s-0", "s-1", "s-2"], ["s-3", "s-4", "s-5"], ["s-6"]]
+    refs = referencing["loops"]["fit_loop"]["state_dict"]["federated"]["algorithm"]["client_controls"]["shards"]
+    assert all(rev in shards[name] for name, rev in refs.values())
+
+
+def test_a_run_whose_saves_span_several_shards_resumes_bit_exact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each entry its own shard, the store spilled to disk (views of the spill file, whose pages each shard releases).
+    monkeypatch.setattr(client_shards, "SHARD_BYTES", 1)
+    reference, uninterrupted = fit(tmp_path / "reference", 4)
+    fit(tmp_path / "run", 2, client_state_memory=0)
+    folder = tmp_path / "run" / "checkpoints"
+    assert len({name for name, _ in read_refs(folder / "last.ckpt").values()}) > 2
+    resumed, trainer = fit(tmp_path / "run", 4, ckpt_path="last", client_state_memory=0)
+    assert same(resumed.state_dict(), reference.state_dict())
+    assert same_entries(entries(trainer), entries(uninterrupted))
+
+
+def test_released_pages_read_back_the_same_bytes(tmp_path: Path) -> None:
+    arena = SpillArena(str(tmp_path / "entries.bin"))
+    arena.write(0, {"c": torch.arange(100_000, dtype=torch.float32)})
+    view = arena.view(0, arena.map())
+    before = view["c"].clone()
+    release_mapped_pages()
+    assert torch.equal(view["c"], before)
+    arena.close()
