@@ -18,6 +18,7 @@ from fl_lightning.algorithms.shared.optimizer_state import (
 )
 from fl_lightning.server.client_store import ClientStore
 from fl_lightning.server.memory_budget import parse_memory
+from fl_lightning.server.spill_arena import SpillArena
 
 ENTRY_BYTES = 100 * 4 + 3 * 8 + 2 * 8  # float32 [10, 10], float64 [3], int64 [2]
 
@@ -58,6 +59,27 @@ def test_beyond_the_budget_the_least_recently_used_spill_and_come_back_bit_for_b
     store.put(3, entry(30))  # a spilled client's new state replaces its entry
     assert 3 not in store.spilled_ids()
     assert_same(store.get(3), entry(30))
+
+
+def test_an_entry_read_back_and_unchanged_is_evicted_or_set_aside_without_a_write(tmp_path, monkeypatch):
+    writes: list[int] = []
+    write = SpillArena.write
+    monkeypatch.setattr(SpillArena, "write", lambda arena, cid, state: (writes.append(cid), write(arena, cid, state)))
+    store = ClientStore()
+    store.bind(budget=ENTRY_BYTES, folder=tmp_path)
+    for cid in range(3):
+        store.put(cid, entry(cid))
+    assert writes == [0, 1]
+    assert_same(store.get(0), entry(0))  # 2 (new) is written out; 0 keeps its copy in the file
+    assert_same(store.get(1), entry(1))  # 0 is evicted as it was read: no write
+    assert writes == [0, 1, 2] and store.spilled_ids() == [0, 2]
+    store.record_changes()
+    store.put(1, entry(10))  # 1's entry before the change is set aside: its copy in the file is renamed
+    assert writes == [0, 1, 2]
+    store.undo_changes()
+    store.stop_recording()
+    for cid in range(3):
+        assert_same(store.get(cid), entry(cid))
 
 
 def test_a_zero_budget_keeps_nothing_in_memory_and_an_unbound_store_spills_nothing(tmp_path):

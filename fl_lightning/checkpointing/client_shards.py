@@ -4,7 +4,7 @@ A round changes the entries of the clients it trained (SCAFFOLD: 500 of 5,000 co
 checkpoint rewrites every entry each round. A :class:`~fl_lightning.server.client_store.ClientStore` gives each
 entry a new revision at every ``put`` and saves the revisions beside the entries; :class:`CheckedCheckpointIO
 <fl_lightning.checkpointing.checkpoint_io.CheckedCheckpointIO>` then writes the entries whose revision it has not
-yet written to that folder into one new shard, ``clients-<pid>-<uuid>.pt`` (``{revision: entry}``), *before* the
+yet written to that folder into new shards, ``clients-<pid>-<uuid>.pt`` (``{revision: entry}``), *before* the
 round file, which holds ``{"shards": {client: [shard, revision]}}`` in place of each store's entries. The round
 file's rename stays the only commit: a kill before it leaves an unreferenced shard, never a round whose entries are
 missing. Reading a checkpoint puts the entries back (:func:`resolve_shards`), after checking each shard whole; a
@@ -32,7 +32,7 @@ from fl_lightning.server.model_state import State
 #: A shard's file name: the writer's process id (a start-up sweep keeps a live writer's) and a random id.
 SHARD = re.compile(r"clients-(\d+)-[0-9a-f]+\.pt")
 #: When the shards a save would reference hold more than this many times the bytes of its entries (most of their
-#: entries superseded), it writes every entry into its new shard instead, so that the old ones can be deleted.
+#: entries superseded), it writes every entry into new shards instead, so that the old ones can be deleted.
 COMPACT_ABOVE = 2.0
 #: A save starts a new shard once its current one holds this many bytes of entries.
 SHARD_BYTES = 64 * 2**20

@@ -83,6 +83,9 @@ class ClientStore:
         #: Entries in memory, least recently used first.
         self._memory: OrderedDict[int, State] = OrderedDict()
         self._spilled: set[int] = set()
+        #: Entries in memory whose copy in the spill file (read back by :meth:`get`) is still theirs: evicted or set
+        #: aside without a write, as an entry is never changed in place.
+        self._clean: set[int] = set()
         self._sizes: dict[int, int] = {}
         self._resident = 0
         self._budget: int | None = None
@@ -157,7 +160,9 @@ class ClientStore:
             return None
         assert self._arena is not None
         state = self._arena.read(cid)
-        self._discard(cid)
+        self._spilled.remove(cid)
+        self._sizes.pop(cid)
+        self._clean.add(cid)  # its range stays filed under cid until the entry is replaced or evicted
         self._keep(cid, state)
         return state
 
@@ -256,9 +261,9 @@ class ClientStore:
             return None
         if self._budget is None:
             return self.get(cid)
-        if cid in self._spilled:
-            self._spilled.remove(cid)
-            self._sizes.pop(cid)
+        if cid in self._spilled or cid in self._clean:  # on disk already: renamed, not written
+            self._spilled.discard(cid)
+            self._clean.discard(cid)
             self._spill_arena().rename(cid, _aside_key(cid))
         else:
             self._spill_arena().write(_aside_key(cid), self._memory[cid])
@@ -298,6 +303,9 @@ class ClientStore:
         if cid in self._memory:
             del self._memory[cid]
             self._resident -= self._sizes[cid]
+            if cid in self._clean:
+                self._clean.remove(cid)
+                self._arena.free(cid)  # type: ignore[union-attr]
         elif cid in self._spilled:
             self._spilled.remove(cid)
             self._arena.free(cid)  # type: ignore[union-attr]
@@ -317,7 +325,10 @@ class ClientStore:
         cid, state = self._memory.popitem(last=False)
         self._resident -= self._sizes[cid]
         self._untrimmed += self._sizes[cid]
-        self._spill_arena().write(cid, state)
+        if cid in self._clean:  # its bytes are in the file already
+            self._clean.remove(cid)
+        else:
+            self._spill_arena().write(cid, state)
         self._spilled.add(cid)
 
     def _spill_arena(self) -> SpillArena:
@@ -332,7 +343,7 @@ class ClientStore:
         # A copy (deepcopy, pickling for spawned processes) holds every entry in memory, keeps the budget and
         # parent folder, and is bound to no process (its own spill folder, no sharding).
         state = dict(self.__dict__)
-        state.update(_memory=OrderedDict(self.items()), _spilled=set(), _resident=self.nbytes(), _folder=None, _arena=None)
+        state.update(_memory=OrderedDict(self.items()), _spilled=set(), _clean=set(), _resident=self.nbytes(), _folder=None, _arena=None)
         state.update(_owns=None, _gather=None, _reduce=None)
         return state
 
