@@ -439,9 +439,10 @@ class BatchedExecutor(ClientExecutor):
             structure = batches[0][1]
             width = len(streams) if rows else active  # the clients the step runs: the active ones first
             per_client = {m: {n: t[:width] for n, t in ts.items()} for m, ts in terms[0].items()}
-            with precision.train_step_context():  # as the sequential executors' draws (64-true: float64 by default)
-                stepped = group_terms.step(self.runtime.module, state.by_name, active, width)
-            step_terms = ({**per_client, **stepped}, terms[1])
+            if group_terms.stepping:  # drawn as the sequential executors draw them (64-true: float64 by default)
+                with precision.train_step_context():
+                    per_client.update(group_terms.step(self.runtime.module, state.by_name, active, width))
+            step_terms = (per_client, terms[1])
             inputs, mask = self._stack([leaves for leaves, _ in batches], structure, rows, width, step_terms)
             trained = {name: t[:width] for name, t in state.trained.items()}
             others = {name: t[:width] for name, t in state.others.items()}

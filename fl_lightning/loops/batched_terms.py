@@ -47,6 +47,8 @@ class GroupTerms:
         #: Each member's set mixins by name (a member's term may be unset by the time it finishes).
         self._mixins: list[dict[str, type[AppliedTermMixin]]] = []
         self._order: list[int] = []
+        #: The members' mixins whose term changes every step (they override ``step_tensors``), by name.
+        self.stepping: dict[str, type[AppliedTermMixin]] = {}
 
     def add(self, module: object, client_id: int) -> None:
         """Reads the terms set for ``client_id``; raises a ``ValueError`` for one the batched executor cannot stack,
@@ -72,6 +74,8 @@ class GroupTerms:
         self._clients.append(terms)
         self._ids.append(client_id)
         self._mixins.append(mixins)
+        if len(self._mixins) == 1:
+            self.stepping = {n: m for n, m in mixins.items() if m.step_tensors is not AppliedTermMixin.step_tensors}
 
     def inputs(self, order: Sequence[int], device: torch.device) -> TermInputs:
         """The terms' tensors: stacked on ``device`` over the members in ``order`` (positions in :meth:`add`'s
@@ -94,7 +98,7 @@ class GroupTerms:
         stacked ``weights`` (by name) in :meth:`inputs`' order; ``width - active`` rows of zeros after them (a compiled
         step's finished clients, whose updates are dropped)."""
         stepped: dict[str, dict[str, Tensor]] = {}
-        for name, mixin in self._mixins[0].items() if self._mixins else ():
+        for name, mixin in self.stepping.items():
             terms = [self._clients[j][name] for j in self._order[:active]]
             tensors = mixin.step_tensors(module, terms, weights)  # type: ignore[arg-type]
             if tensors:

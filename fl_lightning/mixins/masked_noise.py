@@ -272,7 +272,8 @@ class MaskedNoiseMixin(AppliedTermMixin):
         first = rounds[0]
         for state in rounds:
             state.batches += 1
-        probabilities = [state.probability(self._accumulate()) for state in rounds]
+        accumulate = self._accumulate()
+        probabilities = [state.probability(accumulate) for state in rounds]
         values = {}
         for name, (_, local, _) in self._masked_owners.items():
             holder = f"{name.rpartition('.')[0]}.{HOLDER}".lstrip(".")
