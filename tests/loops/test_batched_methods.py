@@ -19,6 +19,10 @@ from fl_lightning.models import CNN, MLP
 from fl_lightning.models.masked_networks import MaskedMLP
 from fl_lightning.participation import BinomialSteps
 
+from fl_lightning.mixins.masked_noise import MaskedNoiseMixin
+
+from ..faults.aggregate_helpers import tiny_trainer
+from ..federated_models import Tied, tied, token_data
 from ..quiet import quiet_trainer
 from .test_batched_clients import OrderRecordingFedAvg, fit, max_diff, synthetic_data
 
@@ -295,3 +299,18 @@ def test_fedmrn_equals_lightnings(variant: str, precision: str) -> None:
             assert torch.equal(decoded[name], want_decoded[name]), (key, name)
         assert max_diff(decoded, want_decoded) <= tol, key
     assert max_diff(got_model.state_dict(), ref_model.state_dict()) <= tol
+
+
+class _MaskedTied(MaskedNoiseMixin, Tied):
+    """The tied model (output weight = the embedding) under FedMRN: one latent update for both names."""
+
+
+def test_fedmrn_on_tied_weights_equals_lightnings() -> None:
+    weights = {}
+    for executor in ("lightning", "batched"):
+        model = tied(_MaskedTied)
+        trainer = tiny_trainer(max_epochs=3, precision="64-true", algorithm=FedMRN(), client_executor=executor, clients_per_round=3)
+        trainer.fit(model, datamodule=token_data())
+        assert model.head.weight is model.embed.weight  # the tie stays
+        weights[executor] = model.state_dict()
+    assert max_diff(weights["batched"], weights["lightning"]) <= TOL["64-true"]
