@@ -57,6 +57,8 @@ __all__ = [
     "evaluation_metric_names",
     "step_epoch_schedulers",
     "step_takes_batch_idx",
+    "step_counter",
+    "training_step_caller",
     "set_completed_epochs",
     "sync_module_states",
 ]
@@ -240,12 +242,44 @@ def count_steps(trainer: pl.Trainer, steps: int) -> None:
     """Counts ``steps`` optimizer steps that ran outside Lightning's epoch loop (the lean and
     batched executors, other processes' clients) as that loop counts its own: in
     ``trainer.global_step`` and in the logging step, so both equal the Lightning executor's."""
+    step_counter(trainer)(steps)
+
+
+def step_counter(trainer: pl.Trainer) -> Callable[[int], None]:
+    """:func:`count_steps` for ``trainer``, its counters looked up once (the lean executor counts after every step)."""
     epoch_loop = trainer.fit_loop.epoch_loop
-    epoch_loop._batches_that_stepped += steps
     step = epoch_loop.automatic_optimization.optim_progress.optimizer.step
-    for tracker in (step.total, step.current):
-        tracker.ready += steps
-        tracker.completed += steps
+    total, current = step.total, step.current
+
+    def count(steps: int) -> None:
+        epoch_loop._batches_that_stepped += steps
+        total.ready += steps
+        total.completed += steps
+        current.ready += steps
+        current.completed += steps
+
+    return count
+
+
+def training_step_caller(trainer: pl.Trainer) -> Callable[[Any, int], Any]:
+    """``training_step(batch, batch_idx)`` (or ``(batch)``, as its signature asks) in the precision plugin's
+    ``train_step_context``, as Lightning's loop calls it; the context is left out where it is Lightning's empty one
+    (full precision), which costs a generator per step and does nothing."""
+    module, precision = trainer.lightning_module, trainer.precision_plugin
+    step = module.training_step
+    call_step = step if step_takes_batch_idx(module) else (lambda batch, batch_idx: step(batch))
+    empty = (
+        type(precision).train_step_context is pl.plugins.Precision.train_step_context
+        and type(precision).forward_context is pl.plugins.Precision.forward_context
+    )
+    if empty:
+        return call_step
+
+    def in_context(batch: Any, batch_idx: int) -> Any:
+        with precision.train_step_context():
+            return call_step(batch, batch_idx)
+
+    return in_context
 
 
 def step_counters(trainer: pl.Trainer) -> tuple[int, int]:

@@ -99,7 +99,7 @@ class ClientBatches:
         self.drop_last = check_bool("drop_last", drop_last)
         self.dataloader_kwargs = check_dataloader_kwargs(dataloader_kwargs)
         # A copy: torch cannot wrap the datamodule's read-only index arrays without warning.
-        self.indices = torch.tensor(np.asarray(indices), dtype=torch.int64).reshape(-1)
+        self.indices = torch.from_numpy(np.array(indices, dtype=np.int64).reshape(-1))
         if self.indices.numel() == 0:
             raise ValueError("indices is empty; a client needs at least one sample to form batches.")
         self.dataset = dataset

@@ -35,8 +35,14 @@ class LeanExecutor(SequentialExecutor):
         self._warned_metrics: set[str] = set()
 
     @cached_property
-    def _to_device(self) -> Callable[[Any], Any]:
-        return batch_mover(self.runtime.trainer)  # once: the trainer's hooks do not change during the fit
+    def _prepare(self) -> Callable[[Any], Any]:
+        """The precision plugin's ``convert_input``, then ``batch_to_device``: built once, as the trainer's plugin
+        and hooks do not change during the fit."""
+        trainer = self.runtime.trainer
+        convert, move = trainer.precision_plugin.convert_input, batch_mover(trainer)
+        if type(trainer.precision_plugin).convert_input is pl.plugins.Precision.convert_input:
+            return move  # full precision's convert_input returns the batch as it is
+        return lambda batch: move(convert(batch))
 
     @override
     def run_steps(self, batches: Sized) -> int:
@@ -46,18 +52,17 @@ class LeanExecutor(SequentialExecutor):
             raise ValueError("The lean client executor needs automatic optimization with exactly one optimizer.")
         if getattr(trainer.precision_plugin, "scaler", None) is not None:
             raise ValueError(f"The lean client executor does not scale gradients: precision={trainer.precision!r} is not supported.")
-        optimizer, precision, record = trainer.optimizers[0], trainer.precision_plugin, self.runtime.recorder.record
+        optimizer, record = trainer.optimizers[0], self.runtime.recorder.record
         schedulers = StepSchedulers(trainer)
-        to_device, start_batch = self._to_device, compat.batch_starter(trainer)
-        takes_batch_idx = compat.step_takes_batch_idx(module)
+        prepare, start_batch = self._prepare, compat.batch_starter(trainer)
+        call_step, count_step = compat.training_step_caller(trainer), compat.step_counter(trainer)
         steps = 0
         with compat.training_step_scope(trainer):
             for batch_idx, batch in enumerate(batches):  # type: ignore[call-overload]
-                batch = to_device(precision.convert_input(batch))
+                batch = prepare(batch)
                 start_batch(batch)
                 optimizer.zero_grad(set_to_none=True)
-                with precision.train_step_context():
-                    output = module.training_step(batch, batch_idx) if takes_batch_idx else module.training_step(batch)
+                output = call_step(batch, batch_idx)
                 loss = output["loss"] if isinstance(output, Mapping) else output
                 # A step that returns None is still an optimizer step for Lightning: no backward, so no gradient
                 # moves a weight, but the step, its LR schedulers and trainer.global_step all count it.
@@ -67,7 +72,7 @@ class LeanExecutor(SequentialExecutor):
                 optimizer.step()
                 schedulers.step(batch_idx)
                 # Counted per step, as Lightning's loop does: the next training_step reads the new global_step.
-                compat.count_steps(trainer, 1)
+                count_step(1)
                 steps += 1
         self._warn_on_step_metrics()
         return steps

@@ -35,18 +35,26 @@ def _master_dtype(dtype: torch.dtype) -> torch.dtype:
 
 @torch.no_grad()
 def load_into(live: Mapping[str, Tensor], state: Mapping[str, Tensor]) -> None:
-    """Copies ``state`` into the live tensors in place (casting to each tensor's own dtype)."""
-    for name, target in live.items():
-        target.copy_(state[name])
+    """Copies ``state`` into the live tensors in place (casting to each tensor's own dtype).
+
+    One ``_foreach`` call (each tensor's own ``copy_`` on a CPU, the same bits): it runs once per client, where a
+    Python loop's dispatch per tensor is a measurable share of a small model's round (``benchmarks/executor_pace.py``).
+    """
+    if live:
+        torch._foreach_copy_(list(live.values()), [state[name] for name in live])
 
 
 @torch.no_grad()
 def compute_delta(live: Mapping[str, Tensor], reference: Mapping[str, Tensor]) -> State:
-    """``live - reference`` per tensor, in the master copy's dtype for floating-point tensors."""
-    return {
-        name: (t.to(reference[name].dtype) - reference[name]) if t.is_floating_point() else t - reference[name]
-        for name, t in live.items()
-    }
+    """``live - reference`` per tensor, in the master copy's dtype for floating-point tensors (one ``_foreach``
+    subtraction, as :func:`load_into`)."""
+    if not live:
+        return {}
+    references = [reference[name] for name in live]
+    operands = [
+        t.to(ref.dtype) if t.is_floating_point() and t.dtype != ref.dtype else t for t, ref in zip(live.values(), references)
+    ]
+    return dict(zip(live, torch._foreach_sub(operands, references)))
 
 
 def moved(state: Mapping[str, Tensor], device: torch.device) -> State:

@@ -164,6 +164,7 @@ FEATURES = {
         callbacks=lambda: [CallbackBeforeOptimizerStep()],
     ),
     "precision=bf16-mixed": Feature(lambda: MLP(**mlp()), "bf16-mixed", {"precision": "bf16-mixed"}),
+    "precision=64-true": Feature(lambda: MLP(**mlp()), "64-true", {"precision": "64-true"}, changes_weights=False),
     "gradient clipping": Feature(lambda: MLP(**mlp()), "gradient_clip_val|gradient clipping", {"gradient_clip_val": 0.05}),
     "gradient accumulation": Feature(lambda: MLP(**mlp()), "accumulate_grad_batches", {"accumulate_grad_batches": 2}),
     "manual optimization": Feature(lambda: Manual(**mlp()), "automatic optimization|manual optimization", changes_weights=False),

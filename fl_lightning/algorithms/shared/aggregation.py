@@ -63,8 +63,9 @@ class RunningSum:
         """Adds ``weight * delta`` (at least float32; integer tensors in float64, unrounded)."""
         if not self.total:
             self.total = {name: torch.zeros_like(t, dtype=accumulator_dtype(t.dtype)) for name, t in delta.items()}
-        for name, acc in self.total.items():
-            acc.add_(delta[name].to(acc.dtype), alpha=float(weight))
+        if self.total:  # one _foreach call: each accumulator's own add_ on a CPU, without a dispatch per tensor
+            addends = [delta[name].to(acc.dtype) for name, acc in self.total.items()]
+            torch._foreach_add_(list(self.total.values()), addends, alpha=float(weight))
         self.weight += float(weight)
         self.count += 1
 
