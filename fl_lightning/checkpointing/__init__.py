@@ -256,14 +256,13 @@ def newest_intact_checkpoint(folder: str | os.PathLike[str]) -> str | None:
     last = os.path.join(folder, "last.ckpt")
     passed = [] if lasts or not others else [f"{last} is {'dangling' if os.path.islink(last) else 'missing'}"]
     for path in [*lasts, *others]:
-        problem = integrity_problem(path)
-        if problem is None:
-            problem = shards_problem(path)
-        if problem is None:
+        damage = _damage(path)
+        if damage is None:
             if passed:
                 rank_zero_warn(f"{'; '.join(passed)}: resuming from {path}, the newest intact checkpoint.")
             return path
-        passed.append(f"{path} is {_state(problem)} ({problem})")
+        state, problem = damage
+        passed.append(f"{path} is {state} ({problem})")
     if passed:
         raise CheckpointError(
             f"No intact checkpoint to resume from in {folder}: {'; '.join(passed)}. Resume from a copy of an intact "
@@ -281,10 +280,14 @@ def _recency(path: str) -> tuple[int, int, float]:
     return int(epoch.group(1)) if epoch else -1, int(step.group(1)) if step else -1, os.path.getmtime(path)
 
 
-def _state(problem: str) -> str:
-    if "client shard" in problem:
-        return "incomplete"
-    return "truncated or corrupt" if "zip directory" in problem else "corrupt"
+def _damage(path: str) -> tuple[str, str] | None:
+    """``(state, problem)`` of a checkpoint that is not whole: the file itself truncated or corrupt, or a client
+    shard it references missing or corrupt (``incomplete``); ``None`` when it is whole."""
+    problem = integrity_problem(path)
+    if problem is not None:
+        return ("truncated or corrupt" if "zip directory" in problem else "corrupt"), problem
+    problem = shards_problem(path)
+    return None if problem is None else ("incomplete", problem)
 
 
 def _names(folder: str | os.PathLike[str]) -> list[str]:
