@@ -101,6 +101,12 @@ def test_compute_delta() -> None:
     assert not delta["0.weight"].requires_grad
 
 
+def test_no_tensors_is_no_work() -> None:
+    # The _foreach calls behind load_into and compute_delta refuse empty lists; an empty state is still valid.
+    load_into({}, {})
+    assert compute_delta({}, {}) == {}
+
+
 def test_tensor_bytes() -> None:
     tensors = {
         "f32": torch.zeros(3, 5),  # 60
