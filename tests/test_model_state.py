@@ -122,9 +122,9 @@ def test_tensor_bytes() -> None:
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
 def test_all_finite_detects_nan_and_inf(bad: float, dtype: torch.dtype) -> None:
-    tensors = {"a": torch.ones(4, dtype=dtype), "b": torch.zeros(2, 3), "n": torch.tensor(3)}
+    tensors = {"a": torch.ones(4, dtype=dtype), "b": torch.zeros(2, 3), "n": torch.tensor(3), "p": nn.Parameter(torch.ones(2))}
     assert all_finite(tensors)
     tensors["b"][1, 2] = bad
     assert not all_finite(tensors)
