@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 from typing import Any, Literal
 
@@ -29,7 +30,7 @@ from fl_lightning.loops.async_fit_loop import AsyncFitLoop
 from fl_lightning.loops.batched_executor import check_compile_backend
 from fl_lightning.loops.federated_fit_loop import FederatedFitLoop
 from fl_lightning.loops.hparams_session import one_tensorboard_session
-from fl_lightning.trainer_arguments import check_trainer_arguments
+from fl_lightning.trainer_arguments import MEANINGS, check_known_arguments, check_trainer_arguments
 from fl_lightning.robust.update_bounds import UpdateBound
 from fl_lightning.server.federated_parameters import FederatedParameters
 
@@ -220,6 +221,7 @@ class FederatedTrainer(pl.Trainer):
                 "the loop shards clients over the processes itself, and a DistributedSampler would split the "
                 "server's evaluation data across ranks (metrics would differ from one process's)."
             )
+        check_known_arguments(kwargs, _FEDERATION_ARGUMENTS)
         check_trainer_arguments(kwargs)
         state_memory = parse_memory(client_state_memory)
         algorithm = algorithm if algorithm is not None else FedAvg()
@@ -353,6 +355,12 @@ class FederatedTrainer(pl.Trainer):
             "partitioner=...) to change it."
         )
         return federated
+
+
+#: ``FederatedTrainer``'s own arguments, beside Lightning ``Trainer``'s, for :func:`check_known_arguments`'s message.
+_FEDERATION_ARGUMENTS = tuple(
+    name for name in inspect.signature(FederatedTrainer.__init__).parameters if name not in ("self", "kwargs", *MEANINGS)
+)
 
 
 def _federated_strategy(strategy: str | Strategy) -> str | Strategy:

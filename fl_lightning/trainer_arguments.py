@@ -8,7 +8,8 @@ refused at construction with one ``ValueError`` that names it and says what to u
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import difflib
+from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from typing import Any, Literal
 
@@ -63,6 +64,20 @@ MEANINGS: dict[str, Meaning] = {
     "enable_autolog_hparams": "honoured",
     "model_registry": "honoured",
 }
+
+
+def check_known_arguments(kwargs: Mapping[str, Any], federation_arguments: Iterable[str]) -> None:
+    """Raises one ``TypeError`` for the first argument in ``kwargs`` that is neither a Lightning ``Trainer`` argument
+    (:data:`MEANINGS`) nor one of ``federation_arguments``, naming it and the closest accepted name."""
+    accepted = [*federation_arguments, *MEANINGS]
+    for name in kwargs:
+        if name not in MEANINGS:
+            close = difflib.get_close_matches(name, accepted, n=1)
+            hint = f" (did you mean `{close[0]}`?)" if close else ""
+            raise TypeError(
+                f"FederatedTrainer got an unknown argument `{name}`{hint}: it takes the federation arguments "
+                f"({', '.join(federation_arguments)}) and Lightning Trainer's (docs/lightning_integration.md)."
+            )
 
 
 def check_trainer_arguments(kwargs: Mapping[str, Any]) -> None:

@@ -120,6 +120,21 @@ def test_a_refused_argument_is_one_value_error_at_construction(kwargs: dict[str,
 
 
 @pytest.mark.skipif(torch.cuda.is_available() or torch.backends.mps.is_available(), reason="needs a machine without a GPU")
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"clients_per_rond": 4}, r"unknown argument `clients_per_rond` \(did you mean `clients_per_round`\?\): it takes"),
+        ({"max_epoch": 3}, r"unknown argument `max_epoch` \(did you mean `max_epochs`\?\)"),
+        ({"zzzz": 1}, r"unknown argument `zzzz`: it takes the federation arguments \(algorithm, clients_per_round, .*\) and"),
+    ],
+)
+def test_an_unknown_argument_names_it_and_the_closest_accepted_one(kwargs: dict[str, Any], match: str) -> None:
+    """A new-user finding: a misspelt argument was Python's "Trainer.__init__() got an unexpected keyword argument",
+    naming Lightning's class and nothing that is accepted."""
+    with pytest.raises(TypeError, match=rf"^FederatedTrainer got an {match}"):
+        FederatedTrainer(**kwargs)
+
+
 def test_an_accelerator_this_machine_lacks_is_refused_naming_those_it_has() -> None:
     with pytest.raises(ValueError, match=r"`accelerator='gpu'` is not available on this machine: use one of \['auto', 'cpu'\]"):
         FederatedTrainer(**{**QUIET, "accelerator": "gpu"})

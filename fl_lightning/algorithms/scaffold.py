@@ -137,9 +137,11 @@ class SCAFFOLD(Algorithm):
 
     def check_restored(self, rounds_done: int) -> None:
         r"""Algorithm 1 keeps :math:`c = \frac1N \sum_i c_i` (lines 12 and 17: :math:`c` moves by :math:`\frac1N` of
-        every :math:`\Delta c_i`), so a control variate off that mean by more than round-off (relative
-        :data:`_CONTROL_RTOL` of :math:`\frac1N\sum_i |c_i| + |c|`, in float64) was edited. Under client sharding,
-        where each process holds a share of the :math:`c_i`, the sums are added over the processes (one all-reduce)."""
+        every :math:`\Delta c_i`), so a control variate off that mean by more than round-off (:data:`_CONTROL_RTOL` of the
+        tensor's largest :math:`\frac1N\sum_i |c_i| + |c|`, in float64) was edited. The scale is the tensor's, not the
+        coordinate's: a coordinate whose controls all but cancel (a dead ReLU unit's weights) keeps the float32 round-off of
+        the rounds it was larger in. Under client sharding, where each process holds a share of the :math:`c_i`, the sums
+        are added over the processes (one all-reduce)."""
         n, sizes = self.federation.num_clients, [c.numel() for c in self.control.values()]
         sums = torch.zeros(2, sum(sizes), dtype=torch.float64)  # sum_i c_i and sum_i |c_i|, flat
         for _, c_i in self.client_controls.items():
@@ -148,17 +150,17 @@ class SCAFFOLD(Algorithm):
             sums[1].add_(flat.abs())
         total, magnitude = self.client_controls.sum_over_ranks(sums)
         c = torch.cat([c.double().reshape(-1) for c in self.control.values()])
-        gap = (c - total / n).abs()
-        edited = gap > _CONTROL_RTOL * (magnitude / n + c.abs())
-        for name, name_gap, name_edited in zip(self.control, gap.split(sizes), edited.split(sizes)):
-            if bool(name_edited.any()):
+        gap, scale = (c - total / n).abs(), magnitude / n + c.abs()
+        for name, name_gap, name_scale in zip(self.control, gap.split(sizes), scale.split(sizes)):
+            if bool((name_gap > _CONTROL_RTOL * name_scale.max()).any()):
                 raise InvalidStateError(
                     f"`control.{name}` is not the mean of the clients' `client_controls` (Algorithm 1 keeps c = (1/N) sum_i c_i): "
                     f"off by up to {float(name_gap.max()):.4g}."
                 )
 
 
-#: The round-off :meth:`SCAFFOLD.check_restored` allows between :math:`c` and the mean of the :math:`c_i`, relative.
+#: The round-off :meth:`SCAFFOLD.check_restored` allows between :math:`c` and the mean of the :math:`c_i`, relative to
+#: the tensor's scale.
 _CONTROL_RTOL = 1e-3
 
 

@@ -101,7 +101,8 @@ def print_fit_report(trainer: Trainer, wall_time_s: float) -> None:
     console.print(fit_summary(trainer, wall_time_s))
     command = checkpoint_test_command(trainer)
     if command is not None:
-        console.print("Test the global model (<this config>: this fit's --config files and overrides):")
+        source = "this fit's resolved config, saved with its logs" if saved_config(trainer) else "<this config>: this fit's --config files and overrides"
+        console.print(f"Test the global model ({source}):", markup=False, highlight=False)
         console.print(command, soft_wrap=True, markup=False, highlight=False)  # one line, whatever the width
 
 
@@ -136,13 +137,29 @@ def evaluation_rows(trainer: Trainer) -> list[tuple[str, str]]:
 def checkpoint_test_command(trainer: Trainer) -> str | None:
     """The ``fl-lightning test`` command for the fit's checkpoint, or ``None`` when ``TestCurve`` logged test metrics.
 
-    The CLI prints it below the summary table, never inside it: a table cell wraps a long path over several lines
-    whenever stdout is not a terminal (a log file, CI), and a wrapped command cannot be copied.
+    It names the fit's resolved ``config.yaml`` (:func:`saved_config`), so it runs as printed; ``<this config>``
+    only where no config was saved (a fit without a logger, or from Python). The CLI prints it below the summary
+    table, never inside it: a table cell wraps a long path over several lines whenever stdout is not a terminal
+    (a log file, CI), and a wrapped command cannot be copied.
     """
     if any(m in trainer.callback_metrics for m in logged_test_metrics(trainer)):
         return None
     checkpoint = getattr(trainer.checkpoint_callback, "best_model_path", "")
-    return f"fl-lightning test --config <this config> --ckpt_path {shlex.quote(checkpoint) if checkpoint else '<checkpoint>'}"
+    config = saved_config(trainer)
+    return (
+        f"fl-lightning test --config {shlex.quote(config) if config else '<this config>'} "
+        f"--ckpt_path {shlex.quote(checkpoint) if checkpoint else '<checkpoint>'}"
+    )
+
+
+def saved_config(trainer: Trainer) -> str | None:
+    """The config file that :class:`LoggerSaveConfigCallback` wrote for this run, or ``None`` if it wrote none."""
+    directory = run_directory(trainer)
+    for callback in trainer.callbacks:
+        if isinstance(callback, LoggerSaveConfigCallback) and directory is not None:
+            path = os.path.join(directory, callback.config_filename)
+            return path if os.path.isfile(path) else None
+    return None
 
 
 def _human_bytes(n: int) -> str:

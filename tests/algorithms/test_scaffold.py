@@ -8,6 +8,7 @@ import torch
 
 from fl_lightning import SCAFFOLD, CoordinateMedian, DPFedAvg, FedAvg, FederatedTrainer, LinearTermMixin, NormClip
 from fl_lightning.algorithms.shared.summable import can_shard
+from fl_lightning.utils.saved_state import InvalidStateError
 
 from ..integration.conftest import QUIET
 from .quadratic import Quadratic, quadratic_data
@@ -76,6 +77,25 @@ def test_resume_equals_an_uninterrupted_run(tmp_path):
     assert a.client_controls.ids() == b.client_controls.ids()
     for (_, sa), (_, sb) in zip(a.client_controls.items(), b.client_controls.items()):
         assert torch.equal(sa["net.weight"], sb["net.weight"])
+
+
+def test_round_off_on_a_near_zero_control_is_not_taken_for_an_edit():
+    """A resumed 30-round run (8-4000-3 MLP, SCAFFOLD) was refused: a dead unit's c was 1.8245e-9 against a mean
+    c_i of 1.7998e-9, its float32 round-off, while the tensor's c reached 0.075. An edit at the tensor's scale is."""
+    _, trainer = fit(SCAFFOLD(), rounds=1)
+    scaffold, n = trainer.algorithm, N
+    clients = scaffold.client_controls.ids()
+    for value, refused in ((1.7998e-9, False), (0.07, True)):
+        c_i = torch.zeros(1, 10, dtype=torch.float64)
+        c_i[0, 0], c_i[0, 1] = 0.075 * n, value * n  # one client holds the whole sum, so c = its c_i / N
+        for cid in clients:
+            scaffold.client_controls.put(cid, {"net.weight": c_i if cid == clients[0] else torch.zeros_like(c_i)})
+        scaffold.control["net.weight"] = torch.tensor([[0.075, 1.8245e-9, *[0.0] * 8]], dtype=torch.float64)
+        if refused:
+            with pytest.raises(InvalidStateError, match=r"`control\.net\.weight` is not the mean .* off by up to 0\.07"):
+                scaffold.check_restored(1)
+        else:
+            scaffold.check_restored(1)
 
 
 def test_a_checkpoint_naming_a_foreign_client_is_refused():

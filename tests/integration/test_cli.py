@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import shlex
 from pathlib import Path
 
 import pytest
@@ -38,7 +39,8 @@ def test_fit_quickstart_logs_and_prints_the_summary(tmp_path, capsys):
     assert summary["rounds run"] == "2"
     assert 0.1 < float(summary["validation val_acc"]) <= 1.0 and float(summary["validation val_loss"]) > 0
     assert summary["test"] == "not run in fit: the command follows this table"  # validation is never labelled test
-    command = "fl-lightning test --config <this config> --ckpt_path logs/quickstart/version_0/checkpoints/round_1.ckpt"
+    run = "logs/quickstart/version_0"
+    command = f"fl-lightning test --config {run}/config.yaml --ckpt_path {run}/checkpoints/round_1.ckpt"
     assert out.splitlines()[-1] == command  # below the table, on its own line
     # The config's CSVLogger has a relative save_dir: the run's logs land in the working directory.
     run_dir = tmp_path / "logs" / "quickstart" / "version_0"
@@ -51,6 +53,16 @@ def test_fit_quickstart_logs_and_prints_the_summary(tmp_path, capsys):
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["trainer"]["max_epochs"] == 2
     resolved = hparams["config"]  # the CLI logs its resolved config under `config`
     assert resolved["trainer"]["max_epochs"] == 2 and resolved["model"]["class_path"] == "fl_lightning.models.MLP"
+
+
+def test_the_printed_test_command_runs_as_printed(capsys):
+    """A new-user finding: the command named `<this config>`, so it could not be run as printed; it names the fit's
+    resolved config.yaml now, overrides included."""
+    main(["fit", "--config", QUICKSTART, "--trainer.max_epochs", "1", "--trainer.enable_progress_bar", "false"])
+    command = shlex.split(capsys.readouterr().out.splitlines()[-1])
+    assert command[:3] == ["fl-lightning", "test", "--config"]
+    main(command[1:])
+    assert "test_acc" in capsys.readouterr().out
 
 
 def test_printed_config_round_trips_and_runs(tmp_path, capsys):

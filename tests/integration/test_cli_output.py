@@ -83,7 +83,7 @@ def test_the_summary_prints_a_long_checkpoint_path_whole_at_80_columns(
     assert run in value_column  # the logs row: folded across lines, every character kept
     # The test command is below the table, one line longer than 80 columns (a new-user finding: wrapped, it could
     # not be copied).
-    command = f"fl-lightning test --config <this config> --ckpt_path {run}/checkpoints/round_0.ckpt"
+    command = f"fl-lightning test --config {run}/config.yaml --ckpt_path {run}/checkpoints/round_0.ckpt"
     assert len(command) > 80 and output.splitlines()[-1] == command
 
 
