@@ -21,6 +21,7 @@ from fl_lightning.callbacks.progress import FederatedProgressBar
 from fl_lightning.checkpointing.checkpoint_io import CheckedCheckpointIO
 from fl_lightning.checkpointing import GlobalModelCheckpoint, find_last_checkpoint, round_checkpoint
 from fl_lightning.data._data_checks import check_int
+from fl_lightning.utils.checks import check_integer
 from fl_lightning.data.federated import Federated
 from fl_lightning.data.partitioners import Partitioner
 from fl_lightning.distributed.strategy import FederatedDDPStrategy
@@ -193,8 +194,7 @@ class FederatedTrainer(pl.Trainer):
                 f"{max_batched_clients!r} with client_executor={client_executor!r}."
             )
         check_compile_backend(compile_batched_steps, client_executor)
-        if seed < 0:
-            raise ValueError(f"`seed` must be >= 0, got {seed}.")
+        seed = check_integer("seed", seed, minimum=0, maximum=2**64 - 1)  # derive_seed's range
         self._num_clients = None if num_clients is None else check_int("num_clients", num_clients, minimum=1)
         if partitioner is not None and not isinstance(partitioner, Partitioner):
             raise TypeError(

@@ -9,7 +9,7 @@ refused at construction with one ``ValueError`` that names it and says what to u
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any, Literal
 
@@ -66,7 +66,7 @@ MEANINGS: dict[str, Meaning] = {
 }
 
 
-def check_known_arguments(kwargs: Mapping[str, Any], federation_arguments: Iterable[str]) -> None:
+def check_known_arguments(kwargs: Mapping[str, Any], federation_arguments: Sequence[str]) -> None:
     """Raises one ``TypeError`` for the first argument in ``kwargs`` that is neither a Lightning ``Trainer`` argument
     (:data:`MEANINGS`) nor one of ``federation_arguments``, naming it and the closest accepted name."""
     accepted = [*federation_arguments, *MEANINGS]

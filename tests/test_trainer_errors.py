@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from typing import Any
 
 import lightning.pytorch as pl
@@ -81,9 +83,12 @@ def test_bad_clients_per_round_in_constructor(value: Any) -> None:
         FederatedTrainer(clients_per_round=value, **QUIET)
 
 
-def test_negative_seed() -> None:
-    with pytest.raises(ValueError, match=r"`seed` must be >= 0, got -1\."):
+def test_seed_out_of_range_or_not_an_integer() -> None:
+    with pytest.raises(ValueError, match=r"`seed` must be an integer in \[0, 18446744073709551615\], got -1\."):
         FederatedTrainer(seed=-1, **QUIET)
+    for seed in ("0", 1.0, True, 2**64):  # a config's quoted number, a float, a bool, past derive_seed's range
+        with pytest.raises(ValueError, match=rf"`seed` must be an integer .*got {re.escape(repr(seed))}\."):
+            FederatedTrainer(seed=seed, **QUIET)
 
 
 @pytest.mark.parametrize("value", [True, 1, "true"])
