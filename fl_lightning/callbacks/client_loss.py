@@ -48,6 +48,9 @@ class ClientLossRecorder(FederatedCallback):
 
     def record(self, output: Any) -> None:
         """Adds one step's ``training_step`` output (a loss tensor or a dict with ``"loss"``)."""
+        if isinstance(output, Tensor):  # the task loss alone, every step of most modules
+            self._loss.add(output)
+            return
         loss, regularizer = split_losses(output)
         if loss is not None:
             self._loss.add(loss)

@@ -133,8 +133,9 @@ class ClientBatches:
 
     def __iter__(self) -> Iterator[Any]:
         if self._tensors is not None:
+            tensors = self._tensors
             for batch in self.index_batches():
-                yield self._augmented(tuple(tensor[batch] for tensor in self._tensors))
+                yield self._augmented(tuple([tensor[batch] for tensor in tensors]))
             return
         loader = DataLoader(
             self.dataset, batch_sampler=_IndexBatches(self), num_workers=self.num_workers, **self.dataloader_kwargs

@@ -10,6 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence, Sized
 from dataclasses import dataclass
+from functools import cached_property
 
 import lightning.pytorch as pl
 from typing_extensions import override
@@ -51,8 +52,9 @@ class ClientRuntime:
     schedules: RoundStepSchedules
     client_tensors: ClientTensors | None = None
 
-    @property
+    @cached_property
     def module(self) -> pl.LightningModule:
+        """The trainer's LightningModule, looked up once (a chain of properties read several times per client)."""
         return self.trainer.lightning_module
 
 

@@ -70,7 +70,8 @@ class LeanExecutor(SequentialExecutor):
                     loss.backward()
                     record(output)
                 optimizer.step()
-                schedulers.step(batch_idx)
+                if schedulers:
+                    schedulers.step(batch_idx)
                 # Counted per step, as Lightning's loop does: the next training_step reads the new global_step.
                 count_step(1)
                 steps += 1
@@ -101,6 +102,10 @@ class StepSchedulers:
         self._module = trainer.lightning_module
         self._configs = [c for c in trainer.lr_scheduler_configs if c.interval == "step" and not c.reduce_on_plateau]
 
+    def __bool__(self) -> bool:
+        """Whether there is any to step."""
+        return bool(self._configs)
+
     def step(self, batch_idx: int) -> None:
         """After the optimizer step of batch ``batch_idx`` (0-based)."""
         for config in self._configs:
@@ -117,9 +122,14 @@ def batch_mover(trainer: pl.Trainer) -> Callable[[Any], Any]:
     device = strategy.root_device
 
     def move(batch: Any) -> Any:
-        # A tuple of tensors already there (every CPU run) is what move_data_to_device would return, 5 us sooner.
-        if type(batch) is tuple and all(isinstance(t, Tensor) and t.device == device for t in batch):
-            return batch
+        # A tuple of tensors already there (every CPU run) is what move_data_to_device would return, 5 us sooner
+        # (a loop, not all() over a generator: this runs every step).
+        if type(batch) is tuple:
+            for t in batch:
+                if not (isinstance(t, Tensor) and t.device == device):
+                    break
+            else:
+                return batch
         return move_data_to_device(batch, device)
 
     return move
