@@ -53,7 +53,7 @@ class LeanExecutor(SequentialExecutor):
         if getattr(trainer.precision_plugin, "scaler", None) is not None:
             raise ValueError(f"The lean client executor does not scale gradients: precision={trainer.precision!r} is not supported.")
         optimizer, record = trainer.optimizers[0], self.runtime.recorder.record
-        schedulers = StepSchedulers(trainer)
+        schedulers = StepSchedulers(trainer) or None  # tested once here, not each step
         prepare, start_batch = self._prepare, compat.batch_starter(trainer)
         call_step, count_step = compat.training_step_caller(trainer), compat.step_counter(trainer)
         steps = 0
@@ -70,7 +70,7 @@ class LeanExecutor(SequentialExecutor):
                     loss.backward()
                     record(output)
                 optimizer.step()
-                if schedulers:
+                if schedulers is not None:
                     schedulers.step(batch_idx)
                 # Counted per step, as Lightning's loop does: the next training_step reads the new global_step.
                 count_step(1)
