@@ -16,18 +16,16 @@ from __future__ import annotations
 
 import argparse
 import collections
-import logging
 import os
 import sys
 import sysconfig
 import time
-import warnings
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-import torch
-from overhead import MODELS, make_workload, run_federated, run_plain  # benchmarks/ is on sys.path as a script
+from executor_pace import digits_workload  # benchmarks/ is on sys.path as a script
+from overhead import run_federated, run_plain
 from reporting import emit, header, load
 
 from fl_lightning.models import MLP
@@ -70,12 +68,8 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--out", help="also write the Markdown report to this file")
     args = parser.parse_args()
-    torch.set_num_threads(1)
-    for name in ("lightning.pytorch", "lightning.fabric", "lightning"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore")
     started, load_before = time.perf_counter(), load()
-    work = make_workload(MODELS["digits"], num_clients=100, samples_per_client=50, clients_per_round=10)
+    work = digits_workload()
     plain = calls(lambda n: run_plain(work, None, n), args.rounds)
     auto = calls(lambda n: run_federated(work, None, n, MLP, "auto"), args.rounds)
 

@@ -27,7 +27,7 @@ from unittest import mock
 
 import numpy as np
 import torch
-from overhead import MODELS, make_workload, run_federated, run_plain  # benchmarks/ is on sys.path as a script
+from overhead import MODELS, Workload, make_workload, run_federated, run_plain  # benchmarks/ is on sys.path as a script
 from reporting import emit, header, load
 
 from fl_lightning.models import MLP
@@ -70,6 +70,16 @@ def collection_seconds(*, frozen: bool) -> float:
             gc.unfreeze()
 
 
+def digits_workload() -> Workload:
+    """The workload (digits, MLP 64-64-10, 100 clients of 50 samples, 10 per round), on one torch thread, with
+    Lightning's messages and warnings silenced (they would be timed)."""
+    torch.set_num_threads(1)
+    for name in ("lightning.pytorch", "lightning.fabric", "lightning"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore")
+    return make_workload(MODELS["digits"], num_clients=100, samples_per_client=50, clients_per_round=10)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=100)
@@ -78,12 +88,8 @@ def main() -> None:
     parser.add_argument("--no-freeze", action="store_true", help="run the fit without freezing the heap")
     parser.add_argument("--out", help="also write the Markdown report to this file")
     args = parser.parse_args()
-    torch.set_num_threads(1)
-    for name in ("lightning.pytorch", "lightning.fabric", "lightning"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore")
     started, load_before = time.perf_counter(), load()
-    work = make_workload(MODELS["digits"], num_clients=100, samples_per_client=50, clients_per_round=10)
+    work = digits_workload()
     freeze = contextlib.nullcontext() if not args.no_freeze else mock.patch("gc.freeze", lambda: None)
     rows = []
     with freeze:
