@@ -21,6 +21,7 @@ from jsonargparse import auto_cli
 
 from fl_lightning.cli.errors import configuration_errors
 from fl_lightning.study.compare import StudyResult, run_study
+from fl_lightning.study.plots import require_matplotlib
 from fl_lightning.study.spec import WandbSpec, load_study
 from fl_lightning.utils.working_directory import import_from_working_directory
 
@@ -64,6 +65,11 @@ def compare(
             os.environ["WANDB_MODE"] = wandb_mode  # over WANDB_MODE, for the runs and the summary run
         spec = spec.with_options(arms=arms, workers=workers, seeds=seeds, directory=directory, plots=plots)
         spec = replace(spec, wandb=wandb)
+        if spec.plots:
+            try:
+                require_matplotlib()
+            except ModuleNotFoundError as error:  # a missing extra is a setting to change, as a bad value is
+                raise ValueError(str(error)) from error
     return run_study(spec, report_only=report_only)
 
 

@@ -45,6 +45,21 @@ def test_a_bad_study_or_option_is_one_error_line_and_exit_status_2(tmp_path, mon
     assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
 
 
+def test_missing_matplotlib_is_one_error_line_before_any_run(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["fl-lightning-compare"])
+    monkeypatch.delenv("FL_LIGHTNING_DEBUG", raising=False)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    fake_study(tmp_path)
+    path = tmp_path / "study.yaml"
+    path.write_text(f"name: fake\nbase: base.yaml\nseeds: [0]\narms: {{a: {{}}}}\ndirectory: {tmp_path / 'fresh'}\n")
+    with pytest.raises(SystemExit) as exit_:
+        main([str(path)])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "pip install 'fl-lightning[plots]'" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "fresh").exists()
+
+
 @pytest.mark.parametrize("columns", ["80", "200"])
 def test_the_summary_table_fits_the_console_width(tmp_path, monkeypatch, capsys, columns):
     # A log file (no terminal) takes COLUMNS, else 80: every line fits, every value whole.
