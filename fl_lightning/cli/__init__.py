@@ -31,6 +31,7 @@ from fl_lightning.checkpointing import run_directory
 from fl_lightning.cli.errors import DEBUG_ENV, ConsoleParser, RunStarted, configuration_errors, file_system_errors
 from fl_lightning.cli import strict_yaml
 from fl_lightning.cli.help import PlainHelpParser
+from fl_lightning.loops.async_fit_loop import AsyncFitLoop
 from fl_lightning.trainer import FederatedTrainer
 from fl_lightning.utils.metric_names import logged_test_metrics, logged_validation_metrics, monitored_metrics, require_logged
 from fl_lightning.utils.run_names import stamp_wandb_names
@@ -76,7 +77,8 @@ def fit_summary(trainer: Trainer, wall_time_s: float) -> Table:
     table = Table(title="Federated fit summary", show_header=False)
     table.add_column()
     table.add_column(overflow="fold")  # a long checkpoint path wraps whole, so it can be copied; never "…"
-    table.add_row("rounds run", str(trainer.current_epoch))
+    # An asynchronous algorithm's "round" is one aggregation of its buffer, as its progress bar says.
+    table.add_row("aggregations run" if isinstance(loop, AsyncFitLoop) else "rounds run", str(trainer.current_epoch))
     table.add_row("ended", getattr(loop, "stop_reason", None) or "unknown")
     algorithm = getattr(trainer, "algorithm", None)
     statement = algorithm.privacy_statement() if algorithm is not None else None

@@ -9,6 +9,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from fl_lightning import FedAvg
 from fl_lightning.algorithms.fedbuff import FedBuff
 from fl_lightning.algorithms.fedstaleweight import FedStaleWeight
+from fl_lightning.cli import fit_summary
 from fl_lightning.participation.speed import ConstantDelay, UniformDelay
 
 from ..algorithms.quadratic import CENTRES, Quadratic, quadratic_data, quadratic_trainer
@@ -136,8 +137,9 @@ def test_bad_constructor_input(kwargs, match):
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"buffer_size": 3, "concurrency": 2}, r"`buffer_size=3` exceeds `concurrency=2`"),
-        ({"concurrency": 9}, r"`concurrency=9` exceeds the 4 clients"),
+        ({"buffer_size": 3, "concurrency": 2}, r"^FedBuff: `buffer_size=3` exceeds `concurrency=2` \(a buffer fills"),
+        ({"buffer_size": 5}, r"^FedBuff: `buffer_size=5` exceeds `concurrency=4`, its default: every client"),
+        ({"concurrency": 9}, r"^FedBuff: `concurrency=9` exceeds the 4 clients"),
     ],
 )
 def test_bad_federation_input_fails_before_training(kwargs, match):
@@ -167,3 +169,11 @@ def test_per_client_delay_lists_are_checked_before_training():
             model, datamodule=quadratic_data()
         )
     assert model.optimizer_steps == 0
+
+
+@pytest.mark.parametrize(("algorithm", "label"), [(FedBuff(buffer_size=2, concurrency=2), "aggregations run"), (FedAvg(), "rounds run")])
+def test_the_fit_summary_counts_aggregations_of_an_asynchronous_algorithm(algorithm, label):
+    trainer = quadratic_trainer(max_epochs=3, algorithm=algorithm)
+    trainer.fit(Quadratic(), datamodule=quadratic_data())
+    table = fit_summary(trainer, wall_time_s=1.0)
+    assert dict(zip(table.columns[0].cells, table.columns[1].cells))[label] == "3"

@@ -74,10 +74,15 @@ class AsyncAlgorithm(Algorithm):
         super().setup(federation)
         n = federation.num_clients
         self.concurrency = self.concurrency_arg if self.concurrency_arg is not None else n
+        name = type(self).__name__
         if self.concurrency > n:
-            raise ValueError(f"`concurrency={self.concurrency}` exceeds the {n} clients.")
+            raise ValueError(f"{name}: `concurrency={self.concurrency}` exceeds the {n} clients.")
         if self.buffer_size > self.concurrency:
-            raise ValueError(f"`buffer_size={self.buffer_size}` exceeds `concurrency={self.concurrency}`.")
+            given = "" if self.concurrency_arg is not None else ", its default: every client"
+            raise ValueError(
+                f"{name}: `buffer_size={self.buffer_size}` exceeds `concurrency={self.concurrency}`{given} (a buffer fills "
+                "from the clients in flight): set buffer_size <= concurrency."
+            )
         self.delays.setup(num_clients=n, seed=federation.seed)
         if len(self.influence) != n:
             self.influence = np.zeros(n)
