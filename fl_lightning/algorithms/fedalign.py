@@ -15,7 +15,7 @@ import torch
 from typing_extensions import override
 
 from fl_lightning.algorithms.shared.algorithm import Algorithm
-from fl_lightning.algorithms.shared.epsilon_schedules import ConstantEpsilon, EpsilonSchedule
+from fl_lightning.algorithms.shared.epsilon_schedules import ConstantEpsilon, EpsilonSchedule, check_epsilon
 from fl_lightning.algorithms.local_only import check_client_ids, holdout_metrics
 from fl_lightning.algorithms.shared.wrapper import AlgorithmWrapper
 from fl_lightning.server.federation import Federation
@@ -115,6 +115,8 @@ class FedALIGN(AlgorithmWrapper):
         if priority is not None and not isinstance(priority, Sequence):  # a count of priority clients
             check_integer("priority", priority, minimum=1)
         self.priority_spec = priority
+        if not isinstance(epsilon, EpsilonSchedule):
+            check_epsilon("epsilon", epsilon)  # named as the user set it, not as ConstantEpsilon's `value`
         self.epsilon = epsilon if isinstance(epsilon, EpsilonSchedule) else ConstantEpsilon(epsilon)
         super().__init__(algorithm)
         if self.inner.asynchronous:

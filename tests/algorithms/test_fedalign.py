@@ -164,7 +164,7 @@ def test_quadratic_toy():
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"epsilon": -0.1}, r"`value` must be >= 0 \(inf allowed\), got -0.1"),
+        ({"epsilon": -0.1}, r"`epsilon` must be >= 0 \(inf allowed\), got -0.1"),
         ({"warmup_fraction": 1.0}, r"`warmup_fraction` must be in \[0, 1\), got 1.0"),
         ({"warmup_fraction": -0.1}, r"`warmup_fraction` must be in \[0, 1\)"),
         ({"priority": 0}, "`priority` must be an integer >= 1"),

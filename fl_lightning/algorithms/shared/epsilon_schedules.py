@@ -12,7 +12,8 @@ from fl_lightning.utils.init_args import RecordsInitArgs
 from fl_lightning.utils.checks import check_integer
 
 
-def _check_non_negative(name: str, value: float) -> None:
+def check_epsilon(name: str, value: float) -> None:
+    """Raises ``ValueError`` naming ``name`` unless ``value`` is an :math:`\\epsilon` (``>= 0``, ``inf`` allowed)."""
     if not value >= 0:  # also rejects NaN
         raise ValueError(f"`{name}` must be >= 0 (inf allowed), got {value}.")
 
@@ -29,7 +30,7 @@ class ConstantEpsilon(EpsilonSchedule):
     """:math:`\\epsilon_t = \\epsilon` (the paper's experiments: 0.2, or 0.4 for high noise)."""
 
     def __init__(self, value: float = 0.2) -> None:
-        _check_non_negative("value", value)
+        check_epsilon("value", value)
         self.value = value
 
     def __call__(self, round_idx: int) -> float:
@@ -40,8 +41,8 @@ class LinearEpsilon(EpsilonSchedule):
     """Linear decay from ``start`` to ``end`` between rounds ``begin`` and ``finish``, constant outside."""
 
     def __init__(self, *, start: float = 0.2, end: float = 0.0, begin: int = 0, finish: int = 100) -> None:
-        _check_non_negative("start", start)
-        _check_non_negative("end", end)
+        check_epsilon("start", start)
+        check_epsilon("end", end)
         check_integer("begin", begin, minimum=0)
         check_integer("finish", finish, minimum=begin + 1)
         self.start, self.end, self.begin, self.finish = start, end, begin, finish
@@ -55,7 +56,7 @@ class StepEpsilon(EpsilonSchedule):
     """:math:`\\epsilon_t = \\epsilon_0 \\cdot \\gamma^{\\lfloor t / k \\rfloor}`: multiplied by ``factor`` every ``every`` rounds."""
 
     def __init__(self, *, start: float = 0.2, factor: float = 0.5, every: int = 50) -> None:
-        _check_non_negative("start", start)
+        check_epsilon("start", start)
         if not 0 <= factor <= 1:
             raise ValueError(f"`factor` must be in [0, 1], got {factor}.")
         check_integer("every", every, minimum=1)
