@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
-from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from rich.console import Console
 from rich.table import Table
 from typing_extensions import override
@@ -30,6 +30,7 @@ from fl_lightning.checkpointing.checkpoint_io import CheckpointWriteError, model
 from fl_lightning.checkpointing import run_directory
 from fl_lightning.cli.errors import DEBUG_ENV, ConsoleParser, RunStarted, configuration_errors, file_system_errors
 from fl_lightning.cli import strict_yaml
+from fl_lightning.cli.discarded_init_args import discarded_init_args_logger
 from fl_lightning.cli.help import PlainHelpParser
 from fl_lightning.loops.async_fit_loop import AsyncFitLoop
 from fl_lightning.trainer import FederatedTrainer
@@ -198,6 +199,14 @@ class FederatedCLI(LightningCLI):
         # subclasses already imported: the CLI imports every public class, not on first use as `import fl_lightning`.
         import_every_export()
         super().__init__(*args, **kwargs)
+
+    @override
+    def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
+        """Lightning's parser, logging to :func:`~fl_lightning.cli.discarded_init_args.discarded_init_args_logger`
+        (set before its arguments are added, which take their parser's logger)."""
+        parser = super().init_parser(**kwargs)
+        parser.logger = discarded_init_args_logger()
+        return parser
 
     @override
     def before_instantiate_classes(self) -> None:

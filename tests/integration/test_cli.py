@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import csv
 import shlex
 from pathlib import Path
@@ -130,3 +132,14 @@ def test_validate_and_test_a_fitted_checkpoint(tmp_path):
         expected = (model(x).argmax(-1) == y).float().mean().item()
     assert float(tested.trainer.callback_metrics["test_acc"]) == pytest.approx(expected)
     assert expected != pytest.approx(fit_acc)
+
+
+def test_settings_a_class_change_drops_are_named_in_a_warning(capsys):
+    # jsonargparse keeps the init args the new class takes and drops the rest, logging it at debug level only.
+    config = str(CONFIGS / "papers" / "fedstaleweight_digits.yaml")
+    switch = ["--trainer.algorithm", "fl_lightning.algorithms.FedBuff"]
+    with pytest.warns(UserWarning, match=r"from 'fl_lightning\.algorithms\.FedStaleWeight' to 'fl_lightning\.algorithms\.FedBuff', discarding init_args: \{'variant': 'eq8', 'tracker'"):
+        print_config(["fit", "--config", config, *switch], capsys)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same config as written: nothing dropped, nothing said
+        print_config(["fit", "--config", config], capsys)
