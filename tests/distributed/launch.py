@@ -65,10 +65,18 @@ def run_together(
         log.seek(0)
         outputs.append(log.read())
         log.close()
-    report = "\n".join(f"$ {' '.join(c)}\n(exit {p.returncode}) ...{o[-4000:]}" for c, p, o in zip(commands, procs, outputs))
+    report = "\n".join(f"$ {' '.join(c)}\n(exit {p.returncode}) ...{_tail(o)}" for c, p, o in zip(commands, procs, outputs))
     assert not timed_out, f"Still running after {timeout} s, killed:\n{report}"
     assert all(proc.returncode == 0 for proc in procs), f"A command failed:\n{report}"
     return outputs
+
+
+def _tail(output: str, chars: int = 4000) -> str:
+    """The end of a launch's output, and before it every line of a rank's traceback (``[rankN]:`` lines) that
+    the end leaves out: the rank that failed first is often not the one whose error the output ends with."""
+    end = output[-chars:]
+    ranks = [line for line in output[:-chars].splitlines() if line.startswith("[rank") and "]:" in line[:10]]
+    return "\n".join([*ranks[-60:], end]) if ranks else end
 
 
 def _session_alive(session: int) -> bool:
