@@ -117,7 +117,8 @@ class FedALIGN(AlgorithmWrapper):
         self.priority_spec = priority
         if not isinstance(epsilon, EpsilonSchedule):
             check_epsilon("epsilon", epsilon)  # named as the user set it, not as ConstantEpsilon's `value`
-        self.epsilon = epsilon if isinstance(epsilon, EpsilonSchedule) else ConstantEpsilon(epsilon)
+            epsilon = ConstantEpsilon(epsilon)
+        self.epsilon = epsilon
         super().__init__(algorithm)
         if self.inner.asynchronous:
             raise ValueError(f"{type(self).__name__} selects each round's clients; {type(self.inner).__name__} is asynchronous (no rounds).")
