@@ -51,7 +51,7 @@ __all__ = [
     "reload_validation_data",
     "run_client_epoch",
     "batch_starter",
-    "training_step_scope",
+    "TrainingStepScope",
     "run_server_validation",
     "run_test_during_fit",
     "evaluation_metric_names",
@@ -166,7 +166,10 @@ _TAKES_BATCH_IDX: dict[Callable[..., Any], bool] = {}
 def step_takes_batch_idx(module: pl.LightningModule) -> bool:
     """Whether ``module.training_step`` accepts ``batch_idx``; inspected once per function, not
     on every step (Lightning inspects the signature each time)."""
-    step = module.training_step
+    return _takes_batch_idx(module.training_step)
+
+
+def _takes_batch_idx(step: Callable[..., Any]) -> bool:
     key = getattr(step, "__func__", step)
     if key not in _TAKES_BATCH_IDX:
         _TAKES_BATCH_IDX[key] = is_param_in_hook_signature(step, "batch_idx", min_args=2)
@@ -211,16 +214,23 @@ class _OneStream:
         return len(self._batches)
 
 
-@contextmanager
-def training_step_scope(trainer: pl.Trainer) -> Iterator[None]:
+class TrainingStepScope:
     """Runs ``training_step`` calls outside Lightning's epoch loop as that loop would: ``self.log``
-    knows it is in ``training_step``; :func:`batch_starter` readies the logger for each batch."""
-    module = trainer.lightning_module
-    previous, module._current_fx_name = module._current_fx_name, "training_step"
-    try:
-        yield
-    finally:
-        module._current_fx_name = previous
+    knows it is in ``training_step``; :func:`batch_starter` readies the logger for each batch.
+
+    A class, not a generator-based context manager, and the name set with ``object.__setattr__`` (what
+    ``nn.Module.__setattr__`` ends in for a plain attribute): it opens once per client of the lean executor.
+    """
+
+    def __init__(self, module: pl.LightningModule) -> None:
+        self._module = module
+
+    def __enter__(self) -> None:
+        self._previous = self._module._current_fx_name
+        object.__setattr__(self._module, "_current_fx_name", "training_step")
+
+    def __exit__(self, *exc_info: object) -> None:
+        object.__setattr__(self._module, "_current_fx_name", self._previous)
 
 
 def batch_starter(trainer: pl.Trainer) -> Callable[[Any], None]:
@@ -261,13 +271,13 @@ def step_counter(trainer: pl.Trainer) -> Callable[[int], None]:
     return count
 
 
-def training_step_caller(trainer: pl.Trainer) -> Callable[[Any, int], Any]:
-    """``training_step(batch, batch_idx)`` (or ``(batch)``, as its signature asks) in the precision plugin's
-    ``train_step_context``, as Lightning's loop calls it; the context is left out where it is Lightning's empty one
-    (full precision), which costs a generator per step and does nothing."""
+def training_step_caller(trainer: pl.Trainer, step: Callable[..., Any] | None = None) -> Callable[[Any, int], Any]:
+    """``step(batch, batch_idx)`` (or ``(batch)``, as its signature asks; default ``training_step``) in the precision
+    plugin's ``train_step_context``, as Lightning's loop calls ``training_step``; the context is left out where it is
+    Lightning's empty one (full precision), which costs a generator per step and does nothing."""
     module, precision = trainer.lightning_module, trainer.precision_plugin
-    step = module.training_step
-    call_step = step if step_takes_batch_idx(module) else (lambda batch, batch_idx: step(batch))
+    step = module.training_step if step is None else step
+    call_step = step if _takes_batch_idx(step) else (lambda batch, batch_idx: step(batch))
     empty = (
         type(precision).train_step_context is pl.plugins.Precision.train_step_context
         and type(precision).forward_context is pl.plugins.Precision.forward_context

@@ -193,7 +193,7 @@ def test_training_steps_outside_the_epoch_loop_log_as_lightning_expects() -> Non
     trainer = pl.Trainer(**QUIET)
     trainer.strategy.connect(module)
     module._current_fx_name = "before"
-    with compat.training_step_scope(trainer):
+    with compat.TrainingStepScope(module):
         assert module._current_fx_name == "training_step", REVIEW
     assert module._current_fx_name == "before", REVIEW
 

@@ -32,7 +32,11 @@ class FederatedCallback(Callback):
 
 
 def call_federated_hook(trainer: pl.Trainer, name: str, *args: object) -> None:
-    """Calls hook ``name`` on every :class:`FederatedCallback` of the trainer."""
+    """Calls hook ``name`` on every :class:`FederatedCallback` of the trainer that overrides it (the base class's do
+    nothing, and some run once per client)."""
+    default = getattr(FederatedCallback, name)
     for callback in trainer.callbacks:  # type: ignore[attr-defined]
         if isinstance(callback, FederatedCallback):
-            getattr(callback, name)(trainer, trainer.lightning_module, *args)
+            hook = getattr(callback, name)
+            if getattr(hook, "__func__", None) is not default:
+                hook(trainer, trainer.lightning_module, *args)

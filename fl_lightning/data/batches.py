@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator, Sequence
+from itertools import repeat
+from operator import getitem
 from typing import Any
 
 import numpy as np
@@ -120,9 +121,8 @@ class ClientBatches:
     def batches_per_epoch(self) -> int:
         """Number of batches in one pass over the client's samples: the last one is partial, or
         dropped with ``drop_last``."""
-        if self.drop_last:
-            return len(self.indices) // self.batch_size
-        return math.ceil(len(self.indices) / self.batch_size)
+        samples = self.indices.shape[0]  # not len(): Tensor.__len__ is a Python call
+        return samples // self.batch_size if self.drop_last else -(-samples // self.batch_size)
 
     def __len__(self) -> int:
         if self.num_batches is not None:
@@ -133,9 +133,12 @@ class ClientBatches:
 
     def __iter__(self) -> Iterator[Any]:
         if self._tensors is not None:
-            tensors = self._tensors
-            for batch in self.index_batches():
-                yield self._augmented(tuple([tensor[batch] for tensor in tensors]))
+            tensors, transform = self._tensors, self.transform
+            for epoch in self.epoch_batches():
+                for batch in epoch:
+                    # map over operator.getitem: each tensor indexed without a Python frame (this runs every step).
+                    picked = tuple(map(getitem, tensors, repeat(batch)))
+                    yield picked if transform is None else self._augmented(picked)
             return
         loader = DataLoader(
             self.dataset, batch_sampler=_IndexBatches(self), num_workers=self.num_workers, **self.dataloader_kwargs
@@ -150,26 +153,24 @@ class ClientBatches:
         assert self._augment_generator is not None
         return (self.transform(batch[0], self._augment_generator), *batch[1:])
 
+    def epoch_batches(self) -> Iterator[list[Tensor]]:
+        """Yields each epoch's batches of dataset indices (the last epoch's cut to the stream's length), drawing the
+        epoch's permutation as it starts: a stream ending on an epoch boundary draws no extra one."""
+        left, per_epoch = len(self), self.batches_per_epoch
+        while left:
+            if self.shuffle:
+                order = torch.randperm(self.indices.shape[0], generator=self.generator).to(self._device)
+                epoch = self.indices[order]
+            else:
+                epoch = self.indices
+            batches = list(epoch[: per_epoch * self.batch_size].split(self.batch_size)[:left])
+            left -= len(batches)
+            yield batches
+
     def index_batches(self) -> Iterator[Tensor]:
         """Yields the dataset indices of each batch, drawing each epoch's permutation lazily."""
-        n = len(self.indices)
-        end = self.batches_per_epoch * self.batch_size if self.drop_last else n
-        emitted = 0
-        epoch = 0
-        while end:
-            # Checked before drawing, so a stream ending on an epoch boundary draws no extra permutation.
-            if epoch == self.num_epochs or emitted == self.num_batches:
-                return
-            if self.shuffle:
-                order = torch.randperm(n, generator=self.generator).to(self._device)
-            else:
-                order = torch.arange(n, device=self._device)
-            for start in range(0, end, self.batch_size):
-                yield self.indices[order[start : start + self.batch_size]]
-                emitted += 1
-                if emitted == self.num_batches:
-                    return
-            epoch += 1
+        for epoch in self.epoch_batches():
+            yield from epoch
 
 
 class _IndexBatches:

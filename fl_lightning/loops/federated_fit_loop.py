@@ -90,12 +90,13 @@ def round_batches(data: FederatedDataSource, client: ClientContext, trainer: pl.
         batches = data.client_batches(
             client.client_id, num_epochs=num_epochs, num_batches=num_batches, generator=torch.Generator().manual_seed(client.seed)
         )
-        return batches if isinstance(batches, Sized) else list(batches)
+        return batches if hasattr(batches, "__len__") else list(batches)  # Sized, without an ABC check per client
 
     batches = stream(client.num_epochs, None if client.num_steps is None else client.num_steps * accumulate)
-    limit = batches_per_round(len(batches), trainer.limit_train_batches)
+    count = len(batches)
+    limit = batches_per_round(count, trainer.limit_train_batches)
     # The same generator seed, so the cut stream is the first `limit` batches of the uncut one.
-    return stream(None, limit) if limit < len(batches) else batches
+    return stream(None, limit) if limit < count else batches
 
 
 class FederatedFitLoop(compat.FitLoopBase):

@@ -8,16 +8,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sized
 from functools import cached_property
-from typing import Any
+from typing import Any, NamedTuple
 
 import lightning.pytorch as pl
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor
+from torch.optim import Optimizer
 from typing_extensions import override
 
 from fl_lightning import _lightning_compat as compat
 from fl_lightning.loops.client_executor import ClientRuntime, SequentialExecutor
+from fl_lightning.mixins.applied_term import step_past_unset_terms
 
 
 class LeanExecutor(SequentialExecutor):
@@ -33,37 +35,48 @@ class LeanExecutor(SequentialExecutor):
         super().__init__(runtime)
         #: The per-step metrics already warned about, each named once.
         self._warned_metrics: set[str] = set()
+        #: Each training step function's caller (:func:`~fl_lightning._lightning_compat.training_step_caller`).
+        self._callers: dict[Callable[..., Any], Callable[[Any, int], Any]] = {}
 
     @cached_property
-    def _prepare(self) -> Callable[[Any], Any]:
-        """The precision plugin's ``convert_input``, then ``batch_to_device``: built once, as the trainer's plugin
-        and hooks do not change during the fit."""
+    def _steps(self) -> LeanSteps:
+        """What every step uses, looked up once per fit (the trainer's module, optimizer, plugins and hooks
+        do not change during the fit), after refusing what the lean executor cannot run."""
         trainer = self.runtime.trainer
-        convert, move = trainer.precision_plugin.convert_input, batch_mover(trainer)
-        if type(trainer.precision_plugin).convert_input is pl.plugins.Precision.convert_input:
-            return move  # full precision's convert_input returns the batch as it is
-        return lambda batch: move(convert(batch))
-
-    @override
-    def run_steps(self, batches: Sized) -> int:
-        trainer = self.runtime.trainer
-        module = trainer.lightning_module
-        if not module.automatic_optimization or len(trainer.optimizers) != 1:
+        if not self.runtime.module.automatic_optimization or len(trainer.optimizers) != 1:
             raise ValueError("The lean client executor needs automatic optimization with exactly one optimizer.")
         if getattr(trainer.precision_plugin, "scaler", None) is not None:
             raise ValueError(f"The lean client executor does not scale gradients: precision={trainer.precision!r} is not supported.")
-        optimizer, record = trainer.optimizers[0], self.runtime.recorder.record
-        schedulers = StepSchedulers(trainer) or None  # tested once here, not each step
-        prepare, start_batch = self._prepare, compat.batch_starter(trainer)
-        call_step, count_step = compat.training_step_caller(trainer), compat.step_counter(trainer)
+        return LeanSteps(
+            optimizer=trainer.optimizers[0],
+            prepare=batch_preparer(trainer),
+            start_batch=compat.batch_starter(trainer),
+            count_step=compat.step_counter(trainer),
+            schedulers=StepSchedulers(trainer) or None,
+        )
+
+    def _step_caller(self) -> Callable[[Any, int], Any]:
+        """The client's ``training_step`` past the term mixins whose term it left unset (:func:`step_past_unset_terms`)."""
+        step = step_past_unset_terms(self.runtime.module)
+        key = getattr(step, "__func__", step)
+        caller = self._callers.get(key)
+        if caller is None:
+            caller = self._callers[key] = compat.training_step_caller(self.runtime.trainer, step)
+        return caller
+
+    @override
+    def run_steps(self, batches: Sized) -> int:
+        optimizer, prepare, start_batch, count_step, schedulers = self._steps
+        call_step, record = self._step_caller(), self.runtime.recorder.record
         steps = 0
-        with compat.training_step_scope(trainer):
+        with compat.TrainingStepScope(self.runtime.module):
             for batch_idx, batch in enumerate(batches):  # type: ignore[call-overload]
                 batch = prepare(batch)
                 start_batch(batch)
                 optimizer.zero_grad(set_to_none=True)
                 output = call_step(batch, batch_idx)
-                loss = output["loss"] if isinstance(output, Mapping) else output
+                # A tensor first: isinstance against the Mapping ABC is a Python call every step.
+                loss = output if isinstance(output, Tensor) or not isinstance(output, Mapping) else output["loss"]
                 # A step that returns None is still an optimizer step for Lightning: no backward, so no gradient
                 # moves a weight, but the step, its LR schedulers and trainer.global_step all count it.
                 if loss is not None:
@@ -94,6 +107,16 @@ class LeanExecutor(SequentialExecutor):
             )
 
 
+class LeanSteps(NamedTuple):
+    """What the lean executor's steps use, resolved once per fit."""
+
+    optimizer: Optimizer
+    prepare: Callable[[Any], Any]
+    start_batch: Callable[[Any], None]
+    count_step: Callable[[int], None]
+    schedulers: StepSchedulers | None
+
+
 class StepSchedulers:
     """The trainer's ``interval="step"`` LR schedulers, stepped as Lightning's loop steps them: after each
     optimizer step, every ``frequency`` batches (the round's start is :class:`~fl_lightning.models.schedulers.RoundStepSchedules`')."""
@@ -111,6 +134,14 @@ class StepSchedulers:
         for config in self._configs:
             if (batch_idx + 1) % config.frequency == 0:
                 self._module.lr_scheduler_step(config.scheduler, None)
+
+
+def batch_preparer(trainer: pl.Trainer) -> Callable[[Any], Any]:
+    """The precision plugin's ``convert_input``, then ``batch_to_device`` (:func:`batch_mover`)."""
+    convert, move = trainer.precision_plugin.convert_input, batch_mover(trainer)
+    if type(trainer.precision_plugin).convert_input is pl.plugins.Precision.convert_input:
+        return move  # full precision's convert_input returns the batch as it is
+    return lambda batch: move(convert(batch))
 
 
 def batch_mover(trainer: pl.Trainer) -> Callable[[Any], Any]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientUpdate
 from fl_lightning.algorithms.shared.folding import RoundFold
@@ -54,10 +55,16 @@ def stream_round(
         result.dropped += len(screened.dropped)
         result.rejected += len(screened.rejected) + len(refused)
 
+    def trained_paused() -> ClientUpdate | None:
+        with recording_paused(stores):
+            return next(updates, None)
+
+    # Without stores there is nothing to pause: no context to open per client.
+    next_update = trained_paused if stores else partial(next, updates, None)
+
     def train_and_fold() -> dict[str, float]:
         while True:
-            with recording_paused(stores):
-                update = next(updates, None)
+            update = next_update()
             if update is None:
                 break
             fold_one(update)

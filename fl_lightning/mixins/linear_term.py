@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fl_lightning.mixins.applied_term import AppliedTermMixin, ClientTerm, attribute_set
+from fl_lightning.mixins.applied_term import AppliedTermMixin, ClientTerm, attribute_set, term_step
 from fl_lightning.mixins.regularized import add_regularizer
 
 
@@ -61,6 +61,7 @@ class LinearTermMixin(AppliedTermMixin):
     def term_bound_to(self, params: Mapping[str, Tensor], tensors: Mapping[str, Tensor]) -> AbstractContextManager[None]:
         return attribute_set(self, "_linear_pairs", [(params[name], tensors[name]) for name in self._linear_names])
 
+    @term_step
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
         output = super().training_step(*args, **kwargs)  # type: ignore[misc]
         if not self._linear_pairs or output is None:

@@ -51,7 +51,7 @@ from fl_lightning.mixins._holders import (
     install_alias_swaps,
     install_holders,
 )
-from fl_lightning.mixins.applied_term import AppliedTermMixin, ClientTerm, attribute_set
+from fl_lightning.mixins.applied_term import AppliedTermMixin, ClientTerm, attribute_set, term_step
 
 #: The child attribute of a masked parameter's owner that holds its :class:`LatentUpdate`.
 HOLDER = "latent_update"
@@ -247,6 +247,7 @@ class MaskedNoiseMixin(AppliedTermMixin):
             update = straight_through(getattr(holder, local), values[name])
             holder.effective[local] = getattr(owner, local).detach() + update
 
+    @term_step
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
         if self._masked_round is not None:
             if self._bound_values is None:

@@ -8,7 +8,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from fl_lightning.evaluation.probe import WeightSets, sample_metrics_many
-from fl_lightning.mixins.applied_term import AppliedTermMixin
+from fl_lightning.mixins.applied_term import AppliedTermMixin, term_step
 
 
 def responsibilities(losses: Tensor, log_pi: Tensor) -> Tensor:
@@ -40,6 +40,7 @@ class MixtureWeightedMixin(AppliedTermMixin):
         self._mixture = (components, log_pi, index)
         self._set_term(MixtureWeightedMixin, True)
 
+    @term_step
     @override
     def training_step(self, batch: Any, batch_idx: int) -> Any:
         if self._mixture is None:

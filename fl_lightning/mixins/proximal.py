@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fl_lightning.mixins.applied_term import AppliedTermMixin, ClientTerm, attribute_set
+from fl_lightning.mixins.applied_term import AppliedTermMixin, ClientTerm, attribute_set, term_step
 from fl_lightning.mixins.regularized import add_regularizer
 
 
@@ -102,6 +102,7 @@ class ProximalMixin(AppliedTermMixin):
     def term_bound_to(self, params: Mapping[str, Tensor], tensors: Mapping[str, Tensor]) -> AbstractContextManager[None]:
         return attribute_set(self, "_proximal_pairs", [(params[name], tensors[name]) for name in self._proximal_names])
 
+    @term_step
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
         output = super().training_step(*args, **kwargs)  # type: ignore[misc]
         if self._proximal_mu == 0.0 or output is None:

@@ -8,6 +8,8 @@ DDP and ``torch.compile`` keep valid references to the parameters.
 
 from __future__ import annotations
 
+import math
+from operator import attrgetter
 from collections.abc import Mapping
 
 import torch
@@ -33,26 +35,26 @@ def _master_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-@torch.no_grad()
 def load_into(live: Mapping[str, Tensor], state: Mapping[str, Tensor]) -> None:
     """Copies ``state`` into the live tensors in place (casting to each tensor's own dtype).
 
-    One ``_foreach`` call (each tensor's own ``copy_`` on a CPU, the same bits): it runs once per client, where a
-    Python loop's dispatch per tensor is a measurable share of a small model's round (``benchmarks/executor_pace.py``).
+    One ``_foreach`` call (each tensor's own ``copy_`` on a CPU, the same bits) on detached aliases, which autograd
+    does not track without a ``no_grad`` context (six Python calls): it runs once per client, where each call is a
+    measurable share of a small model's round (``benchmarks/executor_pace.py``).
     """
     if live:
-        torch._foreach_copy_(list(live.values()), [state[name] for name in live])
+        torch._foreach_copy_([t.detach() for t in live.values()], [state[name] for name in live])
 
 
-@torch.no_grad()
 def compute_delta(live: Mapping[str, Tensor], reference: Mapping[str, Tensor]) -> State:
     """``live - reference`` per tensor, in the master copy's dtype for floating-point tensors (one ``_foreach``
-    subtraction, as :func:`load_into`)."""
+    subtraction of detached aliases, as :func:`load_into`)."""
     if not live:
         return {}
     references = [reference[name] for name in live]
     operands = [
-        t.to(ref.dtype) if t.is_floating_point() and t.dtype != ref.dtype else t for t, ref in zip(live.values(), references)
+        t.detach().to(ref.dtype) if t.is_floating_point() and t.dtype != ref.dtype else t.detach()
+        for t, ref in zip(live.values(), references)
     ]
     return dict(zip(live, torch._foreach_sub(operands, references)))
 
@@ -62,18 +64,21 @@ def moved(state: Mapping[str, Tensor], device: torch.device) -> State:
     return {name: t.to(device) for name, t in state.items()}
 
 
+_NBYTES = attrgetter("nbytes")
+
+
 def tensor_bytes(tensors: Mapping[str, Tensor]) -> int:
     """Bytes needed to send ``tensors`` uncompressed."""
-    return sum(t.numel() * t.element_size() for t in tensors.values())
+    return sum(map(_NBYTES, tensors.values()))  # no generator frame per tensor: this runs once per client
 
 
-@torch.no_grad()
 def all_finite(tensors: Mapping[str, Tensor]) -> bool:
     """Whether every floating-point tensor is free of NaN and Inf (one device sync).
 
-    Checks each tensor's smallest and largest value (one ``aminmax`` each, which NaN and Inf reach): ~7x cheaper
-    than ``isfinite(t).all()`` per tensor, and without the copy that ``abs()`` before ``amax()`` makes; it runs once
-    per client, where each call counts (``benchmarks/results/executor_pace.md``).
+    Checks each tensor's smallest and largest value (one ``aminmax`` each of a detached alias, which NaN and Inf
+    reach): ~7x cheaper than ``isfinite(t).all()`` per tensor, and without the copy that ``abs()`` before ``amax()``
+    makes; the extremes are read as Python floats (``torch.isfinite`` is four kernels). It runs once per client,
+    where each call counts (``benchmarks/results/executor_pace.md``).
     """
-    extremes = [bound for t in tensors.values() if t.is_floating_point() and t.numel() for bound in torch.aminmax(t)]
-    return bool(torch.isfinite(torch.stack(extremes)).all()) if extremes else True
+    extremes = [bound for t in tensors.values() if t.is_floating_point() and t.numel() for bound in torch.aminmax(t.detach())]
+    return all(map(math.isfinite, torch.stack(extremes).tolist())) if extremes else True

@@ -47,3 +47,15 @@ def test_asynchronous_aggregations_hear_dispatches_and_buffers():
     assert "selected" not in kinds  # nothing is selected: clients are dispatched
     assert [e for e in events.events if e[0] == "aggregated"] == [("aggregated", 0, 2.0), ("aggregated", 1, 2.0)]
     assert kinds.count("start") == kinds.count("end") and kinds[:8] == ["start", "end"] * 4  # the initial dispatch of all four
+
+
+def test_a_hook_set_on_the_instance_is_called_and_the_base_class_ones_are_skipped():
+    """call_federated_hook skips the base class's no-op hooks (some run once per client), never a hook set on an
+    instance or a subclass's override."""
+    seen: list[str] = []
+    on_instance = FederatedCallback()
+    on_instance.on_client_start = lambda trainer, pl_module, client: seen.append(f"start {client.client_id}")
+    bare = FederatedCallback()
+    trainer = quadratic_trainer(max_epochs=1, algorithm=FedAvg(), clients_per_round=2, local_steps=1, callbacks=[bare, on_instance])
+    trainer.fit(Quadratic(), datamodule=quadratic_data())
+    assert seen == [f"start {cid}" for cid in trainer.fit_loop.history[0]]

@@ -8,7 +8,7 @@ import torch
 
 from fl_lightning import FedAvg, FederatedTrainer, FedSoft, LinearTermMixin, ProximalMixin
 from fl_lightning.callbacks.federated_callback import FederatedCallback
-from fl_lightning.mixins.applied_term import check_terms_applied
+from fl_lightning.mixins.applied_term import check_terms_applied, step_past_unset_terms
 from fl_lightning.models import LinearRegression
 
 from ..algorithms.quadratic import Quadratic, quadratic_data, quadratic_trainer
@@ -91,3 +91,28 @@ def test_the_batched_executor_applies_a_term_a_callback_sets_as_the_lean_executo
     assert not torch.allclose(fit_with_centre(5.0, "lean"), fit_with_centre(0.0, "lean"))  # the term matters
     torch.testing.assert_close(fit_with_centre(5.0, "batched"), fit_with_centre(5.0, "lean"), rtol=0, atol=1e-12)
     assert torch.equal(fit_with_centre(0.0, "batched"), fit_with_centre(0.0, "lean"))  # mu = 0 sets no term: batched trains
+
+
+class Overriding(ProximalMixin, Net):
+    """A subclass's own training_step over a mixin's: not a term mixin's, so never skipped."""
+
+    def training_step(self, batch, batch_idx):
+        return super().training_step(batch, batch_idx) * 2
+
+
+def test_the_lean_step_skips_only_term_mixins_whose_term_is_unset():
+    net = Terms()
+    assert step_past_unset_terms(net).__func__ is Net.training_step  # no term set: both mixins add nothing
+    net.set_linear_term(_weights(net, 0.1))
+    assert step_past_unset_terms(net).__func__ is LinearTermMixin.training_step
+    net.set_linear_term(None)
+    net.set_proximal_center(_weights(net, 1.0), 0.5)
+    step = step_past_unset_terms(net)
+    assert step.__func__ is ProximalMixin.training_step and step.__self__ is net
+    torch.testing.assert_close(step(batch(), 0), net.training_step(batch(), 0), rtol=0, atol=0)
+    assert step_past_unset_terms(Overriding()).__func__ is Overriding.training_step
+    on_instance = Terms()
+    on_instance.training_step = lambda batch, batch_idx: torch.tensor(0.0)
+    assert step_past_unset_terms(on_instance) is on_instance.training_step
+    plain = Net()
+    assert step_past_unset_terms(plain).__func__ is Net.training_step
