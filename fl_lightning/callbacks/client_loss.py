@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import lightning.pytorch as pl
+import numpy as np
+import torch
 from torch import Tensor
 from typing_extensions import override
 
@@ -14,21 +16,21 @@ from fl_lightning.mixins.regularized import split_losses
 
 
 class _Mean:
-    """A running sum of scalar tensors, read once (no device sync per step)."""
+    """A client's per-step scalar tensors, averaged when read: one device sync per client and no tensor operation
+    per step, in float32 arithmetic, as a running float32 sum on the device would give it."""
 
     def __init__(self) -> None:
-        self.sum: Tensor | None = None
-        self.count = 0
+        self.values: list[Tensor] = []
 
     def add(self, value: Tensor) -> None:
-        value = value.detach().float()
-        self.sum = value if self.sum is None else self.sum + value
-        self.count += 1
+        self.values.append(value.detach())
 
     def pop(self) -> float | None:
-        mean = None if self.sum is None else float(self.sum / self.count)
-        self.sum, self.count = None, 0
-        return mean
+        if not self.values:
+            return None
+        values, self.values = torch.stack(self.values).float().cpu().numpy(), []
+        # Summed in order in float32 (accumulate: total_i = total_{i-1} + value_i), then divided in float32.
+        return float(np.add.accumulate(values)[-1] / np.float32(len(values)))
 
 
 class ClientLossRecorder(FederatedCallback):
@@ -48,8 +50,8 @@ class ClientLossRecorder(FederatedCallback):
 
     def record(self, output: Any) -> None:
         """Adds one step's ``training_step`` output (a loss tensor or a dict with ``"loss"``)."""
-        if isinstance(output, Tensor):  # the task loss alone, every step of most modules
-            self._loss.add(output)
+        if isinstance(output, Tensor):  # the task loss alone, every step of most modules: _Mean.add, one call fewer
+            self._loss.values.append(output.detach())
             return
         loss, regularizer = split_losses(output)
         if loss is not None:

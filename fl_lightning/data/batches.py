@@ -118,6 +118,12 @@ class ClientBatches:
         self._augment_generator = None if self.transform is None else augmentation_generator(generator)
 
     @property
+    def device(self) -> torch.device | None:
+        """The device of every batch's tensors: the dataset's tensors' (indexed there); ``None`` for batches a
+        DataLoader collates, whose device the collate function decides."""
+        return self._device if self._tensors is not None else None
+
+    @property
     def batches_per_epoch(self) -> int:
         """Number of batches in one pass over the client's samples: the last one is partial, or
         dropped with ``drop_last``."""

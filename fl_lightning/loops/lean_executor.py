@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 import lightning.pytorch as pl
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+import torch
 from torch import Tensor
 from torch.optim import Optimizer
 from typing_extensions import override
@@ -50,6 +51,7 @@ class LeanExecutor(SequentialExecutor):
         return LeanSteps(
             optimizer=trainer.optimizers[0],
             prepare=batch_preparer(trainer),
+            ready_on=None if needs_preparing(trainer) else trainer.strategy.root_device,
             start_batch=compat.batch_starter(trainer),
             count_step=compat.step_counter(trainer),
             schedulers=StepSchedulers(trainer) or None,
@@ -66,12 +68,15 @@ class LeanExecutor(SequentialExecutor):
 
     @override
     def run_steps(self, batches: Sized) -> int:
-        optimizer, prepare, start_batch, count_step, schedulers = self._steps
+        optimizer, prepare, ready_on, start_batch, count_step, schedulers = self._steps
         call_step, record = self._step_caller(), self.runtime.recorder.record
+        if ready_on is not None and getattr(batches, "device", None) == ready_on:
+            prepare = None  # a ClientBatches stream already on the device: every batch would come back as it is
         steps = 0
         with compat.TrainingStepScope(self.runtime.module):
             for batch_idx, batch in enumerate(batches):  # type: ignore[call-overload]
-                batch = prepare(batch)
+                if prepare is not None:
+                    batch = prepare(batch)
                 start_batch(batch)
                 optimizer.zero_grad(set_to_none=True)
                 output = call_step(batch, batch_idx)
@@ -112,6 +117,8 @@ class LeanSteps(NamedTuple):
 
     optimizer: Optimizer
     prepare: Callable[[Any], Any]
+    #: The device whose tensors ``prepare`` returns as they are (``None``: it may change any batch).
+    ready_on: torch.device | None
     start_batch: Callable[[Any], None]
     count_step: Callable[[int], None]
     schedulers: StepSchedulers | None
@@ -139,9 +146,20 @@ class StepSchedulers:
 def batch_preparer(trainer: pl.Trainer) -> Callable[[Any], Any]:
     """The precision plugin's ``convert_input``, then ``batch_to_device`` (:func:`batch_mover`)."""
     convert, move = trainer.precision_plugin.convert_input, batch_mover(trainer)
-    if type(trainer.precision_plugin).convert_input is pl.plugins.Precision.convert_input:
-        return move  # full precision's convert_input returns the batch as it is
+    if not converts_input(trainer):
+        return move
     return lambda batch: move(convert(batch))
+
+
+def converts_input(trainer: pl.Trainer) -> bool:
+    """Whether the precision plugin's ``convert_input`` may change a batch (full precision's returns it as it is)."""
+    return type(trainer.precision_plugin).convert_input is not pl.plugins.Precision.convert_input
+
+
+def needs_preparing(trainer: pl.Trainer) -> bool:
+    """Whether :func:`batch_preparer` may change a batch of tensors already on the device: a converting precision
+    plugin, or batch transfer hooks the module or datamodule overrides."""
+    return converts_input(trainer) or bool(compat.overridden_batch_hooks(trainer, compat.BATCH_TRANSFER_HOOKS[1:]))
 
 
 def batch_mover(trainer: pl.Trainer) -> Callable[[Any], Any]:

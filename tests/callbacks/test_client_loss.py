@@ -29,6 +29,21 @@ def test_means_of_plain_losses_and_reset_after_reading():
     assert recorder.pop_means() == {}  # the next client starts from nothing
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_mean_is_a_running_float32_sum_bit_for_bit(dtype: torch.dtype):
+    """What the batched executor's per-step float32 sums give (and this recorder gave as one): a float32 tensor
+    added step by step, then divided by the steps."""
+    generator = torch.Generator().manual_seed(0)
+    for steps, scale in ((1, 1.0), (7, 1e-6), (60, 3e3), (200, 1.0)):
+        losses = (torch.randn(steps, generator=generator) * scale).abs().to(dtype).unbind()
+        recorder = ClientLossRecorder()
+        running = torch.zeros((), dtype=torch.float32)
+        for loss in losses:
+            recorder.record(loss)
+            running = running + loss.float()
+        assert recorder.pop_means()["train_loss"] == float(running / steps), (steps, scale)
+
+
 def test_task_loss_and_regularizer_kept_apart():
     recorder = ClientLossRecorder()
     for task, term in ((1.0, 0.5), (3.0, 1.5)):

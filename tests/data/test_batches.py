@@ -108,6 +108,13 @@ def test_tensor_dataset_takes_the_fast_path() -> None:
     assert sorted(y.tolist()) == [1, 2, 3] and torch.equal(x, y.float())
 
 
+def test_the_device_is_the_dataset_tensors_or_unknown_for_a_dataloader() -> None:
+    """What the lean executor reads to skip moving batches already on the device."""
+    kwargs = {"batch_size": 3, "num_epochs": 1, "generator": torch.Generator()}
+    assert client_batches(DATA, INDICES, **kwargs).device == torch.device("cpu")
+    assert client_batches(PerSample(DATA), INDICES, **kwargs).device is None  # the collate function decides
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_device_resident_data_is_gathered_on_the_device_in_the_same_order() -> None:
     on_gpu = InMemoryDataset(inputs=DATA.tensors[0].cuda(), labels=DATA.tensors[1].cuda(), num_classes=7)
