@@ -347,7 +347,9 @@ def clear_restarting(loop: _Loop) -> None:
 def log_metrics(trainer: pl.Trainer, metrics: Mapping[str, float], step: int) -> None:
     """Logs loop-level metrics to every logger, also exposing them to callbacks (``callback_metrics``)."""
     trainer._logger_connector.log_metrics(dict(metrics), step=step)
-    trainer._logger_connector._callback_metrics.update({k: torch.tensor(float(v)) for k, v in metrics.items()})
+    # One tensor for the round's values, its 0-d views the metrics (a tensor each, as Lightning keeps them).
+    values = torch.tensor([float(v) for v in metrics.values()], dtype=torch.get_default_dtype()).unbind()
+    trainer._logger_connector._callback_metrics.update(zip(metrics, values))
 
 
 def epoch_end_log_step(trainer: pl.Trainer) -> int:

@@ -64,7 +64,8 @@ class RunningSum:
         if not self.total:
             self.total = {name: torch.zeros_like(t, dtype=accumulator_dtype(t.dtype)) for name, t in delta.items()}
         if self.total:  # one _foreach call: each accumulator's own add_ on a CPU, without a dispatch per tensor
-            addends = [delta[name].to(acc.dtype) for name, acc in self.total.items()]
+            # t.to(dtype) only where it converts: its dispatch would run once per tensor and client.
+            addends = [t if (t := delta[name]).dtype == acc.dtype else t.to(acc.dtype) for name, acc in self.total.items()]
             torch._foreach_add_(list(self.total.values()), addends, alpha=float(weight))
         self.weight += float(weight)
         self.count += 1
