@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from itertools import repeat
-from operator import getitem
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -138,14 +137,16 @@ class ClientBatches:
         return self.num_epochs * self.batches_per_epoch
 
     def __iter__(self) -> Iterator[Any]:
-        if self._tensors is not None:
-            tensors, transform = self._tensors, self.transform
-            for epoch in self.epoch_batches():
-                for batch in epoch:
-                    # map over operator.getitem: each tensor indexed without a Python frame (this runs every step).
-                    picked = tuple(map(getitem, tensors, repeat(batch)))
-                    yield picked if transform is None else self._augmented(picked)
-            return
+        if self._tensors is None:
+            return self._loaded()
+        # Each epoch's batches as one zip of per-tensor maps, epochs chained lazily: the batch tuples are built in C,
+        # without a Python frame per step.
+        batches = chain.from_iterable(
+            zip(*[map(tensor.__getitem__, epoch) for tensor in self._tensors]) for epoch in self.epoch_batches()
+        )
+        return batches if self.transform is None else map(self._augmented, batches)
+
+    def _loaded(self) -> Iterator[Any]:
         loader = DataLoader(
             self.dataset, batch_sampler=_IndexBatches(self), num_workers=self.num_workers, **self.dataloader_kwargs
         )
@@ -169,7 +170,9 @@ class ClientBatches:
                 epoch = self.indices[order]
             else:
                 epoch = self.indices
-            batches = list(epoch[: per_epoch * self.batch_size].split(self.batch_size)[:left])
+            # tensor_split at the batch boundaries: split's views, without its Python wrapper.
+            end = per_epoch * self.batch_size
+            batches = list(epoch[:end].tensor_split(list(range(self.batch_size, end, self.batch_size)))[:left])
             left -= len(batches)
             yield batches
 
