@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from array import array
 from typing import Any
 
 import lightning.pytorch as pl
-import numpy as np
 import torch
 from torch import Tensor
 from typing_extensions import override
@@ -28,9 +28,14 @@ class _Mean:
     def pop(self) -> float | None:
         if not self.values:
             return None
-        values, self.values = torch.stack(self.values).float().cpu().numpy(), []
-        # Summed in order in float32 (accumulate: total_i = total_{i-1} + value_i), then divided in float32.
-        return float(np.add.accumulate(values)[-1] / np.float32(len(values)))
+        # Each value as a float32 (array "f" rounds as .float() does), summed in order and divided in float32: a sum or
+        # quotient of float32 values computed in double precision and rounded once is the float32 result (53 bits
+        # exceed 2 * 24 + 2), so this is the device's running float32 sum, without numpy's or torch's machinery.
+        values, self.values = array("f", torch.stack(self.values).tolist()), []
+        total = array("f", [0.0])
+        for value in values:
+            total[0] += value
+        return array("f", [total[0] / len(values)])[0]
 
 
 class ClientLossRecorder(FederatedCallback):

@@ -166,8 +166,8 @@ class ClientBatches:
         left, per_epoch = len(self), self.batches_per_epoch
         while left:
             if self.shuffle:
-                order = torch.randperm(self.indices.shape[0], generator=self.generator).to(self._device)
-                epoch = self.indices[order]
+                order = torch.randperm(self.indices.shape[0], generator=self.generator)
+                epoch = self.indices[order if self._device.type == "cpu" else order.to(self._device)]
             else:
                 epoch = self.indices
             # tensor_split at the batch boundaries: split's views, without its Python wrapper.
