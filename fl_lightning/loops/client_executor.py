@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import lightning.pytorch as pl
+from torch.optim import Optimizer
 from typing_extensions import override
 
 from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientContext, ClientUpdate
@@ -40,7 +41,8 @@ class ClientRuntime:
         recorder: the loss recorder whose means become ``client.metrics``.
         reset_optimizer: clear the optimizer state before each client.
         schedules: puts ``interval="step"`` LR schedulers back at the round's start before each client.
-        client_tensors: each client's local tensors and the frozen buffers (``None``: the module has neither).
+        client_tensors: each client's local tensors and the frozen buffers (``None``: the module has neither; never
+            an empty one, which would be tested twice per client).
     """
 
     trainer: pl.Trainer
@@ -56,6 +58,11 @@ class ClientRuntime:
     def module(self) -> pl.LightningModule:
         """The trainer's LightningModule, looked up once (a chain of properties read several times per client)."""
         return self.trainer.lightning_module
+
+    @cached_property
+    def optimizers(self) -> list[Optimizer]:
+        """The trainer's optimizers, looked up once: set up before the loop starts, they stay for the fit."""
+        return self.trainer.optimizers
 
 
 class ClientExecutor(ABC):
@@ -92,11 +99,11 @@ class ClientExecutor(ABC):
         round's start, the algorithm has configured the client and the callbacks know it started."""
         runtime = self.runtime
         load_into(runtime.live, global_state)
-        if runtime.client_tensors:
+        if runtime.client_tensors is not None:
             runtime.client_tensors.start(client.client_id)
         # Reset before configure_client, so that an algorithm may install per-client optimizer state.
         if runtime.reset_optimizer:
-            for optimizer in runtime.trainer.optimizers:
+            for optimizer in runtime.optimizers:
                 optimizer.state.clear()
         runtime.schedules.start_client(client.round_idx)
         runtime.algorithm.configure_client(client, runtime.module, global_state)
@@ -113,7 +120,7 @@ class ClientExecutor(ABC):
         term a mixin set was applied (before the algorithm's ``client_update``, which may unset it)."""
         runtime = self.runtime
         check_terms_applied(runtime.module, client.completed_steps, runtime.algorithm)
-        if runtime.client_tensors:
+        if runtime.client_tensors is not None:
             runtime.client_tensors.finish(client.client_id)
         return runtime.algorithm.client_update(client, runtime.module, compute_delta(runtime.live, global_state))
 

@@ -316,7 +316,7 @@ class FederatedFitLoop(compat.FitLoopBase):
             self.loss_recorder,
             self.reset_optimizer,
             self._schedules,
-            self.client_tensors,
+            self.client_tensors or None,  # None: nothing to test per client
         )
         self._executor = make_executor(
             self.client_executor, runtime, max_batched_clients=self.max_batched_clients, compile_backend=self.compile_backend

@@ -109,8 +109,8 @@ def set_terms(module: object) -> list[str]:
 def check_terms_applied(module: object, steps: int, algorithm: object) -> None:
     """Raises ``TypeError`` naming the fix when ``module`` trained ``steps > 0`` steps and a mixin whose term is set
     applied it in none of them: a ``training_step`` defined in the class that lists the mixin replaces the mixin's."""
-    if not steps or not isinstance(module, AppliedTermMixin):
-        return
+    if not steps or not isinstance(module, AppliedTermMixin) or not module._applied_term_steps:
+        return  # no step, or no term set
     mro = type(module).__mro__  # the fix keeps the mixins' order among the bases
     bypassed = [m.__name__ for m, count in sorted(module.applied_term_steps.items(), key=lambda t: mro.index(t[0])) if not count]
     if bypassed:
