@@ -6,13 +6,13 @@ from array import array
 from typing import Any
 
 import lightning.pytorch as pl
-import torch
 from torch import Tensor
 from typing_extensions import override
 
 from fl_lightning.callbacks.federated_callback import FederatedCallback
 from fl_lightning.algorithms.shared.algorithm import TRAINING_METRICS
 from fl_lightning.mixins.regularized import split_losses
+from fl_lightning.utils.scalars import read_scalars
 
 
 class _Mean:
@@ -31,7 +31,7 @@ class _Mean:
         # Each value as a float32 (array "f" rounds as .float() does), summed in order and divided in float32: a sum or
         # quotient of float32 values computed in double precision and rounded once is the float32 result (53 bits
         # exceed 2 * 24 + 2), so this is the device's running float32 sum, without numpy's or torch's machinery.
-        values, self.values = array("f", torch.stack(self.values).tolist()), []
+        values, self.values = array("f", read_scalars(self.values)), []
         total = array("f", [0.0])
         for value in values:
             total[0] += value

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor, nn
 
+from fl_lightning.utils.scalars import read_scalars
+
 State = dict[str, Tensor]
 
 
@@ -77,9 +79,10 @@ def all_finite(tensors: Mapping[str, Tensor]) -> bool:
 
     Checks each tensor's smallest and largest value (one ``aminmax`` each, which NaN and Inf reach): ~7x cheaper
     than ``isfinite(t).all()`` per tensor, and without the copy that ``abs()`` before ``amax()`` makes; the extremes
-    are read as Python floats (``torch.isfinite`` is four kernels). Neither a ``no_grad`` context nor ``detach`` (a
-    parameter's extremes record graph nodes, freed at once): it runs once per client, where each call counts
-    (``benchmarks/results/executor_pace.md``; a concatenated copy of a small state screened at once was slower).
+    are read as Python floats (:func:`~fl_lightning.utils.scalars.read_scalars`; ``torch.isfinite`` is four kernels).
+    Neither a ``no_grad`` context nor ``detach`` (a parameter's extremes record graph nodes, freed at once): it runs
+    once per client, where each call counts (``benchmarks/results/executor_pace.md``; a concatenated copy of a small
+    state screened at once was slower).
     """
     extremes = [bound for t in tensors.values() if t.is_floating_point() and t.numel() for bound in torch.aminmax(t)]
-    return all(map(math.isfinite, torch.stack(extremes).tolist())) if extremes else True
+    return all(map(math.isfinite, read_scalars(extremes)))
