@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -91,8 +92,10 @@ def main() -> None:
         source, shim = Path(scratch, "shim.c"), Path(scratch, "shim.so")
         source.write_text(SHIM)
         subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", str(shim), str(source)], check=True)
+        # Without address randomisation (setarch -R, where present): hashes of ids, so dict and set probes, repeat.
+        fixed_addresses = ["setarch", platform.machine(), "-R"] if shutil.which("setarch") else []
         command = [
-            "valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={scratch}/callgrind.%p",
+            *fixed_addresses, "valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={scratch}/callgrind.%p",
             sys.executable, __file__, "--child", str(shim), "--low", str(args.low), "--high", str(args.high),
         ]
         # A fixed hash seed: set and dict orders, so the counts, do not change between two runs.
