@@ -3,23 +3,17 @@ layer shapes (the GFLOP/s it reports, and so the bound it records, rest on it)."
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 from torch import nn
 
 from fl_lightning.models import PflCNN
 
+from .benchmark_scripts import import_benchmark
+
 
 @pytest.fixture
 def flops_per_sample(monkeypatch: pytest.MonkeyPatch):
-    # The benchmark scripts import their siblings as top-level modules (run with benchmarks/ on sys.path).
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    monkeypatch.delitem(sys.modules, "conv_ceiling", raising=False)
-    from conv_ceiling import flops_per_sample
-
-    return flops_per_sample
+    return import_benchmark(monkeypatch, "conv_ceiling").flops_per_sample
 
 
 def test_pfl_cnn_flops_match_the_layer_shapes(flops_per_sample) -> None:

@@ -3,25 +3,20 @@ paired differences across tau0 (checked against a NumPy/SciPy t-interval, not th
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from scipy import stats
 
+from .benchmark_scripts import import_benchmark
+
 HORIZON = 6
 
 
 @pytest.fixture
 def departure_trend(monkeypatch: pytest.MonkeyPatch):
-    # The benchmark scripts import their siblings as top-level modules (run with benchmarks/ on sys.path).
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    monkeypatch.delitem(sys.modules, "flexible_events", raising=False)
-    from flexible_events import departure_trend
-
-    return departure_trend
+    return import_benchmark(monkeypatch, "flexible_events").departure_trend
 
 
 def curves(crossing: int | None) -> tuple[SimpleNamespace, SimpleNamespace]:

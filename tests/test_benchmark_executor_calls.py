@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
+from .benchmark_scripts import import_benchmark
+
+
 
 @pytest.fixture
 def calls(monkeypatch: pytest.MonkeyPatch):
-    # The benchmark scripts import their siblings as top-level modules (run with benchmarks/ on sys.path).
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    monkeypatch.delitem(sys.modules, "executor_calls", raising=False)
-    from executor_calls import calls
-
-    return calls
+    return import_benchmark(monkeypatch, "executor_calls").calls
 
 
 def step() -> None:

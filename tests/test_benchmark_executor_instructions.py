@@ -3,20 +3,17 @@ round's instructions as the difference of two runs, so that a fit's set-up cance
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
+from .benchmark_scripts import import_benchmark
+
+
 
 @pytest.fixture
 def instructions(monkeypatch: pytest.MonkeyPatch):
-    # The benchmark scripts import their siblings as top-level modules (run with benchmarks/ on sys.path).
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    monkeypatch.delitem(sys.modules, "executor_instructions", raising=False)
-    import executor_instructions
-
-    return executor_instructions
+    return import_benchmark(monkeypatch, "executor_instructions")
 
 
 def dump(trigger: str, total: int) -> str:

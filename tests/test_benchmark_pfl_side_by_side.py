@@ -12,15 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from .benchmark_scripts import import_benchmark
+
+
 
 @pytest.fixture
 def side_by_side(monkeypatch: pytest.MonkeyPatch):
-    # The benchmark scripts import their siblings as top-level modules (run with benchmarks/ on sys.path).
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    monkeypatch.delitem(sys.modules, "pfl_side_by_side", raising=False)
-    import pfl_side_by_side
-
-    return pfl_side_by_side
+    return import_benchmark(monkeypatch, "pfl_side_by_side")
 
 
 def fake_python(tmp_path: Path, body: str) -> str:
