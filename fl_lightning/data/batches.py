@@ -183,10 +183,11 @@ class ClientBatches:
 
 
 def _rows(tensor: Any, batches: list[Tensor]) -> Iterator[Any]:
-    """``tensor[b]`` for each index batch ``b``: ``index_select(0, b)`` for a tensor (the same rows in a new contiguous
-    tensor, without advanced indexing's set-up, a third of its time on a small batch), else its own ``__getitem__``
-    (a dataset's row container, such as :class:`~fl_lightning.data.datasets.multi_hot.MultiHotRows`)."""
-    return map(tensor.index_select, repeat(0), batches) if isinstance(tensor, Tensor) else map(tensor.__getitem__, batches)
+    """``tensor[b]`` for each index batch ``b``: ``index_select(0, b)`` for a plain tensor (the same rows in a new
+    contiguous tensor, without advanced indexing's set-up, a third of its time on a small batch), else its own
+    ``__getitem__`` (a tensor subclass's, or a dataset's row container's such as
+    :class:`~fl_lightning.data.datasets.multi_hot.MultiHotRows`)."""
+    return map(tensor.index_select, repeat(0), batches) if type(tensor) is Tensor else map(tensor.__getitem__, batches)
 
 
 class _IndexBatches:

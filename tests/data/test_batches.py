@@ -167,3 +167,17 @@ def test_drop_last_drops_each_epochs_partial_batch() -> None:
 def test_drop_last_leaves_a_client_smaller_than_a_batch_without_batches(kwargs: dict) -> None:
     batches = stream(batch_size=11, drop_last=True, **kwargs)
     assert (len(batches), list(batches)) == (0, [])
+
+
+class RowsTwice(torch.Tensor):
+    """A tensor subclass whose own indexing differs from index_select's: the stream must keep it."""
+
+    def __getitem__(self, index):
+        return super().__getitem__(index) * 2
+
+
+def test_a_tensor_subclass_keeps_its_own_indexing() -> None:
+    labels = torch.arange(10)
+    data = TensorDataset(torch.arange(10.0).as_subclass(RowsTwice), labels)
+    for x, y in client_batches(data, list(range(10)), batch_size=4, num_epochs=1, generator=torch.Generator().manual_seed(0)):
+        torch.testing.assert_close(x.as_subclass(torch.Tensor), 2 * y.float())
