@@ -271,12 +271,12 @@ def step_counter(trainer: pl.Trainer) -> Callable[[int], None]:
     return count
 
 
-def training_step_caller(trainer: pl.Trainer, step: Callable[..., Any] | None = None) -> Callable[[Any, int], Any]:
-    """``step(batch, batch_idx)`` (or ``(batch)``, as its signature asks; default ``training_step``) in the precision
-    plugin's ``train_step_context``, as Lightning's loop calls ``training_step``; the context is left out where it is
-    Lightning's empty one (full precision), which costs a generator per step and does nothing."""
-    module, precision = trainer.lightning_module, trainer.precision_plugin
-    step = module.training_step if step is None else step
+def training_step_caller(trainer: pl.Trainer, step: Callable[..., Any]) -> Callable[[Any, int], Any]:
+    """``step(batch, batch_idx)`` (or ``(batch)``, as its signature asks), the module's bound ``training_step`` or one
+    past its unset term mixins, in the precision plugin's ``train_step_context``, as Lightning's loop calls
+    ``training_step``; the context is left out where it is Lightning's empty one (full precision), which costs a
+    generator per step and does nothing."""
+    precision = trainer.precision_plugin
     call_step = step if _takes_batch_idx(step) else (lambda batch, batch_idx: step(batch))
     empty = (
         type(precision).train_step_context is pl.plugins.Precision.train_step_context

@@ -166,8 +166,8 @@ class ClientBatches:
         left, per_epoch = len(self), self.batches_per_epoch
         while left:
             if self.shuffle:
-                order = torch.randperm(self.indices.shape[0], generator=self.generator)
-                epoch = self.indices.index_select(0, order if self._device.type == "cpu" else order.to(self._device))
+                order = torch.randperm(self.indices.shape[0], generator=self.generator).to(self._device)
+                epoch = self.indices.index_select(0, order)
             else:
                 epoch = self.indices
             # Slices (views), only those the stream still needs: half of tensor_split's cost for a few batches.

@@ -43,13 +43,13 @@ class LeanExecutor(SequentialExecutor):
     def _steps(self) -> LeanSteps:
         """What every step uses, looked up once per fit (the trainer's module, optimizer, plugins and hooks
         do not change during the fit), after refusing what the lean executor cannot run."""
-        trainer = self.runtime.trainer
-        if not self.runtime.module.automatic_optimization or len(trainer.optimizers) != 1:
+        trainer, optimizers = self.runtime.trainer, self.runtime.optimizers
+        if not self.runtime.module.automatic_optimization or len(optimizers) != 1:
             raise ValueError("The lean client executor needs automatic optimization with exactly one optimizer.")
         if getattr(trainer.precision_plugin, "scaler", None) is not None:
             raise ValueError(f"The lean client executor does not scale gradients: precision={trainer.precision!r} is not supported.")
         return LeanSteps(
-            optimizer=trainer.optimizers[0],
+            optimizer=optimizers[0],
             prepare=batch_preparer(trainer),
             ready_on=None if needs_preparing(trainer) else trainer.strategy.root_device,
             start_batch=compat.batch_starter(trainer),
