@@ -11,8 +11,8 @@ What it leaves out of pfl's benchmark, so its clients/s are of training alone: p
 evaluation every 10 rounds (about 20 % of pfl's forward work over a run), pfl's user sampling
 (with replacement across rounds, by its own sampler) — here clients are drawn without replacement
 per round by the library's seeded ``randperm`` — and pfl's fixed per-user sample order (here each
-client's batches are shuffled per round by its seeded generator). A run of pfl's own simulator
-side by side with pfl's own simulator, in its own environment, is ``pfl_side_by_side.py``.
+client's batches are shuffled per round by its seeded generator). pfl's own simulator, run in its own
+environment beside the plain loop and these executors on pfl's set-up, is ``pfl_side_by_side.py``.
 
 Four ways, side by side:
 
