@@ -28,7 +28,7 @@ from fl_lightning.distributed.strategy import FederatedDDPStrategy
 from fl_lightning.server.federation import FederatedDataSource, require_federated_data
 from fl_lightning.server.memory_budget import AUTO, parse_memory
 from fl_lightning.loops.async_fit_loop import AsyncFitLoop
-from fl_lightning.loops.batched_executor import check_compile_backend
+from fl_lightning.loops.batched_executor import batched_refusal, check_compile_backend
 from fl_lightning.loops.federated_fit_loop import FederatedFitLoop
 from fl_lightning.loops.hparams_session import one_tensorboard_session
 from fl_lightning.trainer_arguments import MEANINGS, check_known_arguments, check_trainer_arguments
@@ -183,8 +183,8 @@ class FederatedTrainer(pl.Trainer):
             )
         if client_executor not in ("auto", "lightning", "lean", "batched"):
             raise ValueError(f"`client_executor` must be 'auto', 'lightning', 'lean' or 'batched', got {client_executor!r}.")
-        if client_executor == "batched" and algorithm is not None and algorithm.asynchronous:
-            raise ValueError(f"client_executor='batched' runs synchronous rounds only; {type(algorithm).__name__} is asynchronous.")
+        if client_executor == "batched" and algorithm is not None and (refusal := batched_refusal(algorithm)):
+            raise ValueError(refusal)  # an algorithm's own reason, at once (an asynchronous one never reaches an executor)
         if max_batched_clients is not None and (
             client_executor != "batched" or isinstance(max_batched_clients, bool) or not isinstance(max_batched_clients, int)
             or max_batched_clients < 1

@@ -4,7 +4,7 @@ NeurIPS 2021): the EM baseline of FedSoft."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import lightning.pytorch as pl
 import torch
@@ -58,6 +58,12 @@ class FedEM(ClusteredAlgorithm):
         centres, batched_probe, personal_eval_every, probe_batch_size, evaluate_sources: see
             :class:`ClusteredAlgorithm`.
     """
+
+    batched_refusal: ClassVar[str] = (
+        "each client trains its M components one after another (Alg. 1's M-step, components 1..M-1 from client_update), "
+        "each on a loss that MixtureWeightedMixin weights per sample by responsibilities computed from all M components' "
+        "losses on every batch, which the batched step does not stack per client."
+    )
 
     def __init__(
         self,

@@ -4,7 +4,7 @@ ICLR 2023), the probability-mask baseline of FedMRN (Li et al., ACM MM 2024)."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Literal
+from typing import ClassVar, Literal
 
 import lightning.pytorch as pl
 import torch
@@ -76,6 +76,11 @@ class FedPM(CompressedFedAvg):
     """
 
     codec: ProbabilityMaskCodec
+    batched_refusal: ClassVar[str] = (
+        "ProbabilityMaskMixin samples the Bernoulli masks in every forward pass from the generator configure_client "
+        "sets on the module for the client, one module-wide generator that a group's clients would share, so their "
+        "masks could not be drawn as each one alone draws them (only MaskedNoiseMixin's are drawn per client)."
+    )
 
     def __init__(
         self,

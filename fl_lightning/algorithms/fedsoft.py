@@ -4,7 +4,7 @@ Updating", AAAI 2022): soft clustering with proximal local updates toward severa
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import lightning.pytorch as pl
 import torch
@@ -85,6 +85,12 @@ class FedSoft(ClusteredAlgorithm):
         centres, batched_probe, personal_eval_every, probe_batch_size, evaluate_sources: see
             :class:`ClusteredAlgorithm`.
     """
+
+    batched_refusal: ClassVar[str] = (
+        "each client's proximal term pulls towards the S centres with its own importance weights (eq. 4: a coefficient "
+        "lambda * sum_s u_ks and a constant of its own), while the batched step shares one coefficient per term across "
+        "a group's clients (and persist_optimizer_state carries each client's optimizer state between its rounds)."
+    )
 
     def __init__(
         self,

@@ -4,6 +4,7 @@ hard clustering, the baseline of FedSoft."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import ClassVar
 
 import lightning.pytorch as pl
 import torch
@@ -42,6 +43,10 @@ class IFCA(ClusteredAlgorithm):
     """
 
     importance_is_state = False
+    #: Its configure_client loads the client's centre :math:`c_{\hat j_k}` (the batched executor copies it into the
+    #: client's row) and unsets a proximal term; the centres are scored at selection, before any client trains.
+    configure_client_sets_terms: ClassVar[bool] = True
+    configure_client_loads_weights: ClassVar[bool] = True
 
     def __init__(
         self,

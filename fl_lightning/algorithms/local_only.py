@@ -79,6 +79,9 @@ class LocalOnly(Algorithm):
     """
 
     summary_metrics: ClassVar[dict[str, str]] = {"round/local_test_acc": "final"}
+    #: Its configure_client only loads the client's own model (the batched executor copies it into the client's row).
+    configure_client_sets_terms: ClassVar[bool] = True
+    configure_client_loads_weights: ClassVar[bool] = True
 
     def __init__(self, *, clients: Sequence[int] | None = None) -> None:
         if clients is not None and (isinstance(clients, (str, bytes)) or not isinstance(clients, Sequence)):

@@ -49,7 +49,8 @@ class QFedAvg(SummableAggregation):
     probed afresh each round. Its uploads are not deltas (scaled by :math:`F_k^q/h_k`), so ``DPFedAvg``
     and ``update_bound`` refuse it (a clip of the payload would not bound :math:`h_k`, sent in the
     clear); a robust aggregator replaces the :math:`h`-weighted mean by its statistic of the clients' steps.
-    The batched executor refuses it (it probes each client's loss before training).
+    Under the batched executor each member's :meth:`configure_client` runs on the global weights before its group
+    trains, so :math:`F_k(w^t)` and :math:`L` are read as the sequential executors read them.
 
     Headline metric: the worst-10 % client accuracy of :class:`~fl_lightning.FederatedEvaluation`
     (``clients/acc_worst10``).
@@ -61,6 +62,8 @@ class QFedAvg(SummableAggregation):
     """
 
     summary_metrics: ClassVar[dict[str, str]] = {"clients/acc_worst10": "final"}
+    #: Its configure_client only reads the module (F_k(w^t), L): it sets nothing the batched executor must stack.
+    configure_client_sets_terms: ClassVar[bool] = True
 
     def __init__(
         self, *, q: float = 1.0, lipschitz: float | None = None, sampling: Literal["samples", "uniform"] = "samples"

@@ -63,6 +63,7 @@ from typing_extensions import override
 
 from fl_lightning import _lightning_compat as compat
 from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientContext, ClientUpdate
+from fl_lightning.algorithms.shared.wrapper import AlgorithmWrapper, wrapped
 from fl_lightning.loops.batched_activations import ForwardBytes
 from fl_lightning.loops.batched_adam import adam_step
 from fl_lightning.loops.batched_exactness import RandomCalls, warn_randomness
@@ -84,8 +85,8 @@ from fl_lightning.mixins._holders import holder_tensors
 from fl_lightning.server.model_state import State, load_into
 
 __all__ = [
-    "BatchedExecutor", "check_batched_support", "check_compile_backend", "check_compiled_holders", "check_mean_step",
-    "flatten_stream", "group_clients",
+    "BatchedExecutor", "batched_refusal", "check_batched_support", "check_compile_backend", "check_compiled_holders",
+    "check_mean_step", "flatten_stream", "group_clients",
     "warn_rounding",
 ]
 
@@ -98,26 +99,44 @@ OPTIMIZERS = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)
 
 def configure_client_definer(algorithm: Algorithm) -> type:
     """The class that defines ``algorithm``'s ``configure_client``, whose declarations
-    (``configure_client_sets_terms``, ``configure_client_loads_weights``) the batched executor reads."""
-    return next(cls for cls in type(algorithm).__mro__ if "configure_client" in vars(cls))
+    (``configure_client_sets_terms``, ``configure_client_loads_weights``) the batched executor reads; through a wrapper
+    whose ``configure_client`` is :class:`AlgorithmWrapper`'s, which only passes the call on (DPFedAvg, LocalDP, the
+    robust rules, Byzantine, SecureAggregation, FedALIGN: what they add runs before or after local training), the
+    wrapped algorithm's."""
+    layer = algorithm
+    while True:
+        definer = next(cls for cls in type(layer).__mro__ if "configure_client" in vars(cls))
+        if definer is not AlgorithmWrapper:
+            return definer
+        layer = layer.inner  # type: ignore[attr-defined]
+
+
+def batched_refusal(algorithm: Algorithm) -> str | None:
+    """The error for the first of ``algorithm`` and the algorithms it wraps, outermost first, that declares a
+    :attr:`~Algorithm.batched_refusal`; ``None`` when none does."""
+    for layer in wrapped(algorithm):
+        if layer.batched_refusal:
+            inside = "" if layer is algorithm else f" (inside {type(algorithm).__name__})"
+            return (
+                f"{PREFIX} cannot train {type(layer).__name__}{inside}: {layer.batched_refusal} "
+                "Use client_executor='lightning' or 'lean'."
+            )
+    return None
 
 
 def check_batched_support(runtime: ClientRuntime) -> torch.optim.Optimizer:
     """Raises a ``ValueError`` naming what the batched executor cannot reproduce; returns the optimizer."""
     trainer, module, algorithm = runtime.trainer, runtime.module, runtime.algorithm
-    if algorithm.batched_refusal:
-        raise ValueError(
-            f"{PREFIX} cannot train {type(algorithm).__name__}: {algorithm.batched_refusal} "
-            "Use client_executor='lightning' or 'lean'."
-        )
+    if refusal := batched_refusal(algorithm):
+        raise ValueError(refusal)
     definer = configure_client_definer(algorithm)
     if definer is not Algorithm and not vars(definer).get("configure_client_sets_terms", False):
         raise ValueError(
-            f"{PREFIX} runs algorithms whose configure_client at most sets the module's loss terms and loads the "
-            f"client's own weights (FedAvg, FedProx, SCAFFOLD, FedDyn, Ditto, CompressedFedAvg, ...: "
-            "Algorithm.configure_client_sets_terms, configure_client_loads_weights); "
-            f"{type(algorithm).__name__} overrides configure_client ({definer.__name__}.configure_client) with more than "
-            "that. Use client_executor='lightning' or 'lean'."
+            f"{PREFIX} calls each client's configure_client before its group trains, which is exact for one that at "
+            "most sets the module's loss terms and loads the client's own weights, as its class declares "
+            "(configure_client_sets_terms = True, and configure_client_loads_weights: FedProx, SCAFFOLD, FedDyn, "
+            f"Ditto, ...); {definer.__name__}.configure_client (of {type(algorithm).__name__}) does not declare it, so "
+            "what it does is unknown. Declare it if that is all it does, or use client_executor='lightning' or 'lean'."
         )
     if not runtime.reset_optimizer:
         raise ValueError(f"{PREFIX} needs reset_optimizer=True (fresh optimizer state per client).")

@@ -129,11 +129,6 @@ def test_dp_and_update_bounds_refuse_it():
         fit(QFedAvg(), update_bound=NormClip(max_norm=1.0))
 
 
-def test_the_batched_executor_refuses_it():
-    with pytest.raises(ValueError, match=r"QFedAvg overrides configure_client"):
-        fit(QFedAvg(), client_executor="batched")
-
-
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [

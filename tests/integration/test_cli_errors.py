@@ -46,8 +46,8 @@ def one_line_error(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
         (["--trainer.clients_per_round", "50"], "error: `clients_per_round=50` is not allowed with num_clients=20"),
         (["--ckpt_path", "missing.ckpt"], "error: Checkpoint file not found: missing.ckpt"),
         (
-            ["--trainer.client_executor", "batched", "--trainer.algorithm", "fl_lightning.QFedAvg"],
-            "error: client_executor='batched' runs algorithms whose configure_client at most sets the module's loss terms",
+            ["--trainer.client_executor", "batched", "--trainer.gradient_clip_val", "1.0"],
+            "error: client_executor='batched' does not support gradient_clip_val (got 1.0)",
         ),
     ],
     ids=["trainer", "nested-partitioner", "model", "data", "fit-start", "missing-checkpoint", "first-round"],

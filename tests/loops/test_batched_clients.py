@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from fl_lightning import FedAvg, FedBuff, FedProx
+from fl_lightning import FedAvg, FedProx
 from fl_lightning.algorithms.shared.algorithm import ClientContext, ClientUpdate
 from fl_lightning.algorithms.shared.server_optimizers import ServerSGD
 from fl_lightning.callbacks.federated_callback import FederatedCallback
@@ -23,15 +23,24 @@ from ..integration.conftest import quiet_trainer
 TOL = 1e-5
 
 
-def synthetic_data(*, image: bool = False, num_clients: int = 6, batch_size: int = 8, drop_last: bool = False) -> FederatedDataModule:
-    """Label-skewed clients of unequal sizes: different step counts and last-batch sizes."""
+def synthetic_data(
+    *, image: bool = False, num_clients: int = 6, batch_size: int = 8, drop_last: bool = False, holdout_fraction: float = 0.0
+) -> FederatedDataModule:
+    """Label-skewed clients of unequal sizes: different step counts and last-batch sizes (``holdout_fraction`` of each
+    client's samples held out)."""
     g = torch.Generator().manual_seed(0)
     shape = (1, 8, 8) if image else (12,)
     dataset = InMemoryDataset(
         inputs=torch.randn(180, *shape, generator=g), labels=torch.randint(0, 4, (180,), generator=g), num_classes=4
     )
     return FederatedDataModule(
-        dataset, partitioner=Dirichlet(alpha=0.5), num_clients=num_clients, batch_size=batch_size, drop_last=drop_last, seed=0
+        dataset,
+        partitioner=Dirichlet(alpha=0.5),
+        num_clients=num_clients,
+        batch_size=batch_size,
+        drop_last=drop_last,
+        holdout_fraction=holdout_fraction,
+        seed=0,
     )
 
 
@@ -245,7 +254,7 @@ def rmsprop_mlp() -> MLP:
             lambda: MLP(in_features=12, hidden=(8,), num_classes=4),
             {"algorithm": ConfiguresClients},
             ValueError,
-            r"ConfiguresClients overrides configure_client \(ConfiguresClients.configure_client\) with more than that",
+            r"ConfiguresClients.configure_client \(of ConfiguresClients\) does not declare it, so what it does is unknown",
         ),
         (rmsprop_mlp, {}, ValueError, r"steps torch.optim.SGD, Adam and AdamW only; got torch.optim.rmsprop.RMSprop.*'lightning'"),
         (lambda: MLP(in_features=12, hidden=(8,), num_classes=4), {"reset_optimizer": False}, ValueError, "reset_optimizer=True"),
@@ -268,11 +277,6 @@ def rmsprop_mlp() -> MLP:
 def test_unsupported_runs_fail_clearly(model_fn: Callable[[], Any], kwargs: dict[str, Any], error: type, match: str) -> None:
     with pytest.raises(error, match=match):
         fit("batched", model_fn, **kwargs)
-
-
-def test_asynchronous_algorithm_is_refused() -> None:
-    with pytest.raises(ValueError, match="FedBuff is asynchronous"):
-        quiet_trainer(client_executor="batched", algorithm=FedBuff(buffer_size=2))
 
 
 def test_a_stacked_weight_takes_its_gradients_memory_layout() -> None:

@@ -46,15 +46,17 @@ class Algorithm(RecordsInitArgs, ABC):
     differentially_private: ClassVar[bool] = False
     #: Whether this class's :meth:`configure_client` at most sets the module's loss terms (``ProximalMixin``'s centre,
     #: ``LinearTermMixin``'s direction) on the global weights, which the batched executor stacks per client
-    #: (:mod:`~fl_lightning.loops.batched_terms`). Read from the class that defines ``configure_client``, so a
-    #: subclass that overrides it again must declare it again; ``Algorithm``'s own does nothing.
+    #: (:mod:`~fl_lightning.loops.batched_terms`), or only reads the module (q-FFL's loss probe). Read from the class
+    #: that defines ``configure_client`` (through an ``AlgorithmWrapper``, which passes the call on, the wrapped
+    #: algorithm's), so a subclass that overrides it again must declare it again; ``Algorithm``'s own does nothing.
     configure_client_sets_terms: ClassVar[bool] = False
     #: Whether this class's :meth:`configure_client` also loads the client's own weights
     #: (``federation.load_local_weights``: Ditto's personal model), declared beside :attr:`configure_client_sets_terms`:
     #: the batched executor then copies each member's weights after its ``configure_client`` into the member's row.
     configure_client_loads_weights: ClassVar[bool] = False
-    #: Why the batched executor cannot train this algorithm's clients (its one error at fit start); empty when it can
-    #: or when the generic checks of :func:`~fl_lightning.loops.batched_executor.check_batched_support` say why.
+    #: Why the batched executor cannot train this algorithm's clients, in one sentence: its one error when the trainer is
+    #: built (or the fit starts), also when another algorithm wraps it; empty when it can or when the generic checks of
+    #: :func:`~fl_lightning.loops.batched_executor.check_batched_support` say why.
     batched_refusal: ClassVar[str] = ""
 
     federation: Federation

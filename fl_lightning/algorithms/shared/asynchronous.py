@@ -43,6 +43,10 @@ class AsyncAlgorithm(Algorithm):
     """
 
     asynchronous: ClassVar[bool] = True
+    batched_refusal: ClassVar[str] = (
+        "it is asynchronous: the virtual-clock loop trains each client alone when it is dispatched, on the model "
+        "version it pulled, so no clients train together in a round."
+    )
     summary_metrics: ClassVar[dict[str, str]] = {"round/virtual_time": "final", "round/mean_staleness": "mean"}
     #: Clients in flight, resolved against the federation in :meth:`setup`.
     concurrency: int
