@@ -66,7 +66,13 @@ from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientContext, C
 from fl_lightning.algorithms.shared.wrapper import AlgorithmWrapper, wrapped
 from fl_lightning.loops.batched_activations import ForwardBytes
 from fl_lightning.loops.batched_adam import adam_step
-from fl_lightning.loops.batched_exactness import RandomCalls, warn_randomness
+from fl_lightning.loops.batched_exactness import (
+    RandomCalls,
+    check_group_settings,
+    optimizer_settings,
+    warn_dropout,
+    warn_random_calls,
+)
 from fl_lightning.loops.batched_group_size import free_memory, group_size
 from fl_lightning.loops.batched_sgd import (
     BatchedStep,
@@ -268,7 +274,8 @@ def check_mean_step(module: pl.LightningModule, leaves: list[Tensor], structure:
     (a sum, a batch-level term, BatchNorm in training mode): padding would change its gradients.
 
     Compared on one batch in evaluation mode (so that dropout does not differ): the step's loss
-    on the batch, and the mean of its losses on each sample alone.
+    on the batch, and the mean of its losses on each sample alone. A step that draws random numbers
+    even in evaluation mode (noise) cannot be compared so, and is refused for that.
     """
     norms = [name for name, m in module.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training]
     if norms:
@@ -281,12 +288,22 @@ def check_mean_step(module: pl.LightningModule, leaves: list[Tensor], structure:
     modes = {m: m.training for m in module.modules()}
     module.eval()
     try:
-        whole = call_training_step(module, unflatten(leaves, structure), 0)
-        samples = [unflatten([t[i : i + 1] for t in leaves], structure) for i in range(len(leaves[0]))]
-        per_sample = torch.stack([call_training_step(module, sample, 0) for sample in samples])
+        with RandomCalls() as calls:
+            whole = call_training_step(module, unflatten(leaves, structure), 0)
+            samples = [unflatten([t[i : i + 1] for t in leaves], structure) for i in range(len(leaves[0]))]
+            per_sample = torch.stack([call_training_step(module, sample, 0) for sample in samples])
     finally:
         for m, training in modes.items():
             m.training = training
+    if calls.names:
+        raise ValueError(
+            f"{PREFIX} trains clients with unequal batches by padding them, which needs a training_step whose loss is "
+            "the mean of a per-sample loss over the batch, checked once by comparing its loss on a batch with the mean "
+            f"of its losses on each sample alone; {type(module).__name__}.training_step draws random numbers even in "
+            f"evaluation mode ({', '.join(sorted(calls.names))}), so the two differ whatever the loss. Use batches of "
+            "equal shapes (drop_last=True, equal local_steps), where its random draws are only named in a warning, or "
+            "client_executor='lean' or 'lightning'."
+        )
     if not torch.allclose(whole, per_sample.mean(), rtol=1e-4, atol=1e-6):
         raise ValueError(
             f"{PREFIX} trains clients with unequal batches by padding them, which needs a training_step whose loss is "
@@ -318,6 +335,9 @@ class BatchedExecutor(ClientExecutor):
         self._forward_bytes: int | None = None
         self._steps: dict[tuple[type | TreeSpec, bool], BatchedStep] = {}
         self._mean_checked = False
+        #: The dropout modules named when the fit starts (this executor is made then); the first step's note of random
+        #: operations leaves their draws out.
+        self._dropout = warn_dropout(runtime.module)
         self._randomness_checked = False
         self._logging_warned = False
         self._step_count_warned = False
@@ -361,10 +381,14 @@ class BatchedExecutor(ClientExecutor):
             terms = GroupTerms()
             # The module holds only the last member's once all have started.
             own: dict[int, State] = {}
+            # Each member's optimizer settings as it starts: the group steps with the last one's.
+            settings: dict[int, list[dict[str, Any]]] = {}
             for i in sorted(members):
                 self.start_client(clients[i], global_state)
                 terms.add(self.runtime.module, clients[i].client_id)
+                settings[clients[i].client_id] = optimizer_settings(optimizer)
                 own[i] = {name: t.detach().clone() for name, t in own_tensors.items()}
+            check_group_settings(settings)
             started = sorted(members)
             inputs = terms.inputs([started.index(i) for i in members], self.runtime.trainer.strategy.root_device)
             # The group's steps, mean-step check included.
@@ -549,21 +573,17 @@ class BatchedExecutor(ClientExecutor):
 
     @contextmanager
     def _noting_random_calls(self) -> Iterator[None]:
-        """Around the executor's first step: names what ``training_step`` draws at random, once
-        (:func:`~fl_lightning.loops.batched_exactness.warn_randomness`), noted while that step runs (no extra call, so
-        no side effect of the user's code is repeated). A compiled step is not traced by a mode: there only the
-        dropout layers are named."""
-        if self._randomness_checked:
+        """Around the executor's first eager step: names what ``training_step`` draws at random outside its dropout
+        modules (named when the fit starts), once (:func:`~fl_lightning.loops.batched_exactness.warn_random_calls`),
+        noted while that step runs (no extra call, so no side effect of the user's code is repeated). A compiled step is
+        not traced by a mode."""
+        if self._randomness_checked or self.compile_backend:
             yield
             return
         self._randomness_checked = True
-        if self.compile_backend:
+        with RandomCalls(skipped=self._dropout) as calls:
             yield
-            warn_randomness(self.runtime.module, [])
-            return
-        with RandomCalls() as calls:
-            yield
-        warn_randomness(self.runtime.module, sorted(calls.names))
+        warn_random_calls(self.runtime.module, sorted(calls.names))
 
     def _warn_skipped_logging(self, names: set[str]) -> None:
         """Says once which metrics ``training_step`` logs that this executor skips."""

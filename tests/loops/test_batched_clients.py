@@ -78,7 +78,8 @@ def fit(
     model, log = model_fn(), ClientLog()
     algorithm = kwargs.pop("algorithm", OrderRecordingFedAvg)()  # a factory: algorithms hold state
     kwargs = {"max_epochs": 2, "clients_per_round": 4, **kwargs}
-    trainer = quiet_trainer(client_executor=executor, callbacks=[log], algorithm=algorithm, **kwargs)
+    callbacks = [log, *kwargs.pop("callbacks", ())]
+    trainer = quiet_trainer(client_executor=executor, callbacks=callbacks, algorithm=algorithm, **kwargs)
     trainer.fit(model, datamodule=synthetic_data(image=image, **(data or {})))
     return model, log, trainer.algorithm
 

@@ -1,16 +1,26 @@
-"""The batched executor never differs silently: parameter references it cannot swap are refused at fit start, and a
-training_step that draws random numbers (dropout modules, F.dropout, noise) is named in one warning."""
+"""The batched executor never differs silently: parameter references it cannot swap are refused at fit start, so are
+optimizer settings that differ between a group's clients, and a training_step that draws random numbers is named in a
+warning (dropout modules when the fit starts, other random operations as the first step runs), or refused where
+batches are padded."""
 
 from __future__ import annotations
 
+import functools
+import re
+import types
 import warnings
+from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
+import torchmetrics
+from lightning.pytorch.loggers import CSVLogger
 from torch import nn
 
 from fl_lightning import FedProx
+from fl_lightning.algorithms.shared.algorithm import ClientContext
+from fl_lightning.callbacks.federated_callback import FederatedCallback
 from fl_lightning.loops.batched_exactness import hidden_parameter_references
 from fl_lightning.models import MLP
 
@@ -77,6 +87,132 @@ def test_the_term_mixins_own_references_are_not_reported() -> None:
     fit("batched", lambda: MLP(**SIZES), algorithm=lambda: FedProx(mu=0.1))  # trains, no refusal
 
 
+class Holder:
+    """A user's object that keeps the parameters it is given."""
+
+    def __init__(self, params: list[nn.Parameter]) -> None:
+        self.params = params
+
+    def penalty(self) -> torch.Tensor:
+        return sum(p.square().sum() for p in self.params)
+
+
+class SlottedHolder:
+    __slots__ = ("params",)
+
+    def __init__(self, params: list[nn.Parameter]) -> None:
+        self.params = params
+
+
+def _penalty(params: list[nn.Parameter], scale: float) -> torch.Tensor:
+    return scale * sum(p.square().sum() for p in params)
+
+
+def _closure_over(params: list[nn.Parameter]) -> Any:
+    return lambda: sum(p.square().sum() for p in params)
+
+
+#: Where a module keeps its parameters out of functional_call's reach (issue 41's silent 5.8e-3), and the attribute
+#: path the refusal names.
+HIDDEN: dict[str, tuple[Any, str]] = {
+    "simple-namespace": (lambda ps: types.SimpleNamespace(params=ps), r"hidden\.params\[0\]"),
+    "user-object": (Holder, r"hidden\.params\[0\]"),
+    "slots": (SlottedHolder, r"hidden\.params\[0\]"),
+    "closure": (_closure_over, r"hidden\.<closure params>\[0\]"),
+    "partial": (lambda ps: functools.partial(_penalty, ps), r"hidden\.args\[0\]\[0\]"),
+    "bound-method": (lambda ps: Holder(ps).penalty, r"hidden\.__self__\.params\[0\]"),
+}
+
+
+class KeepsHidden(MLP):
+    """Keeps its parameters inside ``keep(parameters)``."""
+
+    def __init__(self, keep: Any) -> None:
+        super().__init__(**SIZES)
+        self.hidden = keep(list(self.parameters()))
+
+
+@pytest.mark.parametrize("where", list(HIDDEN))
+def test_a_parameter_kept_in_an_object_or_a_closure_is_found(where: str) -> None:
+    keep, path = HIDDEN[where]
+    found = hidden_parameter_references(KeepsHidden(keep))
+    assert len(found) == 4
+    assert any(re.fullmatch(rf"KeepsHidden\.{path}", p) for p, _ in found), found
+
+
+class ClosesOverParameters(MLP):
+    """The audit's closure: a penalty over the parameter list it closes over."""
+
+    def __init__(self) -> None:
+        super().__init__(**SIZES)
+        params = list(self.parameters())
+        self.penalty = lambda: sum(p.square().sum() for p in params)
+
+    def training_step(self, batch, batch_idx):
+        return super().training_step(batch, batch_idx) + 1e-2 * self.penalty()
+
+
+def test_a_closure_over_parameters_is_refused_at_fit_start() -> None:
+    with pytest.raises(ValueError, match=r"keeps 4 of them elsewhere: ClosesOverParameters\.penalty\.<closure params>\[0\]"):
+        fit("batched", ClosesOverParameters)
+
+
+class KeepsLibraryObjects(MLP):
+    """Attributes the scan must not enter or report: a metric, a logger, helpers over copies, plain callables."""
+
+    def __init__(self, log_dir: str) -> None:
+        super().__init__(**SIZES)
+        self.metric = torchmetrics.classification.MulticlassAccuracy(num_classes=4)
+        self.csv = CSVLogger(log_dir)
+        self.loss_fn = functools.partial(F.cross_entropy, reduction="mean")
+        self.anchor = types.SimpleNamespace(copies=[p.detach().clone() for p in self.parameters()], torch=torch)
+        self.scale = lambda loss: loss * 1.0
+
+
+def test_library_objects_and_copies_are_not_refused(tmp_path) -> None:
+    model = KeepsLibraryObjects(str(tmp_path))
+    assert hidden_parameter_references(model) == []
+    fit("batched", lambda: KeepsLibraryObjects(str(tmp_path)))  # trains: the trainer it references is not entered
+
+
+class PerClientSetting(FederatedCallback):
+    """Sets an optimizer setting from the client's id as it starts (issue 41's silent 0.1 with the learning rate)."""
+
+    def __init__(self, key: str, value: Any) -> None:
+        self.key, self.value = key, value
+
+    def on_client_start(self, trainer: Any, pl_module: Any, client: ClientContext) -> None:
+        trainer.optimizers[0].param_groups[0][self.key] = self.value(client.client_id)
+
+
+PER_CLIENT = {
+    "sgd-lr": (lambda: MLP(**SIZES), "lr", lambda cid: 0.05 * (1 + cid), r"'lr'\]: client \d+: 0\.\d+, client \d+: 0\.\d+"),
+    "sgd-momentum": (lambda: MLP(**SIZES, momentum=0.5), "momentum", lambda cid: 0.1 * cid, r"'momentum'\]"),
+    "adam-betas": (
+        lambda: MLP(**{**SIZES, "lr": 0.01}, optimizer="adam"),
+        "betas",
+        lambda cid: (0.9, 0.99 - 0.001 * cid),
+        r"'betas'\]: client \d+: \(0\.9, 0\.9\d+\)",
+    ),
+}
+
+
+@pytest.mark.parametrize("setting", list(PER_CLIENT))
+def test_optimizer_settings_that_differ_between_a_groups_clients_are_refused(setting: str) -> None:
+    model_fn, key, value, named = PER_CLIENT[setting]
+    with pytest.raises(ValueError, match=rf"one value of each optimizer setting.*param_groups\[0\]\[{named}.*'lean'"):
+        fit("batched", model_fn, callbacks=[PerClientSetting(key, value)])
+
+
+@pytest.mark.parametrize("value", [lambda cid: 0.05 * (1 + cid), lambda cid: 0.07], ids=["per-client-alone", "shared"])
+def test_a_learning_rate_set_at_client_start_equals_lightning_where_a_group_shares_it(value: Any) -> None:
+    """Groups of one client (each its own rate), or one rate for every client: nothing differs within a group."""
+    kwargs = {"max_batched_clients": 1} if value(0) != value(1) else {}
+    batched, _, _ = fit("batched", lambda: MLP(**SIZES), callbacks=[PerClientSetting("lr", value)], **kwargs)
+    lightning, _, _ = fit("lightning", lambda: MLP(**SIZES), callbacks=[PerClientSetting("lr", value)])
+    assert max_diff(batched.state_dict(), lightning.state_dict()) < TOL
+
+
 class ModuleDropout(MLP):
     def __init__(self, p: float = 0.3) -> None:
         super().__init__(**SIZES)
@@ -95,20 +231,63 @@ class NoisyInputs(MLP):
         return F.cross_entropy(self.net(x + 0.1 * torch.randn_like(x)), y)
 
 
+class DropoutAndNoise(ModuleDropout):
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.cross_entropy(self.net(x + 0.1 * torch.randn_like(x)), y)
+
+
+RANDOM = r"draws random numbers \({}\)\. .*in distribution only"
+MODULES, OPERATIONS = r"dropout modules in training mode: net\.3", "random operations: {}"
+
+
 @pytest.mark.parametrize(
     ("model_fn", "named"),
     [
-        (ModuleDropout, r"\(dropout modules in training mode: net\.3; random operations: torch\.nn\.functional\.dropout\)"),
-        (lambda: FunctionalDropout(**SIZES), r"\(random operations: torch\.nn\.functional\.dropout\)"),
-        (lambda: NoisyInputs(**SIZES), r"\(random operations: torch\.randn_like\)"),
+        (ModuleDropout, [MODULES]),
+        (lambda: FunctionalDropout(**SIZES), [OPERATIONS.format(r"torch\.nn\.functional\.dropout")]),
+        (lambda: NoisyInputs(**SIZES), [OPERATIONS.format(r"torch\.randn_like")]),
+        (DropoutAndNoise, [MODULES, OPERATIONS.format(r"torch\.randn_like")]),
     ],
-    ids=["nn.Dropout", "F.dropout", "randn_like"],
+    ids=["nn.Dropout", "F.dropout", "randn_like", "nn.Dropout-and-randn_like"],
 )
 def test_a_random_training_step_is_named_once(model_fn, named) -> None:
-    with pytest.warns(UserWarning, match=rf"draws random numbers {named}\. .*in distribution only") as caught:
-        # Equal batches: the padding's mean-step check would compare two noise draws.
+    """A dropout module is named once, and its own F.dropout calls are not named again as random operations."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        # Equal batches: padded ones are refused for a step that draws in evaluation mode.
         fit("batched", model_fn, data={"drop_last": True})
-    assert sum("draws random numbers" in str(w.message) for w in caught) == 1
+    messages = [str(w.message) for w in caught if "draws random numbers" in str(w.message)]
+    assert len(messages) == len(named), messages
+    for message, part in zip(messages, named):
+        assert re.search(RANDOM.format(part), message), message
+
+
+class WarningsAtFirstStart(FederatedCallback):
+    """Counts the randomness warnings given before the first client's steps."""
+
+    def __init__(self, caught: list[warnings.WarningMessage]) -> None:
+        self.caught = caught
+        self.before: int | None = None
+
+    def on_client_start(self, trainer: Any, pl_module: Any, client: ClientContext) -> None:
+        if self.before is None:
+            self.before = sum("draws random numbers" in str(w.message) for w in self.caught)
+
+
+def test_dropout_modules_are_named_when_the_fit_starts() -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = WarningsAtFirstStart(caught)
+        fit("batched", ModuleDropout, data={"drop_last": True}, callbacks=[first])
+    assert first.before == 1
+
+
+def test_a_random_step_on_padded_batches_is_refused_for_its_randomness() -> None:
+    """Unequal batches need the mean-step check, which two noise draws cannot pass: refused, naming the draws."""
+    with pytest.raises(ValueError, match=r"draws random numbers even in evaluation mode \(torch\.randn_like\)") as error:
+        fit("batched", lambda: NoisyInputs(**SIZES))
+    assert "reduction='mean'" not in str(error.value)  # not refused as a loss that is not a mean
 
 
 @pytest.mark.parametrize(
