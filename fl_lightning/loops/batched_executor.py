@@ -35,8 +35,9 @@ Ditto's personal model), and the tensors a mixin keeps outside ``state_dict`` fo
 and noise, whose per-step masks each client draws from its own generator before the step:
 :mod:`~fl_lightning.loops.batched_terms`). BatchNorm trains
 in training mode under ``vmap``: each client normalises with its own batch's statistics and updates its own
-running statistics (its row of the stacked buffers), as alone. Batches that need padding are refused with
-BatchNorm in training mode (:func:`check_mean_step`): the padded copies would enter the batch statistics.
+running statistics (its row of the stacked buffers), as alone; in a padded step, with the statistics of its real
+samples only (:mod:`~fl_lightning.loops.batched_batch_norm`; eager steps only). A client's batch of one sample, which torch's BatchNorm
+refuses in training where it gets one value per channel, raises the sequential executors' ``ClientDataError``.
 
 Extra memory: the stacked weights, gradients (and momentum buffers) and activations of one
 group of at most ``max_batched_clients`` clients, about ``3 K`` models; by default the fit's first client trains
@@ -51,6 +52,7 @@ import math
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from functools import cached_property
 from typing import Any
 
 import lightning.pytorch as pl
@@ -66,6 +68,7 @@ from fl_lightning.algorithms.shared.algorithm import Algorithm, ClientContext, C
 from fl_lightning.algorithms.shared.wrapper import AlgorithmWrapper, wrapped
 from fl_lightning.loops.batched_activations import ForwardBytes
 from fl_lightning.loops.batched_adam import adam_step
+from fl_lightning.loops.batched_batch_norm import RealSampleNorms
 from fl_lightning.loops.batched_exactness import (
     RandomCalls,
     check_group_settings,
@@ -85,14 +88,14 @@ from fl_lightning.loops.batched_sgd import (
     unflatten,
 )
 from fl_lightning.loops.batched_terms import GroupTerms, TermInputs, bound
-from fl_lightning.loops.client_executor import ClientExecutor, ClientRuntime
+from fl_lightning.loops.client_executor import ONE_VALUE_PER_CHANNEL, ClientExecutor, ClientRuntime, one_sample_batch_error
 from fl_lightning.loops.lean_executor import StepSchedulers
 from fl_lightning.mixins._holders import holder_tensors
 from fl_lightning.server.model_state import State, load_into
 
 __all__ = [
-    "BatchedExecutor", "batched_refusal", "check_batched_support", "check_compile_backend", "check_compiled_holders",
-    "check_mean_step", "flatten_stream", "group_clients",
+    "BatchedExecutor", "batched_refusal", "check_batched_support", "check_compile_backend", "check_compiled_batch_norm",
+    "check_compiled_holders", "check_mean_step", "flatten_stream", "group_clients",
     "warn_rounding",
 ]
 
@@ -179,6 +182,20 @@ def check_compiled_holders(module: pl.LightningModule, compile_backend: str | No
             "weights are swapped for w + u_hat by forward hooks with a straight-through autograd.Function "
             "(MaskedNoiseMixin), which torch.compile cannot trace under vmap. Use compile_batched_steps=False (eager "
             "batched steps), or client_executor='lean'."
+        )
+
+
+def check_compiled_batch_norm(module: pl.LightningModule, compile_backend: str | None) -> None:
+    """Refuses compiled steps for a module with BatchNorm layers: compiled steps pad every batch, and a padded step's
+    BatchNorm reduces across the per-sample ``vmap`` with an ``autograd.Function``'s ``vmap`` rule
+    (:mod:`~fl_lightning.loops.batched_batch_norm`), which ``torch.compile`` does not trace (every step would fall
+    back to eager, after a failed trace)."""
+    norms = [name for name, m in module.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if compile_backend is not None and norms:
+        raise ValueError(
+            f"{PREFIX} with compile_batched_steps={compile_backend!r} cannot train {type(module).__name__}: its BatchNorm "
+            f"layers ({', '.join(norms)}) normalise a padded batch over its real samples with a vmap rule that "
+            "torch.compile cannot trace. Use compile_batched_steps=False (eager batched steps)."
         )
 
 
@@ -271,19 +288,24 @@ def pad_batches(
 @torch.no_grad()
 def check_mean_step(module: pl.LightningModule, leaves: list[Tensor], structure: type | TreeSpec) -> None:
     """Refuses a ``training_step`` whose loss is not the mean of a per-sample loss over the batch
-    (a sum, a batch-level term, BatchNorm in training mode): padding would change its gradients.
+    (a sum, a batch-level term): padding would change its gradients.
 
-    Compared on one batch in evaluation mode (so that dropout does not differ): the step's loss
-    on the batch, and the mean of its losses on each sample alone. A step that draws random numbers
-    even in evaluation mode (noise) cannot be compared so, and is refused for that.
+    Compared on one batch in evaluation mode (so that dropout does not differ, and BatchNorm, whose padded steps
+    normalise over the real samples, :mod:`~fl_lightning.loops.batched_batch_norm`, uses its running statistics):
+    the step's loss on the batch, and the mean of its losses on each sample alone. BatchNorm without running
+    statistics (``track_running_stats=False``) normalises with the batch's in evaluation mode too, so it is refused.
+    A step that draws random numbers even in evaluation mode (noise) cannot be compared so, and is refused for that.
     """
-    norms = [name for name, m in module.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training]
+    norms = [
+        name for name, m in module.named_modules()
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training and m.running_mean is None
+    ]  # fmt: skip
     if norms:
         raise ValueError(
             f"{PREFIX} trains clients with unequal batches by padding them, which needs a training_step whose loss is "
-            f"a mean over the batch's samples; {type(module).__name__} has BatchNorm layers in training mode "
-            f"({', '.join(norms)}), whose statistics depend on the whole batch. Use client_executor='lean', or "
-            "batches of equal shapes (local_steps with drop_last)."
+            f"a mean over the batch's samples, checked in evaluation mode; {type(module).__name__} has BatchNorm layers "
+            f"without running statistics ({', '.join(norms)}), whose evaluation-mode statistics depend on the whole "
+            "batch. Use client_executor='lean', or batches of equal shapes (local_steps with drop_last)."
         )
     modes = {m: m.training for m in module.modules()}
     module.eval()
@@ -392,10 +414,18 @@ class BatchedExecutor(ClientExecutor):
             started = sorted(members)
             inputs = terms.inputs([started.index(i) for i in members], self.runtime.trainer.strategy.root_device)
             # The group's steps, mean-step check included.
-            with logging_skipped(self.runtime.module) as logged, step_count_reads(self.runtime.module) as reads:
-                state, loss_sums = self._train_group(
-                    optimizer, [streams[i] for i in members], terms, inputs, [own[i] for i in members], rounds
-                )
+            try:
+                with logging_skipped(self.runtime.module) as logged, step_count_reads(self.runtime.module) as reads:
+                    state, loss_sums = self._train_group(
+                        optimizer, [streams[i] for i in members], terms, inputs, [own[i] for i in members], rounds
+                    )
+            except ValueError as error:
+                if ONE_VALUE_PER_CHANNEL not in str(error):
+                    raise
+                one_sample = next((i for i in started if any(leaves[0].shape[:1] == (1,) for leaves, _ in streams[i])), None)
+                if one_sample is None:
+                    raise
+                raise one_sample_batch_error(clients[one_sample]) from error
             self._warn_skipped_logging(logged)
             self._warn_step_count_read(reads.read)
             # The members' updates, then one group of the runs they ask for (services.train_client_later: Ditto's
@@ -496,6 +526,8 @@ class BatchedExecutor(ClientExecutor):
                 )
             if measured is not None:
                 self._forward_bytes = measured.bytes
+            if mask is not None and self._norms.one_value_per_sample and 1 in (num_samples(leaves) for leaves, _ in batches):
+                raise ValueError(f"{ONE_VALUE_PER_CHANNEL} (a client's padded batch of 1 sample)")  # as torch's, alone
             if width > active:  # the finished clients' padding-only steps are dropped
                 grads, parts = {name: g[:active] for name, g in grads.items()}, parts[:active]
             if batch_idx == 0:
@@ -535,8 +567,13 @@ class BatchedExecutor(ClientExecutor):
     def _step(self, tied: bool, structure: type | TreeSpec, *, padded: bool) -> BatchedStep:
         key = (structure, padded)
         if key not in self._steps:
-            self._steps[key] = batched_step(self.runtime.module, tied, structure, padded, self.compile_backend)
+            self._steps[key] = batched_step(self.runtime.module, tied, structure, padded, self.compile_backend, self._norms)
         return self._steps[key]
+
+    @cached_property
+    def _norms(self) -> RealSampleNorms:
+        """The module's BatchNorm layers in padded steps, which note one value per channel per sample."""
+        return RealSampleNorms(self.runtime.module)
 
     def _run(self, step: BatchedStep, *args: Any) -> tuple[dict[str, Tensor], Tensor]:
         try:
@@ -544,6 +581,8 @@ class BatchedExecutor(ClientExecutor):
         except torch.OutOfMemoryError:
             raise
         except Exception as err:
+            if isinstance(err, ValueError) and ONE_VALUE_PER_CHANNEL in str(err):
+                raise  # a batch of one sample under BatchNorm: the client's data, not the module
             raise RuntimeError(
                 f"{PREFIX} could not run {type(self.runtime.module).__name__}.training_step under torch.func "
                 f"(functional_call + vmap): {type(err).__name__}: {err}. training_step must be a pure function of "

@@ -14,6 +14,7 @@ from torch.utils._pytree import TreeSpec, tree_unflatten
 
 from fl_lightning import _lightning_compat as compat
 from fl_lightning.loops.batched_attention import folded_attention
+from fl_lightning.loops.batched_batch_norm import RealSampleNorms
 from fl_lightning.loops.batched_terms import TermInputs, bound
 from fl_lightning.mixins.regularized import split_losses
 
@@ -147,13 +148,20 @@ BatchedStep = Callable[..., tuple[dict[str, Tensor], Tensor]]
 
 
 def batched_step(
-    module: pl.LightningModule, tied: bool, structure: type | TreeSpec, padded: bool, compile_backend: str | None = None
+    module: pl.LightningModule,
+    tied: bool,
+    structure: type | TreeSpec,
+    padded: bool,
+    compile_backend: str | None = None,
+    norms: RealSampleNorms | None = None,
 ) -> BatchedStep:
     """Every client's gradient and loss at one step, over stacked weights and batches.
 
     ``padded=False``: ``training_step`` on each client's whole batch. ``padded=True``: on each
     sample alone (an inner ``vmap``), the client's loss being ``sum(mask * losses) / sum(mask)``,
-    the mean over its real samples, for a ``mask`` argument of the real samples.
+    the mean over its real samples, for a ``mask`` argument of the real samples; the BatchNorm layers in training mode
+    normalise with the statistics of those real samples (``norms``, default the module's:
+    :mod:`~fl_lightning.loops.batched_batch_norm`).
     ``tied``: the module has tied tensors (only the first name of each is passed).
     ``terms``: the group's loss terms (:mod:`~fl_lightning.loops.batched_terms`), bound to each client's weights
     and tensors while its ``training_step`` runs.
@@ -168,6 +176,7 @@ def batched_step(
     (:func:`~fl_lightning.loops.batched_attention.folded_attention`), not once per client.
     """
     wrapper = _TrainingStep(module)
+    norms = norms or RealSampleNorms(module)
 
     def loss(
         trained: dict[str, Tensor], others: dict[str, Tensor], terms: TermInputs, leaves: list[Tensor], batch_idx: int
@@ -180,10 +189,11 @@ def batched_step(
         trained: dict[str, Tensor], others: dict[str, Tensor], terms: TermInputs, leaves: list[Tensor], batch_idx: int,
         mask: Tensor,
     ) -> tuple[Tensor, Tensor]:
-        def one(sample: list[Tensor]) -> tuple[Tensor, Tensor]:
-            return loss(trained, others, terms, [t.unsqueeze(0) for t in sample], batch_idx)
+        def one(sample: list[Tensor], real: Tensor) -> tuple[Tensor, Tensor]:
+            with norms.over(real):
+                return loss(trained, others, terms, [t.unsqueeze(0) for t in sample], batch_idx)
 
-        losses, parts = vmap(one, randomness="different")(leaves)
+        losses, parts = vmap(one, randomness="different")(leaves, mask)
         count = mask.sum().clamp(min=1)  # a client without a sample: 0
         return torch.where(mask, losses, 0).sum() / count, torch.where(mask.unsqueeze(1), parts, 0).sum(0) / count
 

@@ -26,7 +26,16 @@ from fl_lightning.server.model_state import State, compute_delta, load_into
 from fl_lightning.models.schedulers import RoundStepSchedules
 
 #: PyTorch's refusal to batch-normalise one value per channel in training (a batch of one sample).
-_ONE_VALUE_PER_CHANNEL = "Expected more than 1 value per channel when training"
+ONE_VALUE_PER_CHANNEL = "Expected more than 1 value per channel when training"
+
+
+def one_sample_batch_error(client: ClientContext) -> ClientDataError:
+    """The error for ``client``'s batch of one sample, which BatchNorm refuses in training (:data:`ONE_VALUE_PER_CHANNEL`)."""
+    return ClientDataError(
+        f"Client {client.client_id} ({client.num_samples} samples) has a batch of 1 sample in round "
+        f"{client.round_idx}, which BatchNorm cannot normalise in training: set the data's drop_last=True, "
+        "or a batch_size that leaves no client a last batch of 1."
+    )
 
 
 @dataclass(frozen=True)
@@ -147,13 +156,9 @@ class SequentialExecutor(ClientExecutor):
         try:
             client.completed_steps = self.run_steps(batches) if len(batches) else 0
         except ValueError as error:
-            if _ONE_VALUE_PER_CHANNEL not in str(error):
+            if ONE_VALUE_PER_CHANNEL not in str(error):
                 raise
-            raise ClientDataError(
-                f"Client {client.client_id} ({client.num_samples} samples) has a batch of 1 sample in round "
-                f"{client.round_idx}, which BatchNorm cannot normalise in training: set the data's drop_last=True, "
-                "or a batch_size that leaves no client a last batch of 1."
-            ) from error
+            raise one_sample_batch_error(client) from error
         client.metrics.update(self.runtime.recorder.pop_means())
         return self.finish_client(client, global_state)
 

@@ -24,7 +24,13 @@ from typing_extensions import override
 
 from fl_lightning import _lightning_compat as compat
 from fl_lightning.loops.batched_exactness import check_parameter_references
-from fl_lightning.loops.batched_executor import BatchedExecutor, check_batched_support, check_compiled_holders, warn_rounding
+from fl_lightning.loops.batched_executor import (
+    BatchedExecutor,
+    check_batched_support,
+    check_compiled_batch_norm,
+    check_compiled_holders,
+    warn_rounding,
+)
 from fl_lightning.loops.client_executor import ClientExecutor, ClientRuntime, SequentialExecutor
 from fl_lightning.loops.lean_executor import LeanExecutor
 from fl_lightning.loops.lightning_executor import LightningExecutor
@@ -101,6 +107,7 @@ def make_executor(
     if client_executor == "batched":
         check_batched_support(runtime)  # refused when the fit starts, not in its first round
         check_compiled_holders(runtime.module, compile_backend)
+        check_compiled_batch_norm(runtime.module, compile_backend)
         check_parameter_references(runtime.module)
         warn_skipped("batched", skipped_step_features(runtime.trainer))
         warn_rounding(runtime.trainer)

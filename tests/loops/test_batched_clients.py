@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from fl_lightning import FedAvg, FedProx
 from fl_lightning.algorithms.shared.algorithm import ClientContext, ClientUpdate
@@ -97,7 +97,8 @@ SCENARIOS = {
         {"local_steps": 5, "algorithm": lambda: OrderRecordingFedAvg(server_optimizer=ServerSGD(lr=1.0, momentum=0.5))},
     ),
     "cnn": (lambda: CNN(in_channels=1, image_size=8, num_classes=4, lr=0.05), True, {}),
-    # BatchNorm needs batches of one shape (padding would change its statistics): full batches, equal steps.
+    # BatchNorm on batches of one shape (torch's batch_norm under vmap): full batches, equal steps. On padded batches,
+    # normalised over each client's real samples: test_batched_methods.py.
     "cnn-batchnorm-equal-batches": (
         lambda: CNN(in_channels=1, image_size=8, num_classes=4, batch_norm=True, lr=0.05),
         True,
@@ -248,6 +249,13 @@ def rmsprop_mlp() -> MLP:
     return RMSpropMLP(in_features=12, hidden=(8,), num_classes=4)
 
 
+def batch_norm_without_running_statistics() -> MLP:
+    """Normalises with its batch's statistics in evaluation mode too, where padded steps check the loss per sample."""
+    model = MLP(in_features=12, hidden=(8,), num_classes=4)
+    model.net.insert(2, nn.BatchNorm1d(8, track_running_stats=False))
+    return model
+
+
 @pytest.mark.parametrize(
     ("model_fn", "kwargs", "error", "match"),
     [
@@ -261,10 +269,10 @@ def rmsprop_mlp() -> MLP:
         (lambda: MLP(in_features=12, hidden=(8,), num_classes=4), {"reset_optimizer": False}, ValueError, "reset_optimizer=True"),
         (lambda: MLP(in_features=12, hidden=(8,), num_classes=4), {"gradient_clip_val": 1.0}, ValueError, "gradient_clip_val"),
         (
-            lambda: CNN(in_channels=1, image_size=8, num_classes=4, batch_norm=True),
-            {"image": True},
+            batch_norm_without_running_statistics,
+            {},
             ValueError,
-            r"CNN has BatchNorm layers in training mode \(net.1, net.5\)",
+            r"MLP has BatchNorm layers without running statistics \(net.2\)",
         ),
         (
             lambda: SumsLosses(in_features=12, hidden=(8,), num_classes=4),
@@ -273,7 +281,7 @@ def rmsprop_mlp() -> MLP:
             r"SumsLosses.training_step gave .* on a batch of 8 samples, but .* as the mean of its losses on each sample alone",
         ),
     ],
-    ids=["configure-client", "rmsprop", "no-reset", "clipping", "batchnorm-ragged", "summed-loss"],
+    ids=["configure-client", "rmsprop", "no-reset", "clipping", "batchnorm-without-running-statistics-ragged", "summed-loss"],
 )
 def test_unsupported_runs_fail_clearly(model_fn: Callable[[], Any], kwargs: dict[str, Any], error: type, match: str) -> None:
     with pytest.raises(error, match=match):

@@ -1,5 +1,5 @@
 """A client whose last batch holds 1 sample under BatchNorm: one error naming the client, the round and the
-fix, from every sequential executor, and one ``error:`` line (exit status 2) from ``fl-lightning`` mid-run."""
+fix, from every executor, and one ``error:`` line (exit status 2) from ``fl-lightning`` mid-run."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def eleven_and_ten() -> FederatedDataModule:
     return FederatedDataModule(data, num_clients=2, batch_size=10)
 
 
-@pytest.mark.parametrize("executor", ["lightning", "lean"])
+@pytest.mark.parametrize("executor", ["lightning", "lean", "batched"])
 def test_a_one_sample_batch_under_batch_norm_names_the_client(executor: str) -> None:
     data = eleven_and_ten()
     data.setup("fit")
