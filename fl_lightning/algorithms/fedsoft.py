@@ -86,11 +86,20 @@ class FedSoft(ClusteredAlgorithm):
             :class:`ClusteredAlgorithm`.
     """
 
-    batched_refusal: ClassVar[str] = (
-        "each client's proximal term pulls towards the S centres with its own importance weights (eq. 4: a coefficient "
-        "lambda * sum_s u_ks and a constant of its own), while the batched step shares one coefficient per term across "
-        "a group's clients (and persist_optimizer_state carries each client's optimizer state between its rounds)."
-    )
+    # Sets each client's proximal term (its own coefficient lambda * U_k and constant, stacked per client by the batched
+    # executor) after loading its own w_k; the optimizer states it loads with persist_optimizer_state are refused below.
+    configure_client_sets_terms: ClassVar[bool] = True
+    configure_client_loads_weights: ClassVar[bool] = True
+
+    @property
+    def batched_refusal(self) -> str:  # type: ignore[override]
+        """Why the batched executor cannot train these clients: only with ``persist_optimizer_state``."""
+        if not self.persist_optimizer_state:
+            return ""
+        return (
+            "persist_optimizer_state carries each client's optimizer state between its rounds, while the batched "
+            "executor starts every client from a fresh one (reset_optimizer=True)."
+        )
 
     def __init__(
         self,

@@ -1,11 +1,12 @@
-"""The loss terms of a batched group's clients (FedProx's centre, SCAFFOLD's and FedDyn's linear terms, FedMRN's masked
+r"""The loss terms of a batched group's clients (FedProx's centre, SCAFFOLD's and FedDyn's linear terms, FedMRN's masked
 noise), stacked.
 
 A term mixin (:class:`~fl_lightning.mixins.applied_term.AppliedTermMixin`) keeps references to the module's
 parameters and the algorithm's per-client tensors (a centre, a direction). Under the batched executor the
 weights it must read are each client's slice of the stacked weights, inside ``torch.vmap``, and the per-client
-tensors differ between clients (SCAFFOLD's :math:`c - c_i`). So, after each member's ``configure_client``, the
-executor reads the set terms (:meth:`~fl_lightning.mixins.applied_term.AppliedTermMixin.client_term`), stacks
+tensors differ between clients (SCAFFOLD's :math:`c - c_i`), as may a term's scalars (FedSoft's coefficient
+:math:`\lambda U_k`, 0-d tensors: :attr:`~fl_lightning.mixins.applied_term.ClientTerm.scalars`). So, after each
+member's ``configure_client``, the executor reads the set terms (:meth:`~fl_lightning.mixins.applied_term.AppliedTermMixin.client_term`), stacks
 their tensors along the client dimension, and, within the vmapped loss, binds each mixin to the client's weights
 and tensors (``term_bound_to``): the mixin's own ``training_step`` then adds the same term, with the same
 arithmetic, as under the sequential executors. A term that changes every step (FedMRN's masked noise, drawn from each
@@ -37,6 +38,16 @@ def _mixins(module: object) -> dict[str, type[AppliedTermMixin]]:
     return {mixin.__name__: mixin for mixin in module.applied_term_steps}
 
 
+def _settings(terms: Mapping[str, ClientTerm]) -> dict[str, tuple[tuple[float, ...], tuple[str, ...]]]:
+    """What every member of a group shares, by mixin name: the term's settings and the names of its scalars."""
+    return {name: (term.settings, tuple(term.scalars)) for name, term in terms.items()}
+
+
+def _stacked(term: ClientTerm) -> dict[str, Tensor]:
+    """The tensors of ``term`` that are stacked over a group's clients: per parameter, and its scalars."""
+    return {**term.tensors, **term.scalars}
+
+
 class GroupTerms:
     """Collects the set terms of a group's members, one :meth:`add` per member after its ``configure_client`` (and
     ``on_client_start``, where a callback may set one); :meth:`inputs` stacks them, :meth:`bound` applies them."""
@@ -52,7 +63,8 @@ class GroupTerms:
 
     def add(self, module: object, client_id: int) -> None:
         """Reads the terms set for ``client_id``; raises a ``ValueError`` for one the batched executor cannot stack,
-        or one that differs from the first member's in which terms are set or in their settings (a coefficient)."""
+        or one that differs from the first member's in which terms are set, in their settings (FedMRN's mask options) or
+        in the names of their per-client scalars (a multi-centre constant); the scalars' values may differ."""
         terms: dict[str, ClientTerm] = {}
         mixins = _mixins(module)
         for name, mixin in mixins.items():
@@ -65,11 +77,11 @@ class GroupTerms:
             terms[name] = term
         if self._clients:
             first, first_id = self._clients[0], self._ids[0]
-            settings, first_settings = {n: t.settings for n, t in terms.items()}, {n: t.settings for n, t in first.items()}
+            settings, first_settings = _settings(terms), _settings(first)
             if settings != first_settings:
                 raise ValueError(
                     f"{PREFIX} trains a group of clients with one setting per term; client {client_id} has the terms "
-                    f"{settings} (mixin: settings), client {first_id} {first_settings}. Use client_executor='lightning' or 'lean'."
+                    f"{settings} (mixin: (settings, per-client scalars)), client {first_id} {first_settings}. Use client_executor='lightning' or 'lean'."
                 )
         self._clients.append(terms)
         self._ids.append(client_id)
@@ -84,8 +96,8 @@ class GroupTerms:
         per_client: dict[str, dict[str, Tensor]] = {}
         shared: dict[str, dict[str, Tensor]] = {}
         for mixin in self._clients[0] if self._clients else {}:
-            for name in self._clients[0][mixin].tensors:
-                tensors = [self._clients[j][mixin].tensors[name] for j in order]
+            for name in _stacked(self._clients[0][mixin]):
+                tensors = [_stacked(self._clients[j][mixin])[name] for j in order]
                 first = tensors[0]
                 if all(t.data_ptr() == first.data_ptr() and t.shape == first.shape and t.stride() == first.stride() for t in tensors):
                     shared.setdefault(mixin, {})[name] = first.to(device)

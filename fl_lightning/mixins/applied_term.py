@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from torch import Tensor
@@ -21,14 +21,22 @@ class ClientTerm:
 
     Attributes:
         tensors: the term's per-parameter tensors by parameter name (a proximal centre, a linear direction).
-        settings: the term's scalars (a coefficient), which every client of a batched group must share.
+        settings: the term's scalars that every client of a batched group must share (FedMRN's mask options).
         state: the client's own state of a term that changes every step (:meth:`AppliedTermMixin.step_tensors`:
             FedMRN's mask generator and step counter); ``None`` for a term fixed for the round.
+        scalars: the term's 0-d tensors that may differ between the group's clients (a proximal coefficient,
+            FedSoft's lambda * U_k, and its constant), stacked and bound as :attr:`tensors` are, under names that start with
+            ``"."``, which no parameter's name does; every client of a group must give the same names.
     """
 
     tensors: dict[str, Tensor]
     settings: tuple[float, ...] = ()
     state: Any = None
+    scalars: dict[str, Tensor] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if bad := [name for name in self.scalars if not name.startswith(".")]:
+            raise ValueError(f"A term's per-client scalars are named with a leading '.' (no parameter's name has one), got {bad}.")
 
 
 class AppliedTermMixin:

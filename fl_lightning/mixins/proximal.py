@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -36,6 +36,9 @@ class ProximalMixin(AppliedTermMixin):
     _proximal_names: list[str] = []
     #: Constant part of a multi-centre term (0 for a single centre); it carries no gradient.
     _proximal_offset: Tensor | None = None
+    #: :math:`\mu / 2` of the client a batched group binds (:meth:`term_bound_to`), a 0-d tensor that may differ
+    #: between the group's clients; ``None`` outside a batched step, where the Python float :attr:`_proximal_mu` is read.
+    _proximal_half_mu: Tensor | None = None
 
     def set_proximal_center(self, center: Mapping[str, Tensor], mu: float) -> None:
         """Sets :math:`w^t` (tensors by parameter name) and :math:`\\mu` for the coming local training."""
@@ -90,17 +93,34 @@ class ProximalMixin(AppliedTermMixin):
     def proximal_term(self) -> Tensor:
         r""":math:`\frac{\mu}{2}\sum_i \lVert w_i - w_i^t \rVert^2` over the shared trainable parameters
         (plus the constant of a multi-centre term)."""
-        sq = sum(((p - c.to(p.dtype)) ** 2).sum() for p, c in self._proximal_pairs)
-        term = 0.5 * self._proximal_mu * torch.as_tensor(sq)
+        sq = torch.as_tensor(sum(((p - c.to(p.dtype)) ** 2).sum() for p, c in self._proximal_pairs))
+        if self._proximal_half_mu is None:
+            term = 0.5 * self._proximal_mu * sq
+        else:
+            # Both 0-d, so the product takes the wider dtype; computed there and rounded to sq's, it is bit for bit the
+            # Python float's product above (which computes in float32 for a float32, bfloat16 or float16 sq).
+            term = (self._proximal_half_mu * sq).to(sq.dtype)
         return term if self._proximal_offset is None else term + self._proximal_offset
 
     def client_term(self) -> ClientTerm | None:
-        r"""The centre by parameter name; :math:`\mu` and the multi-centre constant as settings."""
-        offset = () if self._proximal_offset is None else (float(self._proximal_offset),)
-        return ClientTerm(dict(zip(self._proximal_names, (c for _, c in self._proximal_pairs))), (self._proximal_mu, *offset))
+        r"""The centre by parameter name; :math:`\mu / 2` and the multi-centre constant as per-client scalars."""
+        pairs = self._proximal_pairs
+        dtype = torch.promote_types(pairs[0][0].dtype, torch.float32) if pairs else torch.get_default_dtype()
+        device = pairs[0][1].device if pairs else None
+        scalars = {".half_mu": torch.tensor(0.5 * self._proximal_mu, dtype=dtype, device=device)}
+        if self._proximal_offset is not None:
+            scalars[".offset"] = self._proximal_offset
+        return ClientTerm(dict(zip(self._proximal_names, (c for _, c in pairs))), scalars=scalars)
 
-    def term_bound_to(self, params: Mapping[str, Tensor], tensors: Mapping[str, Tensor]) -> AbstractContextManager[None]:
-        return attribute_set(self, "_proximal_pairs", [(params[name], tensors[name]) for name in self._proximal_names])
+    @contextmanager
+    def term_bound_to(self, params: Mapping[str, Tensor], tensors: Mapping[str, Tensor]) -> Iterator[None]:
+        offset = tensors.get(".offset")
+        with (
+            attribute_set(self, "_proximal_pairs", [(params[name], tensors[name]) for name in self._proximal_names]),
+            attribute_set(self, "_proximal_half_mu", tensors[".half_mu"]),
+            attribute_set(self, "_proximal_offset", offset),
+        ):
+            yield
 
     @term_step
     def training_step(self, *args: Any, **kwargs: Any) -> Any:

@@ -1,7 +1,8 @@
 """The batched executor on the local training papers compare: SGD with momentum, Adam and AdamW, step and epoch LR
-schedules, FedProx's, SCAFFOLD's and FedDyn's loss terms, local selections (FedBN's BatchNorm, FedPer's and
-LG-FedAvg's layers) and encoded uploads, each equal to the Lightning executor's weights, per-client updates and losses
-(float64 to 1e-10, float32 to 1e-6), on ragged clients (unequal steps and batches)."""
+schedules, FedProx's (one coefficient, or one per client), SCAFFOLD's, FedDyn's and FedSoft's loss terms, local
+selections (FedBN's BatchNorm, FedPer's and LG-FedAvg's layers) and encoded uploads, each equal to the Lightning
+executor's weights, per-client updates and losses (float64 to 1e-10, float32 to 1e-6), on ragged clients (unequal
+steps and batches)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch
 from torch import nn
 
 from fl_lightning import (
-    SCAFFOLD, CompressedFedAvg, Ditto, FedAvgSM, FedBN, FedDyn, FedMRN, FedMRNS, FedNova, FedPer, FedProx,
+    SCAFFOLD, CompressedFedAvg, Ditto, FedAvgSM, FedBN, FedDyn, FedMRN, FedMRNS, FedNova, FedPer, FedProx, FedSoft,
     FlexibleParticipation, LGFedAvg,
 )  # fmt: skip
 from fl_lightning.algorithms.shared.algorithm import ClientContext, ClientUpdate
@@ -321,20 +322,45 @@ def test_a_term_set_for_equal_batches_equals_lightnings() -> None:
 
 
 class PerClientMu(FederatedCallback):
-    """Sets a proximal coefficient that differs between clients."""
+    """Sets a proximal coefficient that differs between clients (0 for the clients in ``unset``: no term)."""
+
+    def __init__(self, unset: tuple[int, ...] = ()) -> None:
+        self.unset = unset
 
     def on_client_start(self, trainer: Any, pl_module: Any, client: ClientContext) -> None:
-        pl_module.set_proximal_center({n: p.detach().clone() for n, p in pl_module.named_parameters()}, 0.1 * (1 + client.client_id))
+        mu = 0.0 if client.client_id in self.unset else 0.1 * (1 + client.client_id)
+        pl_module.set_proximal_center({n: p.detach().clone() for n, p in pl_module.named_parameters()}, mu)
 
 
-def test_a_group_whose_clients_set_different_coefficients_is_refused() -> None:
+@pytest.mark.parametrize("precision", ["64-true", "32-true"])
+def test_a_group_whose_clients_set_different_coefficients_equals_lightnings(precision: str) -> None:
+    """Each member's own coefficient, a 0-d tensor stacked per client, scales its own term."""
+    ref_log, _ = compare(mlp, precision, algorithm=lambda: FedProx(mu=0.5), callbacks=[PerClientMu()])
+    assert any(u.metrics["train_regularizer"] != 0 for u in ref_log.updates.values())
+
+
+def test_a_group_whose_clients_set_the_term_on_some_only_is_refused() -> None:
     def run(**kwargs: Any) -> None:
-        trainer = quiet_trainer(max_epochs=1, clients_per_round=3, client_executor="batched", callbacks=[PerClientMu()], **kwargs)
+        trainer = quiet_trainer(max_epochs=1, clients_per_round=6, client_executor="batched", callbacks=[PerClientMu(unset=(0, 2, 4))], **kwargs)
         trainer.fit(mlp(), datamodule=synthetic_data())
 
-    with pytest.raises(ValueError, match=r"one setting per term; client \d+ has the terms \{'ProximalMixin': \(0\.\d+,\)\}"):
-        run()
-    run(max_batched_clients=1)  # groups of one client: nothing to share
+    with pytest.raises(ValueError, match=r"one setting per term; client \d+ has the terms \{(\}|'ProximalMixin': \(\(\), \('\.half_mu',\)\)\})"):
+        run(algorithm=FedProx(mu=0.5))
+    run(algorithm=FedProx(mu=0.5), max_batched_clients=1)  # groups of one client: nothing to share
+
+
+@pytest.mark.parametrize("precision", ["64-true", "32-true"])
+@pytest.mark.parametrize("lam", [0.5, 0.0])
+def test_fedsoft_equals_lightnings(lam: float, precision: str) -> None:
+    """Each client starts from its own w_k (loaded in configure_client) and is pulled towards the S centres with its own
+    importance weights (coefficient lambda * U_k and constant, stacked per client); the importance is estimated on the
+    server before the round's clients train. The uploads (each w_k), the losses and centre 0 agree."""
+
+    def algorithm() -> FedSoft:
+        return FedSoft(num_clusters=2, clients_per_cluster=3, lam=lam, tau=2, personal_eval_every=0)
+
+    ref_log, _ = compare(mlp, precision, algorithm=algorithm)
+    assert any(u.metrics.get("train_regularizer", 0) != 0 for u in ref_log.updates.values()) == (lam > 0)
 
 
 #: FedMRN's variants: binary and signed masks, progressive stochastic masking and its two ablations.

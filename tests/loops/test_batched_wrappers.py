@@ -98,15 +98,18 @@ def test_secure_aggregation_equals_lightnings(precision: str) -> None:
 
 #: Each algorithm the batched executor refuses for a reason of its own, and words of that reason.
 REFUSED: dict[str, tuple[Callable[[], Algorithm], str]] = {
-    "fedsoft": (FedSoft, r"cannot train FedSoft: each client's proximal term pulls towards the S centres with its own"),
+    "fedsoft-persisted-optimizer": (
+        lambda: FedSoft(persist_optimizer_state=True),
+        r"cannot train FedSoft: persist_optimizer_state carries each client's optimizer state between its rounds",
+    ),
     "fedem": (FedEM, r"cannot train FedEM: each client trains its M components one after another"),
     "fedpm": (FedPM, r"cannot train FedPM: ProbabilityMaskMixin samples the Bernoulli masks in every forward pass"),
     "fedbuff": (lambda: FedBuff(buffer_size=2), r"cannot train FedBuff: it is asynchronous"),
     "fedstaleweight": (lambda: FedStaleWeight(buffer_size=2), r"cannot train FedStaleWeight: it is asynchronous"),
     "fedasync": (FedAsync, r"cannot train FedAsync: it is asynchronous"),
     "inside-a-wrapper": (
-        lambda: Byzantine(attack=LabelFlip(num_classes=4), fraction=0.2, algorithm=FedSoft()),
-        r"cannot train FedSoft \(inside Byzantine\): each client's proximal term",
+        lambda: Byzantine(attack=LabelFlip(num_classes=4), fraction=0.2, algorithm=FedSoft(persist_optimizer_state=True)),
+        r"cannot train FedSoft \(inside Byzantine\): persist_optimizer_state carries",
     ),
 }
 
