@@ -4,8 +4,10 @@ Workload: the digits federation (scikit-learn's 1,437 training digits over 100 c
 features), MLP 64-64-10, plain SGD (lr 0.05), one local epoch of batch 10, ``--clients`` clients per round;
 FedProx (mu 0.01), SCAFFOLD, FedNova (unequal steps from unequal clients), FedPer (the output layer local: each
 client's own row, from and back to the client store), Ditto (lambda 0.1: under the batched executor a group's personal passes
-train as one group after its global passes) and FedMRN (binary masks over uniform noise, on the same MLP with
-its Linear weights masked: ``MaskedMLP``). Each repeat runs every (method, executor) pair once, interleaved, in one process
+train as one group after its global passes), FedMRN (binary masks over uniform noise, on the same MLP with
+its Linear weights masked: ``MaskedMLP``) and FedSoft (2 clusters, lambda 0.1: each client's proximal pull towards
+its own mix of the centres; it picks ``--clients`` / 2 clients per cluster, and a client two clusters pick trains
+once, so its clients/s count picks: read its ratio). Each repeat runs every (method, executor) pair once, interleaved, in one process
 (so the machine's load hits them alike): ``--warmup`` rounds, then ``--rounds`` measured ones. Reported: clients
 per second = clients per round / the median round's process CPU time (the wall clock beside it), the batched
 executor's over the lean one's from the same repeat, and the largest weight difference between the two runs' final
@@ -32,20 +34,22 @@ import torch
 from harness import QUIET_TRAINER, RoundTimer, max_abs_diff  # benchmarks/ is on sys.path as a script
 from reporting import emit, header, load
 
-from fl_lightning import SCAFFOLD, Ditto, FederatedTrainer, FedMRN, FedNova, FedPer, FedProx
+from fl_lightning import SCAFFOLD, Ditto, FederatedTrainer, FedMRN, FedNova, FedPer, FedProx, FedSoft
 from fl_lightning.algorithms.shared.algorithm import Algorithm
 from fl_lightning.data import Dirichlet, FederatedDataModule
 from fl_lightning.data.datasets.digits import Digits
 from fl_lightning.models import MLP
 from fl_lightning.models.masked_networks import MaskedMLP
 
-METHODS: dict[str, Callable[[], Algorithm]] = {
-    "FedProx (mu 0.01)": lambda: FedProx(mu=0.01),
-    "SCAFFOLD": SCAFFOLD,
-    "FedNova": FedNova,
-    "FedPer (net.3 local)": lambda: FedPer(personal=["net.3"]),
-    "Ditto (lambda 0.1)": lambda: Ditto(lam=0.1),
-    "FedMRN": FedMRN,
+#: Each method for a number of clients per round.
+METHODS: dict[str, Callable[[int], Algorithm]] = {
+    "FedProx (mu 0.01)": lambda clients: FedProx(mu=0.01),
+    "SCAFFOLD": lambda clients: SCAFFOLD(),
+    "FedNova": lambda clients: FedNova(),
+    "FedPer (net.3 local)": lambda clients: FedPer(personal=["net.3"]),
+    "Ditto (lambda 0.1)": lambda clients: Ditto(lam=0.1),
+    "FedMRN": lambda clients: FedMRN(),
+    "FedSoft (2 clusters, lambda 0.1)": lambda clients: FedSoft(num_clusters=2, clients_per_cluster=clients // 2, lam=0.1),
 }
 #: The methods whose clients train a model other than the plain MLP (the same layers).
 MODELS: dict[str, type[MLP]] = {"FedMRN": MaskedMLP}
@@ -59,7 +63,7 @@ def run(method: str, executor: str, clients: int, rounds: int) -> tuple[np.ndarr
     data = FederatedDataModule(Digits(), partitioner=Dirichlet(alpha=0.5), num_clients=100, batch_size=10, seed=0)
     timer = RoundTimer()
     trainer = FederatedTrainer(
-        **QUIET_TRAINER, algorithm=METHODS[method](), clients_per_round=clients, max_epochs=rounds, local_epochs=1,
+        **QUIET_TRAINER, algorithm=METHODS[method](clients), clients_per_round=clients, max_epochs=rounds, local_epochs=1,
         client_executor=executor, callbacks=[timer], seed=0,
     )
     trainer.fit(model, datamodule=data)
