@@ -49,7 +49,7 @@ METHODS: dict[str, Callable[[int], Algorithm]] = {
     "FedPer (net.3 local)": lambda clients: FedPer(personal=["net.3"]),
     "Ditto (lambda 0.1)": lambda clients: Ditto(lam=0.1),
     "FedMRN": lambda clients: FedMRN(),
-    "FedSoft (2 clusters, lambda 0.1)": lambda clients: FedSoft(num_clusters=2, clients_per_cluster=clients // 2, lam=0.1),
+    "FedSoft (S=2 lambda 0.1)": lambda clients: FedSoft(num_clusters=2, clients_per_cluster=clients // 2, lam=0.1),
 }
 #: The methods whose clients train a model other than the plain MLP (the same layers).
 MODELS: dict[str, type[MLP]] = {"FedMRN": MaskedMLP}
