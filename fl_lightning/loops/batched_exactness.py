@@ -212,6 +212,13 @@ def _plain(value: Any) -> Any:
     return tuple(map(_plain, value)) if isinstance(value, tuple) else value
 
 
+def _shown(value: Any) -> Any:
+    """``value`` as an error shows it: floats to 12 significant digits (``0.15``, not ``0.15000000000000002``)."""
+    if isinstance(value, float):
+        return float(f"{value:.12g}")
+    return tuple(map(_shown, value)) if isinstance(value, (tuple, list)) else value
+
+
 def check_group_settings(settings: dict[int, list[dict[str, Any]]]) -> None:
     """Raises a ``ValueError`` naming each optimizer setting that differs between a group's clients (``settings``: by
     client id, each one's :func:`optimizer_settings` after its ``configure_client`` and ``on_client_start``)."""
@@ -223,7 +230,7 @@ def check_group_settings(settings: dict[int, list[dict[str, Any]]]) -> None:
     }  # fmt: skip
     if differing:
         named = "; ".join(
-            f"{name}: {', '.join(f'client {client}: {value!r}' for client, value in values.items())}"
+            f"{name}: {', '.join(f'client {client}: {_shown(value)!r}' for client, value in values.items())}"
             for name, values in differing.items()
         )
         raise ValueError(
@@ -305,7 +312,8 @@ def warn_dropout(module: nn.Module) -> list[nn.Module]:
     modules = dropout_modules(module)
     names = list(modules)
     if names:
-        _warn_randomness(module, f"dropout modules in training mode: {', '.join(names[:8])}{', ...' if len(names) > 8 else ''}")
+        named = f"dropout modules in training mode: {', '.join(names[:8])}{', ...' if len(names) > 8 else ''}"
+        _warn_randomness(module, named, "set the dropout probabilities to 0 (or the layers to eval mode)")
     return list(modules.values())
 
 
@@ -313,14 +321,13 @@ def warn_random_calls(module: nn.Module, calls: Sequence[str]) -> None:
     """Says once, naming the random operations ``training_step`` called (other than its dropout modules'), that the
     batched executor's weights equal the sequential executors' in distribution only."""
     if calls:
-        _warn_randomness(module, f"random operations: {', '.join(calls)}")
+        _warn_randomness(module, f"random operations: {', '.join(calls)}", "take the random draws out of training_step")
 
 
-def _warn_randomness(module: nn.Module, named: str) -> None:
+def _warn_randomness(module: nn.Module, named: str, remedy: str) -> None:
     rank_zero_warn(
         f"{PREFIX}: {type(module).__name__}.training_step draws random numbers ({named}). Each client of a batched "
         "group draws its own (as if trained alone, at the same rates), but not the numbers client_executor='lightning' "
         "or 'lean' draw from the same seed, so the weights agree with theirs in distribution only, not to float "
-        "rounding. For equal weights set the dropout probabilities to 0 (or the layers to eval mode), or use "
-        "client_executor='lightning' or 'lean'."
+        f"rounding. For equal weights {remedy}, or use client_executor='lightning' or 'lean'."
     )

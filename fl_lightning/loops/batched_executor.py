@@ -169,7 +169,10 @@ def check_batched_support(runtime: ClientRuntime) -> torch.optim.Optimizer:
     }
     for what, value in unsupported.items():
         if value is not None:
-            raise ValueError(f"{PREFIX} does not support {what} (got {value!r}); use client_executor='lightning'.")
+            raise ValueError(
+                f"{PREFIX} does not support {what} (got {value!r}); use client_executor='lightning' (or 'auto', which "
+                "picks it; 'lean' does not support it either)."
+            )
     return optimizer
 
 
