@@ -193,8 +193,10 @@ def check_compiled_batch_norm(module: pl.LightningModule, compile_backend: str |
     BatchNorm reduces across the per-sample ``vmap`` with an ``autograd.Function``'s ``vmap`` rule
     (:mod:`~fl_lightning.loops.batched_batch_norm`), which ``torch.compile`` does not trace (every step would fall
     back to eager, after a failed trace)."""
+    if compile_backend is None:
+        return
     norms = [name for name, m in module.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-    if compile_backend is not None and norms:
+    if norms:
         raise ValueError(
             f"{PREFIX} with compile_batched_steps={compile_backend!r} cannot train {type(module).__name__}: its BatchNorm "
             f"layers ({', '.join(norms)}) normalise a padded batch over its real samples with a vmap rule that "

@@ -96,8 +96,9 @@ class GroupTerms:
         per_client: dict[str, dict[str, Tensor]] = {}
         shared: dict[str, dict[str, Tensor]] = {}
         for mixin in self._clients[0] if self._clients else {}:
-            for name in _stacked(self._clients[0][mixin]):
-                tensors = [_stacked(self._clients[j][mixin])[name] for j in order]
+            members = [_stacked(self._clients[j][mixin]) for j in order]  # each member's tensors and scalars, once
+            for name in members[0]:
+                tensors = [member[name] for member in members]
                 first = tensors[0]
                 if all(t.data_ptr() == first.data_ptr() and t.shape == first.shape and t.stride() == first.stride() for t in tensors):
                     shared.setdefault(mixin, {})[name] = first.to(device)
